@@ -1,0 +1,134 @@
+/* runqlat.bpf.c — run-queue latency per thread: wakeup (or preemption) to on-CPU.
+ *
+ * Reads only tracepoint arguments and BPF helpers, never kernel structs: BCC
+ * takes tracepoint layouts from tracefs at run time, so this stays correct
+ * even when the installed headers do not match the running kernel.
+ *
+ * Every wait goes into a per-process log2 histogram (the full distribution);
+ * waits at or above config.threshold_ns also leave as one ring-buffer event
+ * each, naming the task that held the CPU when the waiter finally got it.
+ */
+#include "runqlat.h"
+
+/* sched_switch reports a preempted, still-runnable task with this bit
+ * (TASK_REPORT_MAX) in prev_state; a voluntary sleep sets a state bit. */
+#define PREEMPT_STATE_BIT 0x100
+#define CLONE_THREAD 0x00010000
+
+#define MAX_THREADS 65536
+#define MAX_TARGETS 4096
+#define MAX_HIST_KEYS 16384
+
+BPF_HASH(enqueued_at, u32, u64, MAX_THREADS);      /* tid -> when it became runnable */
+BPF_TABLE("lru_hash", u32, u32, tid_tgid, MAX_THREADS); /* learned tid -> tgid */
+BPF_HASH(targets, u32, u8, MAX_TARGETS);            /* tgids to watch when filtering */
+BPF_ARRAY(config, struct runq_config, 1);
+BPF_HASH(hist, struct runq_hist_key, u64, MAX_HIST_KEYS);
+BPF_PERCPU_ARRAY(drops, u64, 1);                    /* ring-buffer reserve failures */
+BPF_RINGBUF_OUTPUT(events, 64);                     /* 64 pages = 256 KiB */
+
+static __always_inline u32 tgid_of(u32 tid)
+{
+    u32 *tgid = tid_tgid.lookup(&tid);
+    return tgid ? *tgid : 0;
+}
+
+static __always_inline int is_target(u32 tgid)
+{
+    int zero = 0;
+    struct runq_config *cfg = config.lookup(&zero);
+    if (!cfg || !cfg->filter_targets)
+        return 1;
+    return tgid != 0 && targets.lookup(&tgid) != 0;
+}
+
+static __always_inline void mark_runnable(u32 tid, u64 now)
+{
+    if (tid == 0 || !is_target(tgid_of(tid)))
+        return;
+    enqueued_at.update(&tid, &now);
+}
+
+TRACEPOINT_PROBE(task, task_newtask)
+{
+    /* Runs in the parent: a new thread shares its tgid, a new process has its own. */
+    u32 tid = args->pid;
+    u32 tgid = (args->clone_flags & CLONE_THREAD) ? bpf_get_current_pid_tgid() >> 32 : tid;
+    tid_tgid.update(&tid, &tgid);
+    return 0;
+}
+
+TRACEPOINT_PROBE(sched, sched_wakeup)
+{
+    mark_runnable(args->pid, bpf_ktime_get_ns());
+    return 0;
+}
+
+TRACEPOINT_PROBE(sched, sched_wakeup_new)
+{
+    mark_runnable(args->pid, bpf_ktime_get_ns());
+    return 0;
+}
+
+TRACEPOINT_PROBE(sched, sched_switch)
+{
+    u64 now = bpf_ktime_get_ns();
+    u32 prev_tid = args->prev_pid;
+    u32 prev_tgid = bpf_get_current_pid_tgid() >> 32; /* current is still prev here */
+
+    if (prev_tid != 0) {
+        u32 *known = tid_tgid.lookup(&prev_tid);
+        if (!known || *known != prev_tgid)
+            tid_tgid.update(&prev_tid, &prev_tgid);
+        if ((args->prev_state & ~(long)PREEMPT_STATE_BIT) == 0) {
+            if (is_target(prev_tgid))
+                enqueued_at.update(&prev_tid, &now);   /* preempted: waits again */
+        } else {
+            enqueued_at.delete(&prev_tid);             /* went to sleep */
+        }
+    }
+
+    u32 tid = args->next_pid;
+    if (tid == 0)
+        return 0;
+    u64 *since = enqueued_at.lookup(&tid);
+    if (!since)
+        return 0;
+    u64 wait_ns = now - *since;
+    enqueued_at.delete(&tid);
+
+    u32 tgid = tgid_of(tid);
+    struct runq_hist_key key = {.pid = tgid, .slot = bpf_log2l(wait_ns / 1000)};
+    u64 one = 1;
+    u64 *count = hist.lookup(&key);
+    if (count)
+        __sync_fetch_and_add(count, 1);
+    else
+        hist.update(&key, &one);
+
+    int zero = 0;
+    struct runq_config *cfg = config.lookup(&zero);
+    /* threshold 0 means the collector has not configured the probe yet */
+    if (!cfg || cfg->threshold_ns == 0 || wait_ns < cfg->threshold_ns)
+        return 0;
+
+    struct runq_event *ev = events.ringbuf_reserve(sizeof(*ev));
+    if (!ev) {
+        u64 *dropped = drops.lookup(&zero);
+        if (dropped)
+            (*dropped)++;
+        return 0;
+    }
+    ev->ts_ns = now;
+    ev->wait_ns = wait_ns;
+    ev->pid = tgid;
+    ev->tid = tid;
+    ev->cpu = bpf_get_smp_processor_id();
+    ev->suspect_pid = prev_tgid;
+    ev->suspect_tid = prev_tid;
+    ev->_pad = 0;
+    bpf_probe_read_kernel(&ev->comm, sizeof(ev->comm), args->next_comm);
+    bpf_probe_read_kernel(&ev->suspect_comm, sizeof(ev->suspect_comm), args->prev_comm);
+    events.ringbuf_submit(ev, 0);
+    return 0;
+}

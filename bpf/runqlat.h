@@ -1,0 +1,38 @@
+/* runqlat.h — the one record the run-queue probe emits, and its tunables.
+ *
+ * BCC reads this struct's layout from the compiled program, so the Python
+ * side never restates it (see collector/probes/runqlat.py).
+ */
+#ifndef JITTERSCOPE_RUNQLAT_H
+#define JITTERSCOPE_RUNQLAT_H
+
+#define TASK_COMM_LEN 16
+
+/* Settings written by the collector into the `config` array map. */
+struct runq_config {
+    u64 threshold_ns;   /* waits at or above this leave the kernel one by one */
+    u32 filter_targets; /* 0: every process; 1: only tgids in `targets` */
+    u32 _pad;
+};
+
+/* One run-queue wait at or above the threshold. */
+struct runq_event {
+    u64 ts_ns;          /* CLOCK_MONOTONIC when the waiter got the CPU */
+    u64 wait_ns;        /* runnable -> on CPU */
+    u32 pid;            /* tgid of the waiter (0 = not known to the probe) */
+    u32 tid;
+    u32 cpu;
+    u32 suspect_pid;    /* tgid of the task that held the CPU until then */
+    u32 suspect_tid;
+    u32 _pad;
+    char comm[TASK_COMM_LEN];
+    char suspect_comm[TASK_COMM_LEN];
+};
+
+/* Per-process log2 histogram of every wait, in microseconds. */
+struct runq_hist_key {
+    u32 pid;
+    u32 slot;           /* wait in [2^slot, 2^(slot+1)) us; slot 0 also holds < 1 us */
+};
+
+#endif

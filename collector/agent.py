@@ -1,0 +1,219 @@
+"""The per-host collector: probes in, stamped and batched records out.
+
+Kernel events carry CLOCK_MONOTONIC times; records leave with epoch ns, the
+host, its boot id and a sequence number per record type. Sequences start at
+the collector's start time in microseconds since boot, so a restarted
+collector never reuses a (host, boot_id, seq) of its predecessor and the sink
+stays idempotent without any state on disk.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from pathlib import Path
+
+from prometheus_client import Counter, Gauge, start_http_server
+
+from jitterscope.collector import hostinfo
+from jitterscope.collector.clock import EpochConverter
+from jitterscope.collector.probes.runqlat import RawRunqEvent, RunqProbe
+from jitterscope.collector.publish import Batcher, KafkaPublisher
+from jitterscope.logs import fields
+from jitterscope.schemas import events
+from jitterscope.settings import Settings
+
+log = logging.getLogger("jitterscope.collector")
+
+EVENTS_READ = Counter("jitterscope_collector_events_read_total", "kernel events read from ring buffers", ["probe"])
+RECORDS_SENT = Gauge("jitterscope_collector_records_sent", "records acknowledged by Kafka")
+DELIVERY_ERRORS = Gauge("jitterscope_collector_delivery_errors", "Kafka messages that failed delivery")
+RINGBUF_DROPS = Gauge("jitterscope_collector_ringbuf_drops", "events dropped in the kernel (ring buffer full)", ["probe"])
+
+PROCESS_REFRESH_NS = 60_000_000_000  # re-publish a process's metadata at most this often
+
+
+class Stamp:
+    """host, boot id, per-type sequence numbers, epoch time."""
+
+    def __init__(self, host: str, proc: Path = Path("/proc")):
+        self.host = host
+        self.boot_id = hostinfo.boot_id(proc)
+        self.clock = EpochConverter()
+        self.started_ns = time.time_ns()
+        self._seq_start = time.monotonic_ns() // 1000
+        self._seq: dict[type, int] = {}
+
+    def header(self, kind: type, ts_ns: int) -> dict:
+        seq = self._seq.get(kind, self._seq_start)
+        self._seq[kind] = seq + 1
+        return {"host": self.host, "boot_id": self.boot_id, "seq": seq, "ts_ns": ts_ns}
+
+
+class Collector:
+    def __init__(self, settings: Settings, publisher: KafkaPublisher | None = None,
+                 proc: Path = Path("/proc"), sys: Path = Path("/sys")):
+        self.settings = settings
+        self.proc, self.sys = proc, sys
+        self.stamp = Stamp(settings.host, proc)
+        self.publisher = publisher or KafkaPublisher(
+            settings.bootstrap_servers or "", settings.host,
+            {"enable.idempotence": settings.kafka_idempotence})
+        self.batcher = Batcher(settings.batch_max_records, settings.batch_max_delay_ms * 1_000_000)
+        self.events_read = 0
+        self._processes_sent: dict[int, int] = {}  # pid -> monotonic ns of last publish
+        self._comms: dict[int, str] = {}
+        self._stop = threading.Event()
+        self.probe: RunqProbe | None = None
+
+    # -- records ---------------------------------------------------------
+    def _queue(self, record: events.Record) -> None:
+        for topic, batch in self.batcher.add(record):
+            self.publisher.send(topic, batch)
+
+    def publish_topology(self) -> None:
+        nodes = hostinfo.numa_nodes(self.sys)
+        self._queue(events.Topology(
+            **self.stamp.header(events.Topology, time.time_ns()),
+            cpus=hostinfo.online_cpus(self.sys),
+            numa_nodes=[events.NumaNode(node=n, cpus=c) for n, c in sorted(nodes.items())],
+        ))
+
+    def describe_process(self, pid: int) -> None:
+        """Publish a process's metadata the first time it is reported on, and
+        again after PROCESS_REFRESH_NS."""
+        if pid <= 0:
+            return
+        now = time.monotonic_ns()
+        if now - self._processes_sent.get(pid, -PROCESS_REFRESH_NS) < PROCESS_REFRESH_NS:
+            return
+        self._processes_sent[pid] = now
+        try:
+            info = hostinfo.process_info(pid, self.proc)
+        except hostinfo.ProcessGone:
+            return
+        self._comms[pid] = info["comm"]
+        self._queue(events.ProcessInfo(**self.stamp.header(events.ProcessInfo, time.time_ns()), **info))
+
+    def on_runq(self, raw: RawRunqEvent) -> None:
+        self.events_read += 1
+        EVENTS_READ.labels("runqlat").inc()
+        pid = raw.pid or hostinfo.tgid_of(raw.tid, self.proc) or raw.tid
+        self.describe_process(pid)
+        self.describe_process(raw.suspect_pid)
+        self._queue(events.RunqEvent(
+            **self.stamp.header(events.RunqEvent, self.stamp.clock.to_epoch(raw.ts_ns)),
+            pid=pid, tid=raw.tid, comm=raw.comm, cpu=raw.cpu, wait_ns=raw.wait_ns,
+            suspect_pid=raw.suspect_pid, suspect_tid=raw.suspect_tid, suspect_comm=raw.suspect_comm,
+        ))
+
+    def publish_histograms(self, interval_ns: int) -> None:
+        now = time.time_ns()
+        for pid, slots in sorted(self.probe.read_histograms().items()):
+            ordered = sorted(slots.items())
+            self._queue(events.RunqHistogram(
+                **self.stamp.header(events.RunqHistogram, now), interval_ns=interval_ns, pid=pid,
+                comm=self._comm(pid), slots=[s for s, _ in ordered], counts=[c for _, c in ordered],
+            ))
+        gone = {pid for pid in self._processes_sent if not (self.proc / str(pid)).exists()}
+        if gone:
+            self.probe.forget_histograms(gone)
+            for pid in gone:
+                self._processes_sent.pop(pid, None)
+                self._comms.pop(pid, None)
+
+    def _comm(self, pid: int) -> str:
+        if pid not in self._comms:
+            try:
+                self._comms[pid] = (self.proc / str(pid) / "comm").read_text().strip()
+            except (FileNotFoundError, ProcessLookupError):
+                return ""
+        return self._comms[pid]
+
+    def publish_stats(self) -> None:
+        drops = self.probe.drops() if self.probe else 0
+        RINGBUF_DROPS.labels("runqlat").set(drops)
+        RECORDS_SENT.set(self.publisher.records_sent)
+        DELIVERY_ERRORS.set(self.publisher.delivery_errors)
+        self._queue(events.CollectorStats(
+            **self.stamp.header(events.CollectorStats, time.time_ns()),
+            started_ns=self.stamp.started_ns, ringbuf_drops=drops, events_read=self.events_read,
+            records_sent=self.publisher.records_sent, delivery_errors=self.publisher.delivery_errors,
+        ))
+
+    def current_targets(self) -> set[int] | None:
+        s = self.settings
+        if not s.filters_targets:
+            return None
+        pids = set(s.target_pids)
+        if s.target_comms:
+            pids |= hostinfo.pids_matching(s.target_comms, self.proc)
+        return pids
+
+    # -- loop ------------------------------------------------------------
+    def stop(self, *_args) -> None:
+        self._stop.set()
+
+    def run(self, duration_s: float | None = None) -> None:
+        s = self.settings
+        self.publisher.check_reachable()
+        if s.collector_metrics_port:
+            start_http_server(s.collector_metrics_port)
+        self.probe = RunqProbe(int(s.runq_threshold_ms * 1_000_000), self.current_targets())
+        self.probe.open(self.on_runq)
+        log.info("collector started", extra=fields(
+            host=s.host, boot_id=self.stamp.boot_id, threshold_ms=s.runq_threshold_ms,
+            targets="all" if not s.filters_targets else sorted(self.current_targets() or [])))
+        self.publish_topology()
+
+        started = time.monotonic()
+        next_hist = started + s.histogram_interval_s
+        next_topology = started + s.topology_interval_s
+        next_rescan = started + s.target_rescan_s
+        last_hist_ns = time.monotonic_ns()
+        try:
+            while not self._stop.is_set():
+                now = time.monotonic()
+                if duration_s is not None and now - started >= duration_s:
+                    break
+                self.probe.poll(50)
+                for topic, batch in self.batcher.due():
+                    self.publisher.send(topic, batch)
+                self.publisher.poll(0)
+                now = time.monotonic()
+                if now >= next_hist:
+                    mono = time.monotonic_ns()
+                    self.publish_histograms(mono - last_hist_ns)
+                    last_hist_ns = mono
+                    self.publish_stats()
+                    next_hist = now + s.histogram_interval_s
+                if now >= next_topology:
+                    self.publish_topology()
+                    next_topology = now + s.topology_interval_s
+                if s.target_comms and now >= next_rescan:
+                    self.probe.set_targets(self.current_targets() or set())
+                    next_rescan = now + s.target_rescan_s
+        finally:
+            self.shutdown()
+
+    def shutdown(self) -> None:
+        if self.probe:
+            self.probe.poll(0)  # take what the kernel still holds
+            self.publish_histograms(0)
+            self.publish_stats()
+        for topic, batch in self.batcher.drain():
+            self.publisher.send(topic, batch)
+        undelivered = self.publisher.flush(10.0)
+        log.info("collector stopped", extra=fields(
+            events_read=self.events_read, records_sent=self.publisher.records_sent,
+            undelivered_messages=undelivered, delivery_errors=self.publisher.delivery_errors))
+        if self.probe:
+            self.probe.close()
+            self.probe = None
+
+
+def install_signal_handlers(collector: Collector) -> None:
+    signal.signal(signal.SIGTERM, collector.stop)
+    signal.signal(signal.SIGINT, collector.stop)

@@ -1,0 +1,89 @@
+"""The one settings model. Every option is reachable by CLI flag, by
+environment variable (JITTERSCOPE_<NAME>, lists as JSON) and by a TOML config
+file (--config, or JITTERSCOPE_CONFIG). Precedence: flag > env > file > default.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
+
+from jitterscope import errors
+
+
+def _default_data_dir() -> Path:
+    if os.geteuid() == 0:
+        return Path("/var/lib/jitterscope")
+    return Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local/share")) / "jitterscope"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="JITTERSCOPE_", extra="forbid")
+
+    host: str = Field(default_factory=socket.gethostname, description="name this host's records carry")
+    bootstrap_servers: str | None = Field(
+        None, description="Kafka bootstrap servers; unset = spawn the embedded broker")
+    broker_port: int = Field(29092, description="port of the embedded broker (0 = pick a free one)")
+    kafka_idempotence: bool = Field(
+        True, description="idempotent producer (the embedded broker does not support it and turns it off)")
+    kafka_session_timeout_s: float = Field(10.0, description="consumer-group session timeout")
+    clickhouse_url: str | None = Field(
+        None, description="ClickHouse HTTP URL (http://user:pass@host:8123); unset = embedded chDB")
+    data_dir: Path = Field(default_factory=_default_data_dir, description="embedded ClickHouse and state")
+
+    runq_threshold_ms: float = Field(5.0, gt=0, description="waits at or above this leave the kernel as events")
+    runq_alert_ms: float = Field(10.0, gt=0, description="run-queue wait that raises an alert")
+    target_pids: list[int] = Field(default_factory=list, description="processes to watch (default: all)")
+    target_comms: list[str] = Field(
+        default_factory=list, description="shell patterns of process names to watch (default: all)")
+
+    batch_max_records: int = Field(500, ge=1, description="records per Kafka message at most")
+    batch_max_delay_ms: int = Field(200, ge=1, description="a batch is sent at the latest after this")
+    histogram_interval_s: float = Field(10.0, gt=0, description="how often histograms are published")
+    topology_interval_s: float = Field(60.0, gt=0, description="how often the topology is re-published")
+    target_rescan_s: float = Field(2.0, gt=0, description="how often target_comms are matched against /proc")
+    collector_metrics_port: int = Field(9464, ge=0, description="Prometheus /metrics of the collector (0 = off)")
+
+    streams_web_port: int = Field(6066, ge=0, description="streams worker web port: /metrics, /query")
+    sink_batch_rows: int = Field(5000, ge=1, description="rows per ClickHouse insert at most")
+    sink_flush_s: float = Field(1.0, gt=0, description="ClickHouse inserts happen at least this often")
+
+    @field_validator("target_comms")
+    @classmethod
+    def _no_empty_patterns(cls, value: list[str]) -> list[str]:
+        if any(not p for p in value):
+            raise ValueError("empty process-name pattern")
+        return value
+
+    @property
+    def filters_targets(self) -> bool:
+        return bool(self.target_pids or self.target_comms)
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
+                                   file_secret_settings) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        config_file = os.environ.get("JITTERSCOPE_CONFIG")
+        if config_file:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=config_file))
+        return tuple(sources)
+
+
+def load(config_file: Path | None = None, **overrides: Any) -> Settings:
+    """Settings from flags (``overrides``, None = not given), env and file."""
+    if config_file is not None:
+        if not config_file.is_file():
+            raise errors.BadConfig(f"config file {config_file} does not exist")
+        os.environ["JITTERSCOPE_CONFIG"] = str(config_file)
+    given = {k: v for k, v in overrides.items() if v is not None and v != []}
+    try:
+        return Settings(**given)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        raise errors.BadConfig(f"bad configuration: {problems}") from exc

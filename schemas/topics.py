@@ -1,0 +1,34 @@
+"""Kafka topic names, their record types and the one partition count.
+
+All topics share one partition count and every message is keyed by host, so
+one streams worker owns all of a host's records and joins stay local.
+"""
+
+from __future__ import annotations
+
+from jitterscope.schemas import events
+
+PARTITIONS = 4
+
+RUNQ = "jitterscope.runq"
+RUNQ_HIST = "jitterscope.runq_hist"
+TOPOLOGY = "jitterscope.topology"
+PROCESSES = "jitterscope.processes"
+COLLECTOR_STATS = "jitterscope.collector_stats"
+ALERTS = "jitterscope.alerts"
+DEADLETTER = "jitterscope.deadletter"
+
+#: Raw topics the collector writes and streams reads, with their record type.
+INPUT_TOPICS: dict[str, type[events.Record]] = {
+    RUNQ: events.RunqEvent,
+    RUNQ_HIST: events.RunqHistogram,
+    TOPOLOGY: events.Topology,
+    PROCESSES: events.ProcessInfo,
+    COLLECTOR_STATS: events.CollectorStats,
+}
+
+OUTPUT_TOPICS = (ALERTS, DEADLETTER)
+
+ALL_TOPICS = (*INPUT_TOPICS, *OUTPUT_TOPICS)
+
+TOPIC_OF: dict[type[events.Record], str] = {t: name for name, t in INPUT_TOPICS.items()}

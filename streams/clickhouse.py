@@ -1,0 +1,110 @@
+"""ClickHouse through one client: clickhouse-connect over HTTP to a server,
+or with ``interface='chdb'`` to the embedded engine in this process.
+
+chDB allows one process per data directory. The streams worker owns it while
+it runs and serves other readers (``jitterscope query``) over its web port.
+"""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+from pathlib import Path
+from urllib.parse import urlparse
+
+import msgspec
+
+from jitterscope import errors
+from jitterscope.schemas import events
+
+DATABASE = "jitterscope"
+
+#: record type -> table
+TABLE_OF: dict[type[events.Record], str] = {
+    events.RunqEvent: "runq_events",
+    events.RunqHistogram: "runq_histograms",
+    events.Topology: "topology",
+    events.ProcessInfo: "processes",
+    events.CollectorStats: "collector_stats",
+    events.Alert: "alerts",
+}
+
+# Limits for untrusted, user-typed SQL; `readonly` must come last (it forbids
+# changing settings after it).
+READONLY_SETTINGS = {"max_execution_time": 60, "max_result_rows": 1_000_000, "readonly": 1}
+
+
+def connect(clickhouse_url: str | None, data_dir: Path, readonly: bool = False):
+    import clickhouse_connect
+
+    settings = dict(READONLY_SETTINGS) if readonly else {}
+    try:
+        if clickhouse_url is None:
+            path = data_dir / "clickhouse"
+            path.mkdir(parents=True, exist_ok=True)
+            return clickhouse_connect.get_client(interface="chdb", path=str(path), settings=settings)
+        url = urlparse(clickhouse_url)
+        return clickhouse_connect.get_client(
+            host=url.hostname or "localhost", port=url.port or 8123, username=url.username or "default",
+            password=url.password or "", secure=url.scheme == "https", settings=settings)
+    except Exception as exc:
+        where = clickhouse_url or f"embedded chDB at {data_dir / 'clickhouse'}"
+        hint = ("another process (a running streams worker?) holds it; query through "
+                "'jitterscope query' or stop that process" if clickhouse_url is None
+                else "check the URL and that the server is up")
+        raise errors.ClickHouseUnavailable(f"cannot open ClickHouse ({where}): {exc}; {hint}") from exc
+
+
+def migrations() -> list[tuple[int, str, str]]:
+    """(version, name, sql) of schemas/clickhouse/NNN_name.sql, in order."""
+    folder = resources.files("jitterscope.schemas").joinpath("clickhouse")
+    found = []
+    for entry in folder.iterdir():
+        match = re.fullmatch(r"(\d+)_(\w+)\.sql", entry.name)
+        if match:
+            found.append((int(match[1]), match[2], entry.read_text()))
+    return sorted(found)
+
+
+def split_statements(sql: str) -> list[str]:
+    lines = [l for l in sql.splitlines() if not l.lstrip().startswith("--")]
+    return [s.strip() for s in "\n".join(lines).split(";") if s.strip()]
+
+
+def migrate(client) -> list[int]:
+    """Apply migrations not yet recorded; returns the versions applied."""
+    client.command(f"CREATE DATABASE IF NOT EXISTS {DATABASE}")
+    client.command(
+        f"CREATE TABLE IF NOT EXISTS {DATABASE}.schema_migrations "
+        "(version UInt32, name String, applied_at DateTime DEFAULT now()) "
+        "ENGINE = ReplacingMergeTree ORDER BY version")
+    done = {row[0] for row in client.query(f"SELECT version FROM {DATABASE}.schema_migrations").result_rows}
+    applied = []
+    for version, name, sql in migrations():
+        if version in done:
+            continue
+        for statement in split_statements(sql):
+            client.command(statement)
+        client.insert(f"{DATABASE}.schema_migrations", [(version, name)], column_names=["version", "name"])
+        applied.append(version)
+    return applied
+
+
+def _column_value(value):
+    if isinstance(value, list) and value and isinstance(value[0], msgspec.Struct):
+        return [msgspec.structs.astuple(v) for v in value]
+    return value
+
+
+def _columns(record_type: type[msgspec.Struct]) -> list[tuple[str, str]]:
+    """(struct field, column) pairs: every field but the version; ts_ns -> ts."""
+    return [(f, "ts" if f == "ts_ns" else f) for f in record_type.__struct_fields__ if f != "v"]
+
+
+def insert_records(client, table: str, records: list[msgspec.Struct]) -> None:
+    """Column-oriented insert of records of one type."""
+    if not records:
+        return
+    pairs = _columns(type(records[0]))
+    data = [[_column_value(getattr(r, field)) for r in records] for field, _ in pairs]
+    client.insert(f"{DATABASE}.{table}", data, column_names=[c for _, c in pairs], column_oriented=True)
