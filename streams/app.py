@@ -1,0 +1,239 @@
+"""The streams worker: a Faust app (aiokafka driver) over the raw topics.
+
+Each input topic has one agent that takes batches of messages, decodes them
+with the shared record types, writes them to ClickHouse and only then lets
+Faust commit the offsets (at-least-once; the sink's keys make it exact).
+Undecodable input goes to the dead-letter topic with its reason and the agent
+carries on.
+
+What alerts need to know about a host (its CPUs, its processes' allowed CPUs)
+is kept in plain per-worker dicts, not Faust Tables: collectors re-publish
+topology and process records every minute and the worker primes the dicts
+from ClickHouse at start, so a changelog topic would add recovery time (and,
+on Tansu, lossy restores through its under-reported high-water marks) for
+state that is re-sent anyway. Every topic is keyed by host, so the worker that
+sees a host's events also sees its metadata.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+import faust
+import msgspec
+from faust.web import Request, Response, View
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
+
+from jitterscope.schemas import events, topics
+from jitterscope.settings import Settings
+from jitterscope.streams import clickhouse
+from jitterscope.streams.rules import ProcessView, runq_starvation
+from jitterscope.streams.sink import ClickHouseSink
+
+log = logging.getLogger("jitterscope.streams")
+
+RECORDS_IN = Counter("jitterscope_streams_records_total", "records decoded", ["topic"])
+DEAD_LETTERS = Counter("jitterscope_streams_deadletters_total", "input lines sent to the dead-letter topic", ["topic"])
+ALERTS = Counter("jitterscope_streams_alerts_total", "alerts raised", ["kind"])
+
+PROCESS_WAIT_S = 1.0  # how long an alert waits for its process record to arrive
+TAKE_MESSAGES = 200  # messages per agent batch (each holds up to batch_max_records records)
+
+
+def state_file(data_dir: Path) -> Path:
+    """Where a running worker says how to reach it (for `jitterscope query`)."""
+    return data_dir / "streams-worker.json"
+
+
+class HostState:
+    """What the worker knows about the hosts it owns."""
+
+    def __init__(self):
+        self.cpus: dict[str, list[int]] = {}
+        self.processes: dict[tuple[str, int], ProcessView] = {}
+
+    def learn(self, record: events.Record) -> None:
+        if isinstance(record, events.Topology):
+            self.cpus[record.host] = record.cpus
+        elif isinstance(record, events.ProcessInfo):
+            self.processes[(record.host, record.pid)] = ProcessView(record.comm, record.cpus_allowed)
+
+    async def process(self, host: str, pid: int, wait_s: float = PROCESS_WAIT_S) -> ProcessView | None:
+        """The process's metadata; waits briefly, since the collector's
+        process record travels on another topic and may arrive just after."""
+        deadline = time.monotonic() + wait_s
+        while (found := self.processes.get((host, pid))) is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return found
+
+    def prime(self, client) -> None:
+        """Latest topology and processes per host from the last day in ClickHouse."""
+        for host, cpus in client.query(
+            f"SELECT host, argMax(cpus, ts) FROM {clickhouse.DATABASE}.topology "
+            "WHERE ts > now() - INTERVAL 1 DAY GROUP BY host").result_rows:
+            self.cpus[host] = list(cpus)
+        for host, pid, comm, cpus in client.query(
+            f"SELECT host, pid, argMax(comm, ts), argMax(cpus_allowed, ts) FROM {clickhouse.DATABASE}.processes "
+            "WHERE ts > now() - INTERVAL 1 DAY GROUP BY host, pid").result_rows:
+            self.processes[(host, pid)] = ProcessView(comm, list(cpus))
+
+
+class StreamsWorker:
+    def __init__(self, settings: Settings, bootstrap_servers: str):
+        self.settings = settings
+        self.client = clickhouse.connect(settings.clickhouse_url, settings.data_dir)
+        clickhouse.migrate(self.client)
+        self.reader = clickhouse.connect(settings.clickhouse_url, settings.data_dir, readonly=True)
+        self.sink = ClickHouseSink(self.client)
+        self.state = HostState()
+        self.state.prime(self.client)
+        self.alert_ns = int(settings.runq_alert_ms * 1_000_000)
+        self.app = self._build_app(bootstrap_servers)
+
+    def _build_app(self, bootstrap_servers: str) -> faust.App:
+        s = self.settings
+        app = faust.App(
+            "jitterscope-streams",
+            broker=f"kafka://{bootstrap_servers}",
+            store="memory://",
+            topic_partitions=topics.PARTITIONS,
+            topic_replication_factor=1,
+            topic_disable_leader=True,
+            topic_allow_declare=False,  # topics are created up front with the shared partition count
+            broker_session_timeout=s.kafka_session_timeout_s,
+            broker_rebalance_timeout=s.kafka_session_timeout_s,
+            broker_heartbeat_interval=1.0,
+            broker_commit_interval=1.0,
+            consumer_auto_offset_reset="earliest",
+            producer_acks=-1,
+            stream_wait_empty=False,
+            web_enabled=bool(s.streams_web_port),
+            web_host="127.0.0.1",
+            web_bind="127.0.0.1",
+            web_port=s.streams_web_port or 6066,
+            datadir=str(s.data_dir / "faust"),
+        )
+
+        def raw_topic(name: str):
+            return app.topic(name, key_type=bytes, key_serializer="raw", value_type=bytes,
+                             value_serializer="raw", partitions=topics.PARTITIONS)
+
+        self.alerts_topic = raw_topic(topics.ALERTS)
+        self.deadletter_topic = raw_topic(topics.DEADLETTER)
+        for name, record_type in topics.INPUT_TOPICS.items():
+            self._add_agent(app, raw_topic(name), name, record_type)
+        self._add_web(app)
+
+        @app.task
+        async def announce() -> None:
+            if s.streams_web_port:
+                path = state_file(s.data_dir)
+                path.write_text(json.dumps({"pid": os.getpid(), "port": s.streams_web_port}))
+            log.info("streams worker ready")
+
+        return app
+
+    def _add_agent(self, app: faust.App, topic, name: str, record_type: type[events.Record]) -> None:
+        decoder = events.BatchDecoder(record_type)
+        table = clickhouse.TABLE_OF[record_type]
+
+        async def consume(stream):
+            async for batch in stream.take_events(TAKE_MESSAGES, within=self.settings.sink_flush_s):
+                await self.handle(name, table, decoder, batch)
+
+        consume.__name__ = f"consume_{name.split('.')[-1]}"
+        app.agent(topic, name=consume.__name__)(consume)
+
+    async def handle(self, topic: str, table: str, decoder: events.BatchDecoder, batch) -> None:
+        records: list[events.Record] = []
+        dead: list[events.DeadLetter] = []
+        for event in batch:
+            good, bad = decoder.decode(event.value if isinstance(event.value, bytes) else b"")
+            records.extend(good)
+            message = event.message
+            dead.extend(events.DeadLetter(
+                topic=topic, partition=message.partition, offset=message.offset, line=b.line,
+                reason=b.reason, payload=b.payload.decode(errors="replace"), ts_ns=time.time_ns(),
+            ) for b in bad)
+        RECORDS_IN.labels(topic).inc(len(records))
+        for record in records:
+            self.state.learn(record)
+        alerts = await self.evaluate(records) if topic == topics.RUNQ else []
+        try:
+            await self.sink.write(table, records)
+        except Exception as exc:  # the data itself is unstorable: keep it, with why
+            dead.extend(events.DeadLetter(
+                topic=topic, partition=-1, offset=-1, line=0, reason=f"ClickHouse rejected the batch: {exc}",
+                payload=msgspec.json.encode(r).decode(), ts_ns=time.time_ns()) for r in records)
+        if alerts:
+            await self.sink.write("alerts", alerts)
+            await self.publish(self.alerts_topic, alerts)
+        if dead:
+            await self.dead_letter(dead)
+
+    async def evaluate(self, records: list[events.Record]) -> list[events.Alert]:
+        worthy = [e for e in records if e.wait_ns >= self.alert_ns]
+        if not worthy:
+            return []
+        wanted = sorted({(e.host, e.pid) for e in worthy})
+        victims = dict(zip(wanted, await asyncio.gather(*(self.state.process(h, p) for h, p in wanted))))
+        alerts = []
+        for event in worthy:
+            alert = runq_starvation(event, self.alert_ns, victims[(event.host, event.pid)],
+                                    self.state.cpus.get(event.host))
+            if alert:
+                ALERTS.labels(alert.kind).inc()
+                alerts.append(alert)
+        return alerts
+
+    async def publish(self, topic, records: list[events.Record]) -> None:
+        """One NDJSON message per host, keyed by host."""
+        by_host: dict[str, list[events.Record]] = {}
+        for record in records:
+            by_host.setdefault(record.host, []).append(record)
+        for host, group in by_host.items():
+            await topic.send(key=host.encode(), value=events.encode_batch(group))
+
+    async def dead_letter(self, dead: list[events.DeadLetter]) -> None:
+        for letter in dead:
+            DEAD_LETTERS.labels(letter.topic).inc()
+            log.warning("dead-lettered %s[%d]@%d line %d: %s", letter.topic, letter.partition,
+                        letter.offset, letter.line, letter.reason)
+            await self.deadletter_topic.send(key=letter.topic.encode(), value=msgspec.json.encode(letter))
+        await self.sink.write("deadletter", dead)
+
+    def _add_web(self, app: faust.App) -> None:
+        worker = self
+
+        @app.page("/query")
+        class Query(View):
+            """POST {"sql": "...", "parameters": {...}} -> {"columns": [...], "rows": [...]}
+            Runs on a read-only client: user SQL cannot change the store."""
+
+            async def post(self, request: Request) -> Response:
+                body = await request.json()
+                try:
+                    result = await worker.sink.run(
+                        lambda: worker.reader.query(body["sql"], parameters=body.get("parameters") or None))
+                except Exception as exc:
+                    return self.json({"error": str(exc)}, status=400)
+                rows = json.loads(json.dumps(result.result_rows, default=str))
+                return self.json({"columns": list(result.column_names), "rows": rows})
+
+        @app.page("/metrics")
+        async def metrics(web, request: Request) -> Response:
+            return web.bytes(generate_latest(), content_type=CONTENT_TYPE_LATEST.split(";")[0])
+
+    def run(self) -> None:
+        """Run the worker until SIGINT/SIGTERM."""
+        worker = faust.Worker(self.app, loglevel="INFO", redirect_stdouts=False)
+        try:
+            worker.execute_from_commandline()
+        finally:
+            state_file(self.settings.data_dir).unlink(missing_ok=True)
+            self.sink.close()

@@ -1,0 +1,71 @@
+"""Alert rules: pure functions from evidence (and what is known about the
+host) to an Alert, or None. No I/O, so each rule is unit-tested directly."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from jitterscope.schemas.events import Alert, RunqEvent
+
+
+@dataclass(frozen=True)
+class ProcessView:
+    comm: str
+    cpus_allowed: list[int]
+
+
+def format_cpus(cpus: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2,5' (the kernel's cpulist format, as taskset takes it)."""
+    parts: list[str] = []
+    ordered = sorted(set(cpus))
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def runq_starvation(
+    event: RunqEvent,
+    alert_ns: int,
+    victim: ProcessView | None,
+    host_cpus: list[int] | None,
+) -> Alert | None:
+    """A thread waited at least ``alert_ns`` for a CPU: name who held it and
+    how to separate the two."""
+    if event.wait_ns < alert_ns:
+        return None
+    wait_ms = event.wait_ns / 1e6
+    victim_cpus = victim.cpus_allowed if victim else []
+    suspect_name = f"{event.suspect_comm} (pid {event.suspect_pid})" if event.suspect_pid else "the idle/kernel task"
+    summary = (
+        f"{event.comm} (pid {event.pid}, tid {event.tid}) waited {wait_ms:.1f} ms for CPU {event.cpu}; "
+        f"{suspect_name} held it"
+    )
+    others = [c for c in (host_cpus or []) if c not in victim_cpus] if victim_cpus else []
+    if event.suspect_pid and event.suspect_pid != event.pid and others:
+        remedy = (
+            f"move {event.suspect_comm} off the inference CPUs: taskset -apc {format_cpus(others)} "
+            f"{event.suspect_pid}; or reserve CPUs {format_cpus(victim_cpus)} for pid {event.pid} "
+            "(cpuset / isolcpus)"
+        )
+    elif event.suspect_pid and event.suspect_pid != event.pid:
+        remedy = (
+            f"{event.suspect_comm} (pid {event.suspect_pid}) competes for CPU {event.cpu}: lower its priority "
+            f"(renice 19 -p {event.suspect_pid}, or chrt --idle), or add CPU headroom for pid {event.pid}"
+        )
+    else:
+        remedy = (
+            f"pid {event.pid}'s own threads compete for CPU {event.cpu}: allow it more CPUs "
+            f"(now {format_cpus(victim_cpus) or 'unknown'}) or run fewer busy threads"
+        )
+    severity = "critical" if event.wait_ns >= 10 * alert_ns else "warning"
+    return Alert(
+        host=event.host, boot_id=event.boot_id, seq=event.seq, ts_ns=event.ts_ns,
+        kind="runq_starvation", severity=severity, pid=event.pid, tid=event.tid, comm=event.comm,
+        cpu=event.cpu, wait_ns=event.wait_ns, suspect_pid=event.suspect_pid,
+        suspect_comm=event.suspect_comm, cpus_allowed=victim_cpus, summary=summary, remedy=remedy,
+    )
