@@ -199,6 +199,22 @@ def doctor(
         raise typer.Exit(1)
 
 
+@app.command()
+def demo(
+    seconds: Annotated[float, typer.Option(help="how long to run")] = 20.0,
+    cpu: Annotated[Optional[int], typer.Option(help="CPU to crowd (default: the last one)")] = None,
+    hogs: Annotated[int, typer.Option(help="CPU hogs sharing the victim's CPU (0 = unloaded control)")] = 3,
+) -> None:
+    """Cause run-queue starvation on purpose: a bursty 'jsvictim' thread pinned with 'jshog' CPU hogs.
+
+    Run it next to 'jitterscope up' to see alerts name jsvictim and a jshog."""
+    from jitterscope.workload import HOG_COMM, VICTIM_COMM, last_cpu, starvation
+
+    cpu = last_cpu() if cpu is None else cpu
+    with starvation(seconds, cpu, hogs, delay=0) as victim:
+        console.print(f"{VICTIM_COMM} (pid {victim.pid}) and {hogs} {HOG_COMM} share CPU {cpu} for {seconds:g}s")
+
+
 def _require_broker(s) -> None:
     if not s.bootstrap_servers:
         raise errors.BadConfig(

@@ -52,4 +52,6 @@ def run_query(s: Settings, sql: str, parameters: dict | None = None) -> tuple[li
         result = client.query(sql, parameters=parameters or None)
     except Exception as exc:
         raise errors.JitterscopeError(f"query failed: {exc}") from exc
+    finally:
+        client.close()  # releases the data directory for the worker
     return list(result.column_names), [list(r) for r in result.result_rows]

@@ -91,9 +91,12 @@ class Alert(Record, frozen=True):
     """A root cause found in the evidence, with what to do about it.
 
     ``seq``/``boot_id`` are those of the evidence record, so re-processing the
-    same evidence yields the same alert key.
+    same evidence yields the same alert key. ``ts_ns`` is when the evidence
+    happened, ``raised_ns`` when the rule fired (the difference is the alert
+    delay).
     """
 
+    raised_ns: int
     kind: str
     severity: str
     pid: int

@@ -86,7 +86,7 @@ class HostState:
 class StreamsWorker:
     def __init__(self, settings: Settings, bootstrap_servers: str):
         self.settings = settings
-        self.client = clickhouse.connect(settings.clickhouse_url, settings.data_dir)
+        self.client = clickhouse.connect_with_retry(settings.clickhouse_url, settings.data_dir)
         clickhouse.migrate(self.client)
         self.reader = clickhouse.connect(settings.clickhouse_url, settings.data_dir, readonly=True)
         self.sink = ClickHouseSink(self.client)
@@ -185,7 +185,7 @@ class StreamsWorker:
         alerts = []
         for event in worthy:
             alert = runq_starvation(event, self.alert_ns, victims[(event.host, event.pid)],
-                                    self.state.cpus.get(event.host))
+                                    self.state.cpus.get(event.host), time.time_ns())
             if alert:
                 ALERTS.labels(alert.kind).inc()
                 alerts.append(alert)

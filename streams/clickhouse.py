@@ -8,6 +8,7 @@ it runs and serves other readers (``jitterscope query``) over its web port.
 from __future__ import annotations
 
 import re
+import time
 from importlib import resources
 from pathlib import Path
 from urllib.parse import urlparse
@@ -55,6 +56,19 @@ def connect(clickhouse_url: str | None, data_dir: Path, readonly: bool = False):
         raise errors.ClickHouseUnavailable(f"cannot open ClickHouse ({where}): {exc}; {hint}") from exc
 
 
+def connect_with_retry(clickhouse_url: str | None, data_dir: Path, timeout_s: float = 30.0, **kw):
+    """connect(), retried: a short-lived reader (`jitterscope query`) may hold
+    the chDB directory for a moment, and a server may still be starting."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return connect(clickhouse_url, data_dir, **kw)
+        except errors.ClickHouseUnavailable:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.5)
+
+
 def migrations() -> list[tuple[int, str, str]]:
     """(version, name, sql) of schemas/clickhouse/NNN_name.sql, in order."""
     folder = resources.files("jitterscope.schemas").joinpath("clickhouse")
@@ -96,9 +110,13 @@ def _column_value(value):
     return value
 
 
+#: epoch-ns fields stored as DateTime64(9) columns, under these names
+TIME_COLUMNS = {"ts_ns": "ts", "raised_ns": "raised"}
+
+
 def _columns(record_type: type[msgspec.Struct]) -> list[tuple[str, str]]:
-    """(struct field, column) pairs: every field but the version; ts_ns -> ts."""
-    return [(f, "ts" if f == "ts_ns" else f) for f in record_type.__struct_fields__ if f != "v"]
+    """(struct field, column) pairs: every field but the version."""
+    return [(f, TIME_COLUMNS.get(f, f)) for f in record_type.__struct_fields__ if f != "v"]
 
 
 def insert_records(client, table: str, records: list[msgspec.Struct]) -> None:

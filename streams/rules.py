@@ -33,6 +33,7 @@ def runq_starvation(
     alert_ns: int,
     victim: ProcessView | None,
     host_cpus: list[int] | None,
+    now_ns: int,
 ) -> Alert | None:
     """A thread waited at least ``alert_ns`` for a CPU: name who held it and
     how to separate the two."""
@@ -64,7 +65,7 @@ def runq_starvation(
         )
     severity = "critical" if event.wait_ns >= 10 * alert_ns else "warning"
     return Alert(
-        host=event.host, boot_id=event.boot_id, seq=event.seq, ts_ns=event.ts_ns,
+        host=event.host, boot_id=event.boot_id, seq=event.seq, ts_ns=event.ts_ns, raised_ns=now_ns,
         kind="runq_starvation", severity=severity, pid=event.pid, tid=event.tid, comm=event.comm,
         cpu=event.cpu, wait_ns=event.wait_ns, suspect_pid=event.suspect_pid,
         suspect_comm=event.suspect_comm, cpus_allowed=victim_cpus, summary=summary, remedy=remedy,

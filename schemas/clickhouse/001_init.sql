@@ -77,6 +77,7 @@ CREATE TABLE IF NOT EXISTS jitterscope.alerts (
     boot_id LowCardinality(String),
     seq UInt64,
     ts DateTime64(9),
+    raised DateTime64(9),
     kind LowCardinality(String),
     severity LowCardinality(String),
     pid UInt32,

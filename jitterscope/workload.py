@@ -1,0 +1,62 @@
+"""A reproducible run-queue starvation: a latency-sensitive "victim" thread
+doing short CPU bursts and sleeps, pinned to one CPU with CPU hogs.
+
+Used by `jitterscope demo`, the end-to-end tests and the benchmarks, so all
+three see the same scenario. Each process names itself (prctl PR_SET_NAME) so
+filters and assertions can find it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from contextlib import contextmanager
+
+VICTIM_COMM = "jsvictim"
+HOG_COMM = "jshog"
+
+_SET_NAME = "import ctypes; ctypes.CDLL(None).prctl(15, {name!r}.encode(), 0, 0, 0)\n"
+
+_VICTIM = _SET_NAME + """
+import time
+time.sleep({delay})
+end = time.monotonic() + {seconds}
+while time.monotonic() < end:
+    x = 0
+    for i in range(20000):  # ~1 ms of CPU
+        x += i
+    time.sleep(0.002)
+"""
+
+_HOG = _SET_NAME + """
+import time
+end = time.monotonic() + {seconds}
+while time.monotonic() < end:
+    pass
+"""
+
+
+def _spawn(code: str, cpu: int) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", code], preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
+
+
+def last_cpu() -> int:
+    return max(os.sched_getaffinity(0))
+
+
+@contextmanager
+def starvation(seconds: float, cpu: int | None = None, hogs: int = 3, delay: float = 1.0,
+               name: str = VICTIM_COMM):
+    """Yields the victim's Popen; ``hogs=0`` is the unloaded control."""
+    cpu = last_cpu() if cpu is None else cpu
+    victim = _spawn(_VICTIM.format(name=name, delay=delay, seconds=seconds), cpu)
+    hog_procs = [_spawn(_HOG.format(name=HOG_COMM, seconds=seconds + delay), cpu) for _ in range(hogs)]
+    try:
+        yield victim
+        victim.wait(seconds + delay + 30)
+    finally:
+        for proc in [victim, *hog_procs]:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()

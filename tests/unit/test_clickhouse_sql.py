@@ -1,0 +1,72 @@
+"""streams/clickhouse.py pure helpers: migration files, statement splitting,
+record field -> column mapping. No ClickHouse is opened."""
+
+import re
+
+from jitterscope.schemas import events
+from jitterscope.streams.clickhouse import TABLE_OF, _columns, migrations, split_statements
+
+
+def test_split_statements_drops_comments_and_splits():
+    sql = """
+-- 001: header comment; with a semicolon
+CREATE TABLE a (x UInt8) ENGINE = Memory;
+
+   -- indented comment
+CREATE TABLE b (
+    y String
+) ENGINE = Memory;
+"""
+    assert split_statements(sql) == [
+        "CREATE TABLE a (x UInt8) ENGINE = Memory",
+        "CREATE TABLE b (\n    y String\n) ENGINE = Memory",
+    ]
+
+
+def test_split_statements_without_trailing_semicolon_and_empty():
+    assert split_statements("SELECT 1;\nSELECT 2") == ["SELECT 1", "SELECT 2"]
+    assert split_statements("") == []
+    assert split_statements("-- only a comment\n;\n  ;") == []
+
+
+def test_migrations_are_numbered_and_in_order():
+    found = migrations()
+    assert found, "no schemas/clickhouse/NNN_name.sql found"
+    versions = [v for v, _, _ in found]
+    assert versions == sorted(versions)
+    assert len(set(versions)) == len(versions)
+    assert versions[0] == 1
+    for version, name, sql in found:
+        assert re.fullmatch(r"\w+", name)
+        assert sql.strip()
+
+
+def test_every_migration_statement_is_a_create():
+    for version, name, sql in migrations():
+        statements = split_statements(sql)
+        assert statements, f"{version}_{name} has no statements"
+        for statement in statements:
+            assert statement.startswith("CREATE"), f"{version}_{name}: {statement[:60]!r}"
+
+
+def test_first_migration_creates_every_record_table():
+    sql = migrations()[0][2]
+    for table in TABLE_OF.values():
+        assert f"jitterscope.{table}" in sql
+
+
+def test_columns_rename_times_and_leave_out_version():
+    pairs = dict(_columns(events.Alert))
+    assert "v" not in pairs
+    assert pairs["ts_ns"] == "ts"
+    assert pairs["raised_ns"] == "raised"
+    assert pairs["wait_ns"] == "wait_ns"  # a duration, not a time: unchanged
+    assert pairs["host"] == "host"
+
+
+def test_columns_cover_every_field_but_v_in_order():
+    pairs = _columns(events.RunqEvent)
+    fields = [f for f in events.RunqEvent.__struct_fields__ if f != "v"]
+    assert [f for f, _ in pairs] == fields
+    assert "ts" in [c for _, c in pairs]
+    assert "ts_ns" not in [c for _, c in pairs]
