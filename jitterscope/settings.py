@@ -8,11 +8,12 @@ from __future__ import annotations
 import json
 import os
 import socket
+import tomllib
 from pathlib import Path
 from typing import Any
 
 from pydantic import Field, ValidationError, field_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
+from pydantic_settings import BaseSettings, SettingsError, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
 from jitterscope import errors
 
@@ -81,6 +82,9 @@ def load(config_file: Path | None = None, **overrides: Any) -> Settings:
         if not config_file.is_file():
             raise errors.BadConfig(f"config file {config_file} does not exist")
         os.environ["JITTERSCOPE_CONFIG"] = str(config_file)
+    env_file = os.environ.get("JITTERSCOPE_CONFIG")
+    if env_file and not Path(env_file).is_file():
+        raise errors.BadConfig(f"JITTERSCOPE_CONFIG={env_file} does not exist")
     given = {k: v for k, v in overrides.items() if v is not None and v != []}
     try:
         return Settings(**given)
@@ -88,6 +92,9 @@ def load(config_file: Path | None = None, **overrides: Any) -> Settings:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
         raise errors.BadConfig(f"bad configuration: {problems}") from exc
+    except (SettingsError, tomllib.TOMLDecodeError) as exc:
+        raise errors.BadConfig(
+            f"bad configuration: {exc} (lists in JITTERSCOPE_* variables are JSON, e.g. '[1, 2]')") from exc
 
 
 def to_env(s: Settings) -> dict[str, str]:

@@ -155,7 +155,9 @@ class BatchDecoder:
         if not lines:
             return [], [BadLine(0, "empty message", payload)]
         try:
-            return self._batch.decode(b"[" + b",".join(lines) + b"]"), []
+            records = self._batch.decode(b"[" + b",".join(lines) + b"]")
+            if len(records) == len(lines):  # else a line held two records, or half of one
+                return records, []
         except (msgspec.DecodeError, msgspec.ValidationError):
             pass
         good: list[Record] = []

@@ -53,7 +53,13 @@ def runq_starvation(
             f"{event.suspect_pid}; or reserve CPUs {format_cpus(victim_cpus)} for pid {event.pid} "
             "(cpuset / isolcpus)"
         )
-    elif event.suspect_pid and event.suspect_pid != event.pid:
+    elif not event.suspect_pid:
+        remedy = (
+            f"CPU {event.cpu} was busy in the kernel (interrupts, softirqs, kernel threads): check "
+            f"/proc/interrupts and move IRQs off CPUs {format_cpus(victim_cpus) or event.cpu} (irqbalance "
+            "or /proc/irq/*/smp_affinity)"
+        )
+    elif event.suspect_pid != event.pid:
         remedy = (
             f"{event.suspect_comm} (pid {event.suspect_pid}) competes for CPU {event.cpu}: lower its priority "
             f"(renice 19 -p {event.suspect_pid}, or chrt --idle), or add CPU headroom for pid {event.pid}"

@@ -94,3 +94,12 @@ def test_record_of_another_type_is_rejected():
     good, bad = BatchDecoder(RunqEvent).decode(encode_batch([topo]))
     assert good == []
     assert len(bad) == 1 and bad[0].line == 1
+
+
+def test_one_record_per_line_is_enforced_on_the_fast_path():
+    one, two = encode_batch([runq(1)]).strip(), encode_batch([runq(2)]).strip()
+    good, bad = BatchDecoder(RunqEvent).decode(one + b"," + two + b"\n")  # two records on one line
+    assert good == [] and [b.line for b in bad] == [1]
+    split_at = one.index(b",") + 1
+    good, bad = BatchDecoder(RunqEvent).decode(one[:split_at - 1] + b"\n" + one[split_at:] + b"\n")
+    assert good == [] and [b.line for b in bad] == [1, 2]  # half a record on each line

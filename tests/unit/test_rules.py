@@ -112,3 +112,10 @@ def test_idle_suspect_summary():
                             ALERT_NS, VICTIM, HOST_CPUS, NOW)
     assert "idle/kernel task" in alert.summary
     assert "swapper" not in alert.summary
+
+
+def test_idle_suspect_remedy_points_at_the_kernel_not_the_victim():
+    alert = runq_starvation(event(suspect_pid=0, suspect_tid=0, suspect_comm="swapper/2"),
+                            ALERT_NS, VICTIM, HOST_CPUS, NOW)
+    assert "kernel" in alert.remedy and "irq" in alert.remedy.lower()
+    assert "own threads" not in alert.remedy

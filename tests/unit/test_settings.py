@@ -146,3 +146,22 @@ def test_to_env_round_trip(monkeypatch, tmp_path):
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     assert Settings() == original
+
+
+def test_malformed_env_list_is_bad_config_with_a_hint(monkeypatch):
+    monkeypatch.setenv("JITTERSCOPE_TARGET_PIDS", "notjson")
+    with pytest.raises(errors.BadConfig, match="JSON"):
+        load()
+
+
+def test_toml_syntax_error_is_bad_config(tmp_path):
+    path = tmp_path / "broken.toml"
+    path.write_text("host = \n")
+    with pytest.raises(errors.BadConfig, match="bad configuration"):
+        load(config_file=path)
+
+
+def test_missing_file_named_by_env_is_bad_config(monkeypatch, tmp_path):
+    monkeypatch.setenv("JITTERSCOPE_CONFIG", str(tmp_path / "nope.toml"))
+    with pytest.raises(errors.BadConfig, match="does not exist"):
+        load()
