@@ -33,11 +33,15 @@ static __always_inline u32 tgid_of(u32 tid)
     return tgid ? *tgid : 0;
 }
 
+/* Until the collector has written the config (threshold 0), nothing is
+ * tracked: the probe attaches at load, before its filters are set. */
 static __always_inline int is_target(u32 tgid)
 {
     int zero = 0;
     struct runq_config *cfg = config.lookup(&zero);
-    if (!cfg || !cfg->filter_targets)
+    if (!cfg || cfg->threshold_ns == 0)
+        return 0;
+    if (!cfg->filter_targets)
         return 1;
     return tgid != 0 && targets.lookup(&tgid) != 0;
 }
@@ -98,6 +102,8 @@ TRACEPOINT_PROBE(sched, sched_switch)
     enqueued_at.delete(&tid);
 
     u32 tgid = tgid_of(tid);
+    if (!is_target(tgid))   /* targets may have changed since it was queued */
+        return 0;
     struct runq_hist_key key = {.pid = tgid, .slot = bpf_log2l(wait_ns / 1000)};
     u64 one = 1;
     u64 *count = hist.lookup(&key);
@@ -108,8 +114,7 @@ TRACEPOINT_PROBE(sched, sched_switch)
 
     int zero = 0;
     struct runq_config *cfg = config.lookup(&zero);
-    /* threshold 0 means the collector has not configured the probe yet */
-    if (!cfg || cfg->threshold_ns == 0 || wait_ns < cfg->threshold_ns)
+    if (!cfg || wait_ns < cfg->threshold_ns)
         return 0;
 
     struct runq_event *ev = events.ringbuf_reserve(sizeof(*ev));

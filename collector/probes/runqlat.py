@@ -44,14 +44,14 @@ class RunqProbe:
     def configure(self, threshold_ns: int, target_pids: set[int] | None) -> None:
         if target_pids is not None:
             self.set_targets(target_pids)
-        config = self._bpf["config"]
+        config = self._bpf[b"config"]
         leaf = config.Leaf()
         leaf.threshold_ns = max(1, threshold_ns)  # 0 means "not configured" to the kernel
         leaf.filter_targets = 0 if target_pids is None else 1
         config[ctypes.c_int(0)] = leaf
 
     def set_targets(self, pids: set[int]) -> None:
-        targets = self._bpf["targets"]
+        targets = self._bpf[b"targets"]
         current = {k.value for k in targets.keys()}
         for pid in current - pids:
             del targets[targets.Key(pid)]
@@ -59,7 +59,7 @@ class RunqProbe:
             targets[targets.Key(pid)] = targets.Leaf(1)
 
     def open(self, on_event: Callable[[RawRunqEvent], None]) -> None:
-        table = self._bpf["events"]
+        table = self._bpf[b"events"]
 
         def callback(_ctx, data, _size):
             e = table.event(data)
@@ -74,11 +74,11 @@ class RunqProbe:
         self._bpf.ring_buffer_poll(timeout_ms)
 
     def drops(self) -> int:
-        return sum(self._bpf["drops"][ctypes.c_int(0)])
+        return sum(self._bpf[b"drops"][ctypes.c_int(0)])
 
     def read_histograms(self) -> dict[int, dict[int, int]]:
         """pid -> {slot: new waits since the last read}."""
-        hist = self._bpf["hist"]
+        hist = self._bpf[b"hist"]
         deltas: dict[int, dict[int, int]] = {}
         alive: dict[tuple[int, int], int] = {}
         for key, value in hist.items():
@@ -92,7 +92,7 @@ class RunqProbe:
 
     def forget_histograms(self, pids: set[int]) -> None:
         """Drop kernel counters of processes that have exited (bounded map)."""
-        hist = self._bpf["hist"]
+        hist = self._bpf[b"hist"]
         for key in list(hist.keys()):
             if key.pid in pids:
                 del hist[key]

@@ -1,0 +1,79 @@
+"""The run-queue probe on the real kernel, without Kafka: what it reports
+and what its filters keep out."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from jitterscope.collector.probes.runqlat import RunqProbe
+from jitterscope.workload import HOG_COMM, VICTIM_COMM, last_cpu, starvation
+
+pytestmark = pytest.mark.bpf
+
+MS = 1_000_000
+
+
+def poll_for(probe: RunqProbe, seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        probe.poll(50)
+    probe.poll(0)
+
+
+def collect(probe: RunqProbe, seconds: float) -> list:
+    seen = []
+    probe.open(seen.append)
+    poll_for(probe, seconds)
+    return seen
+
+
+def test_waits_of_the_target_only_with_the_hog_as_suspect():
+    with starvation(seconds=4, hogs=3, delay=0.5) as victim:
+        probe = RunqProbe(threshold_ns=5 * MS, target_pids={victim.pid})
+        try:
+            seen = collect(probe, 4)
+            hist = probe.read_histograms()
+            assert probe.drops() == 0
+        finally:
+            probe.close()
+    assert seen, "a victim sharing its CPU with 3 hogs waits >= 5 ms"
+    assert {e.pid for e in seen} == {victim.pid}, "only the target's waits leave the kernel"
+    assert all(e.tid == victim.pid and e.comm == VICTIM_COMM for e in seen)
+    assert all(e.wait_ns >= 5 * MS and e.cpu == last_cpu() for e in seen)
+    assert max(e.wait_ns for e in seen) >= 10 * MS
+    assert HOG_COMM in {e.suspect_comm for e in seen}
+    assert all(e.suspect_pid != victim.pid for e in seen if e.suspect_comm == HOG_COMM)
+    # the histogram holds every wait of the target, the short ones too
+    assert set(hist) == {victim.pid}
+    assert sum(hist[victim.pid].values()) > len(seen)
+    assert min(hist[victim.pid]) < 5  # waits under 32 us exist as well
+
+
+def test_threshold_and_histogram_deltas():
+    with starvation(seconds=3, hogs=1, delay=0.3) as victim:
+        probe = RunqProbe(threshold_ns=1_000 * MS, target_pids={victim.pid})
+        try:
+            seen = collect(probe, 1.5)
+            first = probe.read_histograms()
+            poll_for(probe, 1.0)
+            second = probe.read_histograms()
+            again = probe.read_histograms()
+        finally:
+            probe.close()
+    assert seen == [], "no wait reaches a 1 s threshold"
+    assert sum(first[victim.pid].values()) > 0 and sum(second[victim.pid].values()) > 0
+    assert again == {}, "a read returns only what is new since the previous one"
+
+
+def test_unfiltered_probe_sees_other_processes():
+    with starvation(seconds=3, hogs=2, delay=0.3):
+        probe = RunqProbe(threshold_ns=5 * MS, target_pids=None)
+        try:
+            seen = collect(probe, 2.5)
+        finally:
+            probe.close()
+    comms = {e.comm for e in seen}
+    assert HOG_COMM in comms and VICTIM_COMM in comms
+    assert all(e.tid != 0 for e in seen), "the idle task (pid 0) is never reported as a waiter"
