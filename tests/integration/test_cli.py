@@ -1,0 +1,104 @@
+"""The commands a user types, run as a user runs them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from jitterscope.broker import free_port
+from jitterscope.workload import HOG_COMM, VICTIM_COMM, starvation
+
+pytestmark = pytest.mark.integration
+
+CLI = [sys.executable, "-m", "jitterscope.cli"]
+
+
+def cli_env(tmp_path, **extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JITTERSCOPE_")}
+    env.update(JITTERSCOPE_DATA_DIR=str(tmp_path), JITTERSCOPE_STREAMS_WEB_PORT=str(free_port()),
+               JITTERSCOPE_COLLECTOR_METRICS_PORT="0", JITTERSCOPE_KAFKA_SESSION_TIMEOUT_S="6", **extra)
+    return env
+
+
+def run(args, env, timeout=120) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.bpf
+def test_up_prints_alerts_and_query_answers_during_and_after(tmp_path):
+    env = cli_env(tmp_path)
+    up = subprocess.Popen([*CLI, "up", "--duration", "40", "--broker-port", "0", "--comm", f"{VICTIM_COMM}*"],
+                          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(up.stdout.readline, "")), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 90
+    while not any("jitterscope up: watching" in l for l in lines):
+        assert up.poll() is None and time.monotonic() < deadline, "".join(lines)
+        time.sleep(0.2)
+
+    with starvation(seconds=6, hogs=3, delay=1.0):
+        pass
+    deadline = time.monotonic() + 30
+    while not any(VICTIM_COMM in l and "waited" in l for l in lines) and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+    during = run(["query", "-f", "csv", "SELECT count() FROM jitterscope.runq_events"], env)
+    assert during.returncode == 0, during.stderr
+    assert int(during.stdout.splitlines()[1]) > 0
+
+    up.send_signal(2)  # Ctrl-C
+    assert up.wait(90) == 0
+    reader.join(5)
+    output = "".join(lines)
+    alerts = [l for l in output.splitlines() if "waited" in l and VICTIM_COMM in l]
+    assert alerts, output
+    assert any(f"held by {HOG_COMM}" in l for l in alerts), output
+    assert all(" ms for CPU " in l for l in alerts)
+    assert "jitterscope stopped" in output
+
+    after = run(["query", "-f", "json", "SELECT count() AS n FROM jitterscope.alerts WHERE comm = {c:String}",
+                 "-p", f"c={VICTIM_COMM}"], env)
+    assert after.returncode == 0, after.stderr
+    assert '"n": ' in after.stdout and int(after.stdout.split('"n": ')[1].split("}")[0]) >= len(alerts)
+
+    refused = run(["query", "DROP TABLE jitterscope.runq_events"], env)
+    assert refused.returncode != 0 and "readonly" in refused.stderr.lower()
+    assert run(["query", "EXISTS TABLE jitterscope.runq_events", "-f", "csv"], env).stdout.splitlines()[1] == "1"
+
+
+def test_collector_without_a_broker_says_how_to_fix_it(tmp_path):
+    result = run(["collector"], cli_env(tmp_path))
+    assert result.returncode == 78
+    assert "--bootstrap-servers" in result.stderr and "jitterscope up" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_unreachable_broker_is_one_clear_line(tmp_path):
+    result = run(["collector", "--bootstrap-servers", f"127.0.0.1:{free_port()}"], cli_env(tmp_path))
+    assert result.returncode == 69, result.stderr
+    assert "did not answer" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_bad_config_is_one_clear_line(tmp_path):
+    result = run(["query", "SELECT 1"], cli_env(tmp_path, JITTERSCOPE_RUNQ_ALERT_MS="-3"))
+    assert result.returncode == 78
+    assert "runq_alert_ms" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_doctor_passes_on_a_prepared_host(tmp_path):
+    result = run(["doctor"], cli_env(tmp_path))
+    assert result.returncode == 0, result.stdout
+    for check in ("privileges", "tracefs", "kernel headers", "bcc", "broker", "clickhouse"):
+        assert check in result.stdout
+
+
+def test_help_lists_every_command(tmp_path):
+    result = run(["--help"], cli_env(tmp_path))
+    for command in ("up", "collector", "streams", "query", "doctor", "broker", "demo"):
+        assert command in result.stdout
