@@ -165,3 +165,10 @@ def test_missing_file_named_by_env_is_bad_config(monkeypatch, tmp_path):
     monkeypatch.setenv("JITTERSCOPE_CONFIG", str(tmp_path / "nope.toml"))
     with pytest.raises(errors.BadConfig, match="does not exist"):
         load()
+
+
+def test_the_shipped_example_config_loads():
+    example = Path(__file__).resolve().parents[2] / "deploy/jitterscope.example.toml"
+    s = load(config_file=example)
+    assert s.bootstrap_servers == "kafka-1:9092,kafka-2:9092"
+    assert s.target_comms == ["vllm*", "tritonserver", "python*"]

@@ -1,0 +1,162 @@
+"""jitterscope benchmarks. Ratios against a baseline measured in the same
+process, because these machines are shared and noisy.
+
+    .venv/bin/python bench/run.py [decode] [pipeline] [probe]   (default: all)
+
+Prints a Markdown section per benchmark; bench/RESULTS.md keeps the recorded
+runs with the command that produced them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from jitterscope.schemas import events, topics  # noqa: E402
+
+
+def synthetic_runq(host: str, n: int, start_seq: int = 0) -> list[events.RunqEvent]:
+    now = time.time_ns()
+    return [events.RunqEvent(host=host, boot_id="bench", seq=start_seq + i, ts_ns=now + i, pid=1000 + i % 50,
+                             tid=2000 + i % 200, comm="vllm-worker", cpu=i % 64, wait_ns=5_000_000 + i,
+                             suspect_pid=300, suspect_tid=301, suspect_comm="logrotate") for i in range(n)]
+
+
+def best_of(fn, repeat: int = 5) -> float:
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times)
+
+
+def bench_decode() -> str:
+    """Batch decode (one msgspec call) vs the naive per-line json.loads."""
+    records = synthetic_runq("bench", 500)
+    payload = events.encode_batch(records)
+    messages = [payload] * 200  # 100k events
+    decoder = events.BatchDecoder(events.RunqEvent)
+    ours = best_of(lambda: [decoder.decode(m) for m in messages])
+    naive = best_of(lambda: [[json.loads(l) for l in m.splitlines()] for m in messages])
+    n = 500 * len(messages)
+    return (f"| decode 100k runq events, 500/message | {n / ours:,.0f} events/s | per-line json.loads "
+            f"{n / naive:,.0f} events/s | {naive / ours:.1f}x faster |")
+
+
+def bench_pipeline(n: int = 200_000) -> str:
+    """Events/s one streams worker carries from Kafka into ClickHouse."""
+    from confluent_kafka import Producer
+
+    from jitterscope.broker import EmbeddedBroker, free_port
+    from jitterscope.query import query_worker
+
+    with EmbeddedBroker() as broker, tempfile.TemporaryDirectory() as data:
+        port = free_port()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("JITTERSCOPE_")}
+        env.update(JITTERSCOPE_BOOTSTRAP_SERVERS=broker.bootstrap_servers, JITTERSCOPE_DATA_DIR=data,
+                   JITTERSCOPE_STREAMS_WEB_PORT=str(port), JITTERSCOPE_KAFKA_SESSION_TIMEOUT_S="6",
+                   JITTERSCOPE_RUNQ_ALERT_MS="1000000")  # measure the storage path, not alerting
+        worker = subprocess.Popen([sys.executable, "-m", "jitterscope.cli", "streams"], env=env,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            count = lambda: query_worker(port, "SELECT count() FROM jitterscope.runq_events", {})[1][0][0]
+            deadline = time.monotonic() + 90
+            while True:
+                try:
+                    count()
+                    break
+                except Exception:
+                    assert time.monotonic() < deadline, "worker did not start"
+                    time.sleep(0.3)
+            # warm-up: one batch through, so the group has joined
+            producer = Producer({"bootstrap.servers": broker.bootstrap_servers, "compression.type": "lz4",
+                                 "linger.ms": 5, "acks": "all", "enable.idempotence": True})
+            producer.produce(topics.RUNQ, events.encode_batch(synthetic_runq("warm", 10)), key=b"warm")
+            producer.flush(10)
+            while count() < 10:
+                time.sleep(0.2)
+
+            batches = [events.encode_batch(synthetic_runq(f"h{h}", 500, start_seq=s))
+                       for h in range(8) for s in range(0, n // 8, 500)]
+            t0 = time.perf_counter()
+            for i, payload in enumerate(batches):
+                producer.produce(topics.RUNQ, payload, key=f"h{i % 8}".encode())
+                producer.poll(0)
+            producer.flush(60)
+            produced = time.perf_counter() - t0
+            while count() < n + 10:
+                time.sleep(0.1)
+            stored = time.perf_counter() - t0
+        finally:
+            worker.terminate()
+            worker.wait(30)
+    return (f"| {n:,} runq events produced (500/message, lz4) → 1 Faust worker → chDB | "
+            f"{n / stored:,.0f} events/s stored | producer alone {n / produced:,.0f} events/s | "
+            f"worker at {produced / stored:.2f}x the producer's rate |")
+
+
+def ping_pong(rounds: int) -> float:
+    """Round trips/s between two processes over pipes: each one is 2 wakeups
+    and 2+ context switches, the probe's hottest path."""
+    code = ("import os,sys\nr,w=int(sys.argv[1]),int(sys.argv[2])\n"
+            "while True:\n b=os.read(r,1)\n if not b or b==b'q': break\n os.write(w,b)\n")
+    a_r, a_w = os.pipe()
+    b_r, b_w = os.pipe()
+    child = subprocess.Popen([sys.executable, "-c", code, str(a_r), str(b_w)], pass_fds=(a_r, b_w))
+    t = time.perf_counter()
+    for _ in range(rounds):
+        os.write(a_w, b"x")
+        os.read(b_r, 1)
+    elapsed = time.perf_counter() - t
+    os.write(a_w, b"q")
+    child.wait()
+    for fd in (a_r, a_w, b_r, b_w):
+        os.close(fd)
+    return rounds / elapsed
+
+
+def bench_probe(rounds: int = 100_000) -> str:
+    """Context-switch cost with the run-queue probe loaded (unfiltered), vs not."""
+    from jitterscope.collector.probes.runqlat import RunqProbe
+
+    os.sched_setaffinity(0, {0})  # both ends on one CPU: every round trip is a switch
+    before = max(ping_pong(rounds) for _ in range(3))
+    probe = RunqProbe(threshold_ns=5_000_000, target_pids=None)
+    probe.open(lambda e: None)
+    try:
+        with_probe = max(ping_pong(rounds) for _ in range(3))
+    finally:
+        probe.close()
+    after = max(ping_pong(rounds) for _ in range(3))
+    baseline = max(before, after)
+    per_switch_ns = (1 / with_probe - 1 / baseline) / 2 * 1e9
+    return (f"| pipe ping-pong on one CPU, probe watching all processes | {with_probe:,.0f} round trips/s | "
+            f"without probe {baseline:,.0f} round trips/s | {with_probe / baseline:.2f}x "
+            f"(~{per_switch_ns:.0f} ns per switch) |")
+
+
+BENCHES = {"decode": bench_decode, "pipeline": bench_pipeline, "probe": bench_probe}
+
+
+def main(names: list[str]) -> None:
+    names = names or list(BENCHES)
+    print(f"\n### {time.strftime('%Y-%m-%d %H:%M')} — {platform.node()}, {os.cpu_count()} CPUs, "
+          f"kernel {platform.release()}\n")
+    print(f"`.venv/bin/python bench/run.py {' '.join(names)}`\n")
+    print("| what | measured | baseline (same run) | ratio |\n|---|---|---|---|")
+    for name in names:
+        print(BENCHES[name](), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
