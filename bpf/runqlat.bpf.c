@@ -48,7 +48,12 @@ static __always_inline int is_target(u32 tgid)
 
 static __always_inline void mark_runnable(u32 tid, u64 now)
 {
-    if (tid == 0 || !is_target(tgid_of(tid)))
+    int zero = 0;
+    struct runq_config *cfg = config.lookup(&zero);
+    if (tid == 0 || !cfg || cfg->threshold_ns == 0)
+        return;
+    /* the tid -> tgid look-up is only paid for when filtering */
+    if (cfg->filter_targets && !is_target(tgid_of(tid)))
         return;
     enqueued_at.update(&tid, &now);
 }
@@ -74,6 +79,14 @@ TRACEPOINT_PROBE(sched, sched_wakeup_new)
     return 0;
 }
 
+TRACEPOINT_PROBE(sched, sched_process_exit)
+{
+    u32 tid = args->pid;
+    enqueued_at.delete(&tid);
+    tid_tgid.delete(&tid);
+    return 0;
+}
+
 TRACEPOINT_PROBE(sched, sched_switch)
 {
     u64 now = bpf_ktime_get_ns();
@@ -84,12 +97,12 @@ TRACEPOINT_PROBE(sched, sched_switch)
         u32 *known = tid_tgid.lookup(&prev_tid);
         if (!known || *known != prev_tgid)
             tid_tgid.update(&prev_tid, &prev_tgid);
-        if ((args->prev_state & ~(long)PREEMPT_STATE_BIT) == 0) {
-            if (is_target(prev_tgid))
-                enqueued_at.update(&prev_tid, &now);   /* preempted: waits again */
-        } else {
-            enqueued_at.delete(&prev_tid);             /* went to sleep */
-        }
+        /* Preempted: it waits again. A task going to sleep keeps any stale
+         * entry: its next wakeup overwrites it before it can run again, and
+         * sched_process_exit removes it; deleting here would cost a map
+         * operation on every switch. */
+        if ((args->prev_state & ~(long)PREEMPT_STATE_BIT) == 0 && is_target(prev_tgid))
+            enqueued_at.update(&prev_tid, &now);
     }
 
     u32 tid = args->next_pid;

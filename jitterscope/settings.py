@@ -34,6 +34,8 @@ class Settings(BaseSettings):
     kafka_idempotence: bool = Field(
         True, description="idempotent producer (the embedded broker does not support it and turns it off)")
     kafka_session_timeout_s: float = Field(10.0, description="consumer-group session timeout")
+    kafka_fetch_max_wait_ms: int = Field(
+        100, ge=1, le=10_000, description="longest a consumer fetch waits for data (bounds alert delay)")
     clickhouse_url: str | None = Field(
         None, description="ClickHouse HTTP URL (http://user:pass@host:8123); unset = embedded chDB")
     data_dir: Path = Field(default_factory=_default_data_dir, description="embedded ClickHouse and state")

@@ -83,7 +83,9 @@ class Stack:
         from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, TopicPartition
 
         consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"jitterscope-up-{os.getpid()}",
-                             "enable.auto.commit": False})
+                             "enable.auto.commit": False,
+                             # Tansu holds a fetch for the whole wait: keep alerts prompt
+                             "fetch.wait.max.ms": self.settings.kafka_fetch_max_wait_ms})
         # assign() instead of subscribe(): no group join to wait for. The embedded
         # broker is new, so all its alerts are ours; on a shared Kafka, only new ones.
         start = OFFSET_END if self.settings.bootstrap_servers else OFFSET_BEGINNING
