@@ -33,3 +33,14 @@ def setup(level: str = "INFO") -> None:
 def fields(**kw) -> dict:
     """logger.info("msg", extra=fields(a=1)) adds a=1 to the JSON line."""
     return {"fields": kw}
+
+
+#: The same JSON lines through logging.config, for frameworks that set up
+#: logging themselves (Faust's worker).
+DICT_CONFIG = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"json": {"()": "jitterscope.logs.JsonFormatter"}},
+    "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "json", "stream": "ext://sys.stderr"}},
+    "root": {"level": "INFO", "handlers": ["stderr"]},
+}

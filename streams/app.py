@@ -30,6 +30,7 @@ import msgspec
 from faust.web import Request, Response, View
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 
+from jitterscope import logs
 from jitterscope.schemas import events, topics
 from jitterscope.settings import Settings
 from jitterscope.streams import clickhouse
@@ -273,7 +274,7 @@ class StreamsWorker:
 
     def run(self) -> None:
         """Run the worker until SIGINT/SIGTERM."""
-        worker = faust.Worker(self.app, loglevel="INFO", redirect_stdouts=False)
+        worker = faust.Worker(self.app, loglevel="INFO", redirect_stdouts=False, logging_config=logs.DICT_CONFIG)
         try:
             worker.execute_from_commandline()
         finally:

@@ -100,3 +100,9 @@ class RunqProbe:
 
     def close(self) -> None:
         self._bpf.cleanup()
+
+    def __enter__(self) -> "RunqProbe":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

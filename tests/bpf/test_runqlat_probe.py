@@ -31,13 +31,10 @@ def collect(probe: RunqProbe, seconds: float) -> list:
 
 def test_waits_of_the_target_only_with_the_hog_as_suspect():
     with starvation(seconds=4, hogs=3, delay=0.5) as victim:
-        probe = RunqProbe(threshold_ns=5 * MS, target_pids={victim.pid})
-        try:
+        with RunqProbe(threshold_ns=5 * MS, target_pids={victim.pid}) as probe:
             seen = collect(probe, 4)
             hist = probe.read_histograms()
             assert probe.drops() == 0
-        finally:
-            probe.close()
     assert seen, "a victim sharing its CPU with 3 hogs waits >= 5 ms"
     assert {e.pid for e in seen} == {victim.pid}, "only the target's waits leave the kernel"
     assert all(e.tid == victim.pid and e.comm == VICTIM_COMM for e in seen)
@@ -53,15 +50,12 @@ def test_waits_of_the_target_only_with_the_hog_as_suspect():
 
 def test_threshold_and_histogram_deltas():
     with starvation(seconds=3, hogs=1, delay=0.3) as victim:
-        probe = RunqProbe(threshold_ns=1_000 * MS, target_pids={victim.pid})
-        try:
+        with RunqProbe(threshold_ns=1_000 * MS, target_pids={victim.pid}) as probe:
             seen = collect(probe, 1.5)
             first = probe.read_histograms()
             poll_for(probe, 1.0)
             second = probe.read_histograms()
             again = probe.read_histograms()
-        finally:
-            probe.close()
     assert seen == [], "no wait reaches a 1 s threshold"
     assert sum(first[victim.pid].values()) > 0 and sum(second[victim.pid].values()) > 0
     assert again == {}, "a read returns only what is new since the previous one"
@@ -69,11 +63,8 @@ def test_threshold_and_histogram_deltas():
 
 def test_unfiltered_probe_sees_other_processes():
     with starvation(seconds=3, hogs=2, delay=0.3):
-        probe = RunqProbe(threshold_ns=5 * MS, target_pids=None)
-        try:
+        with RunqProbe(threshold_ns=5 * MS, target_pids=None) as probe:
             seen = collect(probe, 2.5)
-        finally:
-            probe.close()
     comms = {e.comm for e in seen}
     assert HOG_COMM in comms and VICTIM_COMM in comms
     assert all(e.tid != 0 for e in seen), "the idle task (pid 0) is never reported as a waiter"

@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import statistics
 import time
+import urllib.request
 
 import pytest
 
 from jitterscope.workload import HOG_COMM, VICTIM_COMM, last_cpu, starvation
+from jitterscope.broker import free_port
 from tests.conftest import wait_until
 
 pytestmark = [pytest.mark.bpf, pytest.mark.integration]
 
 CONTROL_COMM = "jscontrol"
+METRICS_PORT = free_port()
 ALERT_MS = 10
 
 
@@ -27,7 +30,8 @@ def pipeline(stack):
     worker = stack.start_worker()
     collector = stack.start_collector(
         JITTERSCOPE_TARGET_COMMS=f'["{VICTIM_COMM}*", "{CONTROL_COMM}*"]', JITTERSCOPE_TARGET_RESCAN_S="0.2",
-        JITTERSCOPE_HISTOGRAM_INTERVAL_S="1", JITTERSCOPE_RUNQ_ALERT_MS=str(ALERT_MS))
+        JITTERSCOPE_HISTOGRAM_INTERVAL_S="1", JITTERSCOPE_RUNQ_ALERT_MS=str(ALERT_MS),
+        JITTERSCOPE_COLLECTOR_METRICS_PORT=str(METRICS_PORT))
     yield stack, worker, collector
 
 
@@ -89,6 +93,19 @@ def test_collector_reports_its_own_health(pipeline):
     topo = stack.query("SELECT cpus, numa_nodes FROM jitterscope.topology WHERE host = {h:String} LIMIT 1",
                        h=stack.env["JITTERSCOPE_HOST"])
     assert topo and last_cpu() in topo[0][0] and topo[0][1]
+
+
+def metric(port: int, name: str) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
+
+
+def test_prometheus_metrics_count_what_flowed(pipeline):
+    stack, worker, collector = pipeline
+    assert metric(METRICS_PORT, "jitterscope_collector_events_read_total") > 0
+    assert metric(stack.web_port, 'jitterscope_streams_records_total{topic="jitterscope.runq"}') > 0
+    assert metric(stack.web_port, "jitterscope_streams_rows_written_total") > 0
+    assert metric(stack.web_port, 'jitterscope_streams_alerts_total{kind="runq_starvation"}') > 0
 
 
 def test_collector_stops_cleanly_and_flushes(pipeline):
