@@ -18,7 +18,7 @@ from pydantic_settings import BaseSettings, SettingsError, PydanticBaseSettingsS
 from jitterscope import errors
 
 
-def _default_data_dir() -> Path:
+def default_data_dir() -> Path:
     if os.geteuid() == 0:
         return Path("/var/lib/jitterscope")
     return Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local/share")) / "jitterscope"
@@ -38,7 +38,7 @@ class Settings(BaseSettings):
         100, ge=1, le=10_000, description="longest a consumer fetch waits for data (bounds alert delay)")
     clickhouse_url: str | None = Field(
         None, description="ClickHouse HTTP URL (http://user:pass@host:8123); unset = embedded chDB")
-    data_dir: Path = Field(default_factory=_default_data_dir, description="embedded ClickHouse and state")
+    data_dir: Path = Field(default_factory=default_data_dir, description="embedded ClickHouse and state")
 
     runq_threshold_ms: float = Field(5.0, gt=0, description="waits at or above this leave the kernel as events")
     runq_alert_ms: float = Field(10.0, gt=0, description="run-queue wait that raises an alert")

@@ -20,7 +20,7 @@ from rich.console import Console
 from jitterscope import errors
 from jitterscope.broker import EmbeddedBroker, create_topics, wait_for_port
 from jitterscope.schemas import events, topics
-from jitterscope.settings import Settings, to_env
+from jitterscope.settings import Settings, default_data_dir, to_env
 
 DRAIN_S = 3.0  # time the worker gets after the collector stops, to store the last batches
 
@@ -119,8 +119,9 @@ class Stack:
             pass
         finally:
             self.stop()
-        self.console.print(f"jitterscope stopped: {alerts} alert(s). Query the store with: "
-                           "jitterscope query \"SELECT count() FROM jitterscope.runq_events\"")
+        where = "" if self.settings.data_dir == default_data_dir() else f" --data-dir {self.settings.data_dir}"
+        self.console.print(f"jitterscope stopped: {alerts} alert(s). Query the store with: jitterscope query{where} "
+                           "\"SELECT count() FROM jitterscope.runq_events\"", soft_wrap=True)
 
     def stop(self) -> None:
         with self.console.status("stopping"):
