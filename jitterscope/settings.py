@@ -53,6 +53,19 @@ class Settings(BaseSettings):
     target_rescan_s: float = Field(2.0, gt=0, description="how often target_comms are matched against /proc")
     collector_metrics_port: int = Field(9464, ge=0, description="Prometheus /metrics of the collector (0 = off)")
 
+    otlp_port: int = Field(4318, ge=0, description="collector's OTLP/HTTP receiver for request spans (0 = off)")
+    otlp_bind: str = Field("127.0.0.1", description="address the OTLP receiver listens on (0.0.0.0 for remote senders)")
+    request_id_attributes: list[str] = Field(
+        default_factory=lambda: ["gen_ai.request.id"],
+        description="span attributes holding the request ID, first found wins (else the trace ID)")
+    attribution_grace_s: float = Field(
+        2.0, gt=0, description="wait this long after a request's span ends for late kernel evidence")
+    evidence_horizon_s: float = Field(300.0, gt=0, description="how much kernel evidence per host is kept for attribution")
+    request_slo_ms: float | None = Field(
+        None, gt=0, description="request latency objective; unset = request_slo_factor x the rolling median")
+    request_slo_factor: float = Field(5.0, gt=1, description="SLO as a multiple of the host's rolling median")
+    baseline_min_samples: int = Field(20, ge=1, description="requests seen before the rolling median is trusted")
+
     streams_web_port: int = Field(6066, ge=0, description="streams worker web port: /metrics, /query")
     sink_batch_rows: int = Field(5000, ge=1, description="rows per ClickHouse insert at most")
     sink_flush_s: float = Field(1.0, gt=0, description="ClickHouse inserts happen at least this often")

@@ -109,6 +109,64 @@ class Alert(Record, frozen=True):
     cpus_allowed: list[int]
     summary: str
     remedy: str
+    request_id: str = ""  # the request it is about, for request alerts
+
+
+class RequestSpan(Record, frozen=True):
+    """One inference request, from an OpenTelemetry span the collector received.
+
+    ``ts_ns`` is the span's end. ``pid`` is the serving process (0 = not known:
+    attributed at host level). Phase durations are 0 where the span did not
+    carry them.
+    """
+
+    request_id: str
+    trace_id: str  # hex
+    span_id: str  # hex
+    name: str
+    pid: int
+    start_ns: int
+    end_ns: int
+    status: str  # "ok", "error" or "unset"
+    queue_ns: int = 0
+    prefill_ns: int = 0
+    decode_ns: int = 0
+    ttft_ns: int = 0
+
+
+class Suspect(msgspec.Struct, frozen=True):
+    pid: int
+    comm: str
+    wait_ns: int  # run-queue wait of the request's threads while this task held the CPU
+
+
+class RequestAttribution(Record, frozen=True):
+    """Why one request took as long as it did.
+
+    ``baseline_ns`` is the host's rolling median for requests of this name;
+    ``excess_ns`` what this one took beyond it. ``cause`` is the evidence that
+    explains most of the excess, or "unexplained" (or "none" when there was
+    no excess). Requests batched together share evidence, by design.
+    """
+
+    request_id: str
+    trace_id: str
+    name: str
+    pid: int
+    start_ns: int
+    end_ns: int
+    duration_ns: int
+    baseline_ns: int
+    excess_ns: int
+    status: str
+    runq_wait_ns: int
+    runq_wait_max_ns: int
+    runq_waits: int
+    suspects: list[Suspect]
+    cause: str
+    explained: float  # share of the excess the cause accounts for, 0..1
+    slo_ns: int
+    slo_breached: bool
 
 
 class DeadLetter(msgspec.Struct, kw_only=True, frozen=True):

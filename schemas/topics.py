@@ -15,6 +15,8 @@ RUNQ_HIST = "jitterscope.runq_hist"
 TOPOLOGY = "jitterscope.topology"
 PROCESSES = "jitterscope.processes"
 COLLECTOR_STATS = "jitterscope.collector_stats"
+REQUESTS = "jitterscope.requests"
+ATTRIBUTION = "jitterscope.attribution"
 ALERTS = "jitterscope.alerts"
 DEADLETTER = "jitterscope.deadletter"
 
@@ -25,9 +27,10 @@ INPUT_TOPICS: dict[str, type[events.Record]] = {
     TOPOLOGY: events.Topology,
     PROCESSES: events.ProcessInfo,
     COLLECTOR_STATS: events.CollectorStats,
+    REQUESTS: events.RequestSpan,
 }
 
-OUTPUT_TOPICS = (ALERTS, DEADLETTER)
+OUTPUT_TOPICS = (ALERTS, ATTRIBUTION, DEADLETTER)
 
 ALL_TOPICS = (*INPUT_TOPICS, *OUTPUT_TOPICS)
 

@@ -28,13 +28,14 @@ from typing import NamedTuple
 import faust
 import msgspec
 from faust.web import Request, Response, View
-from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, generate_latest
 
 from jitterscope import logs
 from jitterscope.schemas import events, topics
 from jitterscope.settings import Settings
 from jitterscope.streams import clickhouse
-from jitterscope.streams.rules import ProcessView, runq_starvation
+from jitterscope.streams.attribution import Attributor
+from jitterscope.streams.rules import ProcessView, request_slo, runq_starvation
 from jitterscope.streams.sink import ClickHouseSink
 
 log = logging.getLogger("jitterscope.streams")
@@ -43,6 +44,11 @@ RECORDS_IN = Counter("jitterscope_streams_records_total", "records decoded", ["t
 DEAD_LETTERS = Counter("jitterscope_streams_deadletters_total", "input lines sent to the dead-letter topic", ["topic"])
 ALERTS = Counter("jitterscope_streams_alerts_total", "alerts raised", ["kind"])
 
+ATTRIBUTIONS = Counter("jitterscope_streams_attributions_total", "requests attributed")
+PENDING_REQUESTS = Gauge("jitterscope_streams_pending_requests", "requests waiting for their grace period")
+LATE_EVIDENCE = Gauge("jitterscope_streams_late_evidence", "kernel evidence that arrived after requests it overlapped were attributed")
+
+ATTRIBUTION_TICK_S = 0.25
 PROCESS_WAIT_S = 1.0  # how long an alert waits for its process record to arrive
 TAKE_MESSAGES = 200  # messages per agent batch (each holds up to batch_max_records records)
 
@@ -125,7 +131,27 @@ class StreamsWorker:
         self.state = HostState()
         self.state.prime(self.client)
         self.alert_ns = int(settings.runq_alert_ms * 1_000_000)
+        self.attributor = Attributor(
+            grace_ns=int(settings.attribution_grace_s * 1e9), horizon_ns=int(settings.evidence_horizon_s * 1e9),
+            slo_ns=int(settings.request_slo_ms * 1e6) if settings.request_slo_ms else None,
+            slo_factor=settings.request_slo_factor, min_samples=settings.baseline_min_samples)
+        self.prime_attribution()
         self.app = self._build_app(bootstrap_servers)
+
+    def prime_attribution(self) -> None:
+        """After a restart, pick up where the last worker left off: recent
+        evidence, recent durations (baselines), and requests stored but not
+        yet attributed (their offsets were committed once stored)."""
+        horizon = {"horizon": int(self.settings.evidence_horizon_s)}
+        recent = "ts > now64(9) - toIntervalSecond({horizon:UInt32})"
+        for event in clickhouse.select_records(self.client, events.RunqEvent, recent, horizon):
+            self.attributor.add_evidence(event)
+        for done in clickhouse.select_records(self.client, events.RequestAttribution, recent, horizon):
+            self.attributor.remember(done)
+        pending = (recent + f" AND (host, boot_id, seq) NOT IN (SELECT host, boot_id, seq FROM "
+                   f"{clickhouse.DATABASE}.request_attribution WHERE {recent})")
+        for span in clickhouse.select_records(self.client, events.RequestSpan, pending, horizon):
+            self.attributor.add_request(span)
 
     def _build_app(self, bootstrap_servers: str) -> faust.App:
         s = self.settings
@@ -161,6 +187,12 @@ class StreamsWorker:
         for name, record_type in topics.INPUT_TOPICS.items():
             self._add_agent(app, raw_topic(name), name, record_type)
         self._add_web(app)
+
+        self.attribution_topic = raw_topic(topics.ATTRIBUTION)
+
+        @app.timer(interval=ATTRIBUTION_TICK_S)
+        async def attribute() -> None:
+            await self.attribute_due(time.time_ns())
 
         @app.task
         async def announce() -> None:
@@ -198,6 +230,12 @@ class StreamsWorker:
         RECORDS_IN.labels(topic).inc(len(good))
         for record in good:
             self.state.learn(record)
+        if topic == topics.RUNQ:
+            for event in good:
+                self.attributor.add_evidence(event)
+        elif topic == topics.REQUESTS:
+            for span in good:
+                self.attributor.add_request(span)
         alerts = await self.evaluate(good) if topic == topics.RUNQ else []
         if alerts:
             await self.publish(self.alerts_topic, alerts)
@@ -218,6 +256,28 @@ class StreamsWorker:
                     payload=msgspec.json.encode(r).decode(), ts_ns=time.time_ns()) for r in rows)
         if dead:
             await self.dead_letter(dead)
+
+    async def attribute_due(self, now_ns: int) -> None:
+        """Attribute the requests whose grace period is over; publish, store
+        and alert on them."""
+        done = self.attributor.due(now_ns)
+        PENDING_REQUESTS.set(self.attributor.pending)
+        LATE_EVIDENCE.set(self.attributor.late_evidence)
+        if not done:
+            return
+        ATTRIBUTIONS.inc(len(done))
+        alerts = []
+        for a in done:
+            process = self.state.processes.get((a.host, a.pid))
+            alert = request_slo(a, process.comm if process else "", process.cpus_allowed if process else [],
+                                self.state.cpus.get(a.host), time.time_ns())
+            if alert:
+                ALERTS.labels(alert.kind).inc()
+                alerts.append(alert)
+        await self.publish(self.attribution_topic, done)
+        if alerts:
+            await self.publish(self.alerts_topic, alerts)
+        await self.store(topics.ATTRIBUTION, "request_attribution", [Decoded(done, [], alerts)])
 
     async def evaluate(self, records: list[events.Record]) -> list[events.Alert]:
         worthy = [e for e in records if e.wait_ns >= self.alert_ns]

@@ -28,6 +28,8 @@ TABLE_OF: dict[type[events.Record], str] = {
     events.ProcessInfo: "processes",
     events.CollectorStats: "collector_stats",
     events.Alert: "alerts",
+    events.RequestSpan: "requests",
+    events.RequestAttribution: "request_attribution",
 }
 
 # Limits for untrusted, user-typed SQL; `readonly` must come last (it forbids
@@ -126,3 +128,16 @@ def insert_records(client, table: str, records: list[msgspec.Struct]) -> None:
     pairs = _columns(type(records[0]))
     data = [[_column_value(getattr(r, field)) for r in records] for field, _ in pairs]
     client.insert(f"{DATABASE}.{table}", data, column_names=[c for _, c in pairs], column_oriented=True)
+
+
+def select_records(client, record_type: type[msgspec.Struct], where: str = "1", parameters: dict | None = None,
+                   limit: int = 1_000_000) -> list:
+    """Read rows back as records (the inverse of insert_records). ``where`` is
+    SQL written by this program; values go in ``parameters``."""
+    pairs = _columns(record_type)
+    table = TABLE_OF[record_type]
+    select = ", ".join(f"toUnixTimestamp64Nano({c}) AS {f}" if f in TIME_COLUMNS else c for f, c in pairs)
+    result = client.query(f"SELECT {select} FROM {DATABASE}.{table} FINAL WHERE {where} LIMIT {int(limit)}",
+                          parameters=parameters)
+    names = [f for f, _ in pairs]
+    return [msgspec.convert(dict(zip(names, row)), record_type) for row in result.result_rows]

@@ -119,3 +119,38 @@ def test_idle_suspect_remedy_points_at_the_kernel_not_the_victim():
                             ALERT_NS, VICTIM, HOST_CPUS, NOW)
     assert "kernel" in alert.remedy and "irq" in alert.remedy.lower()
     assert "own threads" not in alert.remedy
+
+
+def attribution(**kw):
+    from jitterscope.schemas.events import RequestAttribution, Suspect
+
+    fields = dict(host="gpu-a1", boot_id="b0", seq=7, ts_ns=NOW, request_id="req-42", trace_id="ab" * 16,
+                  name="llm_request", pid=1234, start_ns=NOW - 400 * MS, end_ns=NOW, duration_ns=400 * MS,
+                  baseline_ns=75 * MS, excess_ns=325 * MS, status="ok", runq_wait_ns=300 * MS,
+                  runq_wait_max_ns=40 * MS, runq_waits=12,
+                  suspects=[Suspect(pid=4321, comm="logrotate", wait_ns=250 * MS)],
+                  cause="runq_starvation", explained=0.92, slo_ns=375 * MS, slo_breached=True)
+    fields.update(kw)
+    return RequestAttribution(**fields)
+
+
+def test_request_slo_names_the_request_the_wait_and_the_suspect():
+    from jitterscope.streams.rules import request_slo
+
+    alert = request_slo(attribution(), "python3", [2, 3], [0, 1, 2, 3, 4, 5], NOW)
+    assert alert.kind == "request_slo" and alert.request_id == "req-42"
+    assert "400 ms" in alert.summary and "SLO 375 ms" in alert.summary and "normal 75 ms" in alert.summary
+    assert "waited 300 ms" in alert.summary and "logrotate (pid 4321)" in alert.summary
+    assert alert.remedy == "move logrotate (pid 4321) off the CPUs of pid 1234: taskset -apc 0-1,4-5 4321"
+    assert (alert.host, alert.boot_id, alert.seq) == ("gpu-a1", "b0", 7)
+    assert alert.severity == "warning"
+
+
+def test_request_slo_quiet_unless_breached_and_honest_when_unexplained():
+    from jitterscope.streams.rules import request_slo
+
+    assert request_slo(attribution(slo_breached=False), "python3", [], None, NOW) is None
+    alert = request_slo(attribution(cause="unexplained", explained=0.1, suspects=[], runq_wait_ns=30 * MS),
+                        "python3", [], None, NOW)
+    assert "unexplained" in alert.summary and "10%" in alert.summary
+    assert "no kernel evidence" in alert.remedy and alert.suspect_pid == 0

@@ -1,0 +1,149 @@
+"""Per-request root cause: which kernel evidence overlapped a request.
+
+Pure logic, no I/O: the worker feeds it evidence and request spans as they
+arrive (in any order) and asks, on a timer, for the requests whose span ended
+more than ``grace_ns`` ago, by then late kernel evidence has arrived too.
+
+Evidence is matched at process level: a run-queue wait counts for a request
+when it happened on one of the request's process's threads (any thread of the
+host when the process is not known) and overlapped the request's time window;
+only the overlapping part counts. Requests served together (continuous
+batching) overlap the same waits and each is charged with them: they really
+were all delayed by them.
+"""
+
+from __future__ import annotations
+
+import bisect
+import statistics
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+
+from jitterscope.schemas.events import RequestAttribution, RequestSpan, RunqEvent, Suspect
+
+TOP_SUSPECTS = 3
+NO_EXCESS_NS = 1_000_000  # under 1 ms over the baseline there is nothing to explain
+DOMINANT_SHARE = 0.5  # a cause must explain at least half the excess to be named
+
+
+@dataclass
+class _HostEvidence:
+    starts: list[int] = field(default_factory=list)  # wait start (ts - wait), sorted
+    events: list[RunqEvent] = field(default_factory=list)  # in the same order
+    newest_ns: int = 0
+
+
+def overlap_ns(event: RunqEvent, start_ns: int, end_ns: int) -> int:
+    """How much of the event's wait [ts - wait, ts] lies inside [start, end]."""
+    return max(0, min(end_ns, event.ts_ns) - max(start_ns, event.ts_ns - event.wait_ns))
+
+
+class Attributor:
+    def __init__(self, grace_ns: int = 2_000_000_000, horizon_ns: int = 300_000_000_000,
+                 slo_ns: int | None = None, slo_factor: float = 5.0, min_samples: int = 20,
+                 baseline_window: int = 500, longest_wait_ns: int = 60_000_000_000):
+        self.grace_ns = grace_ns
+        self.horizon_ns = horizon_ns
+        self.slo_ns = slo_ns
+        self.slo_factor = slo_factor
+        self.min_samples = min_samples
+        self.longest_wait_ns = longest_wait_ns  # bounds the look-back for waits that started earlier
+        self._evidence: dict[str, _HostEvidence] = defaultdict(_HostEvidence)
+        self._pending: list[RequestSpan] = []
+        self._durations: dict[tuple[str, str], deque[int]] = defaultdict(lambda: deque(maxlen=baseline_window))
+        self._attributed_until: dict[str, int] = {}
+        self.late_evidence = 0
+
+    # -- input -------------------------------------------------------------
+    def add_evidence(self, event: RunqEvent) -> None:
+        host = self._evidence[event.host]
+        start = event.ts_ns - event.wait_ns
+        if start < self._attributed_until.get(event.host, 0):
+            self.late_evidence += 1  # some request it overlapped may already be out
+        index = bisect.bisect_right(host.starts, start)
+        host.starts.insert(index, start)
+        host.events.insert(index, event)
+        if event.ts_ns > host.newest_ns:
+            host.newest_ns = event.ts_ns
+            self._expire(host)
+
+    def remember(self, done: RequestAttribution) -> None:
+        """Count an earlier attribution into the baseline (priming after a restart)."""
+        self._durations[(done.host, done.name)].append(done.duration_ns)
+
+    def add_request(self, span: RequestSpan) -> None:
+        self._pending.append(span)
+
+    def _expire(self, host: _HostEvidence) -> None:
+        cut = bisect.bisect_left(host.starts, host.newest_ns - self.horizon_ns)
+        if cut:
+            del host.starts[:cut]
+            del host.events[:cut]
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    # -- output ------------------------------------------------------------
+    def due(self, now_ns: int) -> list[RequestAttribution]:
+        """Attribute every request whose span ended at least grace_ns ago."""
+        ready = [s for s in self._pending if s.end_ns + self.grace_ns <= now_ns]
+        if not ready:
+            return []
+        self._pending = [s for s in self._pending if s.end_ns + self.grace_ns > now_ns]
+        ready.sort(key=lambda s: s.end_ns)
+        out = [self.attribute(span) for span in ready]
+        for span in ready:
+            self._attributed_until[span.host] = max(self._attributed_until.get(span.host, 0), span.end_ns)
+        return out
+
+    def baseline_ns(self, host: str, name: str) -> tuple[int, bool]:
+        """Rolling median duration of this host's requests of this name, and
+        whether enough were seen to judge against it."""
+        samples = self._durations.get((host, name))
+        if not samples:
+            return 0, False
+        return int(statistics.median(samples)), len(samples) >= self.min_samples
+
+    def attribute(self, span: RequestSpan) -> RequestAttribution:
+        """The span's record key (host, boot_id, seq) is reused, so attributing
+        the same span again replaces, not adds, its row."""
+        duration = max(0, span.end_ns - span.start_ns)
+        baseline, trusted = self.baseline_ns(span.host, span.name)
+        self._durations[(span.host, span.name)].append(duration)
+        if not baseline:
+            baseline = duration
+        excess = max(0, duration - baseline)
+
+        total = longest = count = 0
+        by_suspect: dict[tuple[int, str], int] = defaultdict(int)
+        host = self._evidence.get(span.host)
+        if host is not None:
+            first = bisect.bisect_left(host.starts, span.start_ns - self.longest_wait_ns)
+            last = bisect.bisect_right(host.starts, span.end_ns)
+            for event in host.events[first:last]:
+                if span.pid and event.pid != span.pid:
+                    continue
+                part = overlap_ns(event, span.start_ns, span.end_ns)
+                if part <= 0:
+                    continue
+                total += part
+                longest = max(longest, part)
+                count += 1
+                by_suspect[(event.suspect_pid, event.suspect_comm)] += part
+        suspects = [Suspect(pid=pid, comm=comm, wait_ns=ns) for (pid, comm), ns in
+                    sorted(by_suspect.items(), key=lambda item: -item[1])[:TOP_SUSPECTS]]
+
+        if excess < NO_EXCESS_NS:
+            cause, explained = "none", 0.0
+        else:
+            explained = min(1.0, total / excess)
+            cause = "runq_starvation" if explained >= DOMINANT_SHARE else "unexplained"
+        slo = self.slo_ns or (int(self.slo_factor * baseline) if trusted else 0)
+        return RequestAttribution(
+            host=span.host, boot_id=span.boot_id, seq=span.seq, ts_ns=span.end_ns, request_id=span.request_id, trace_id=span.trace_id, name=span.name, pid=span.pid,
+            start_ns=span.start_ns, end_ns=span.end_ns, duration_ns=duration, baseline_ns=baseline,
+            excess_ns=excess, status=span.status, runq_wait_ns=total, runq_wait_max_ns=longest,
+            runq_waits=count, suspects=suspects, cause=cause, explained=round(explained, 4),
+            slo_ns=slo, slo_breached=bool(slo) and duration > slo,
+        )
