@@ -21,7 +21,10 @@
 
 BPF_HASH(enqueued_at, u32, u64, MAX_THREADS);      /* tid -> when it became runnable */
 BPF_TABLE("lru_hash", u32, u32, tid_tgid, MAX_THREADS); /* learned tid -> tgid */
-BPF_HASH(targets, u32, u8, MAX_TARGETS);            /* tgids to watch when filtering */
+/* tgid -> its own event threshold in ns (0 = the global one). The tgids to
+ * watch when filtering; with or without filtering, serving processes get a
+ * finer threshold here so their requests can be explained. */
+BPF_HASH(targets, u32, u64, MAX_TARGETS);
 BPF_ARRAY(config, struct runq_config, 1);
 BPF_HASH(hist, struct runq_hist_key, u64, MAX_HIST_KEYS);
 BPF_PERCPU_ARRAY(drops, u64, 1);                    /* ring-buffer reserve failures */
@@ -127,7 +130,15 @@ TRACEPOINT_PROBE(sched, sched_switch)
 
     int zero = 0;
     struct runq_config *cfg = config.lookup(&zero);
-    if (!cfg || wait_ns < cfg->threshold_ns)
+    if (!cfg)
+        return 0;
+    u64 threshold = cfg->threshold_ns;
+    if (cfg->has_overrides) {
+        u64 *own = targets.lookup(&tgid);
+        if (own && *own)
+            threshold = *own;
+    }
+    if (wait_ns < threshold)
         return 0;
 
     struct runq_event *ev = events.ringbuf_reserve(sizeof(*ev));

@@ -12,7 +12,7 @@
 struct runq_config {
     u64 threshold_ns;   /* waits at or above this leave the kernel one by one */
     u32 filter_targets; /* 0: every process; 1: only tgids in `targets` */
-    u32 _pad;
+    u32 has_overrides;  /* some `targets` entries carry their own threshold */
 };
 
 /* One run-queue wait at or above the threshold. */

@@ -10,6 +10,7 @@ stays idempotent without any state on disk.
 from __future__ import annotations
 
 import logging
+import queue
 import signal
 import threading
 import time
@@ -19,6 +20,7 @@ from prometheus_client import Counter, Gauge, start_http_server
 
 from jitterscope.collector import hostinfo
 from jitterscope.collector.clock import EpochConverter
+from jitterscope.collector.otlp import OtlpReceiver
 from jitterscope.collector.probes.runqlat import RawRunqEvent, RunqProbe
 from jitterscope.collector.publish import Batcher, KafkaPublisher
 from jitterscope.logs import fields
@@ -67,6 +69,9 @@ class Collector:
         self._comms: dict[int, str] = {}
         self._stop = threading.Event()
         self.probe: RunqProbe | None = None
+        self.otlp: OtlpReceiver | None = None
+        self._spans_in: queue.SimpleQueue[list[dict]] = queue.SimpleQueue()  # from the OTLP threads
+        self._serving_pids: set[int] = set()  # processes that sent request spans
 
     # -- records ---------------------------------------------------------
     def _queue(self, record: events.Record) -> None:
@@ -109,6 +114,25 @@ class Collector:
             suspect_pid=raw.suspect_pid, suspect_tid=raw.suspect_tid, suspect_comm=raw.suspect_comm,
         ))
 
+    def take_requests(self) -> None:
+        """Stamp and queue the request spans the OTLP receiver handed over.
+        A serving process becomes a probe target when targets are filtered:
+        its requests cannot be explained without its threads' waits."""
+        new_pids = False
+        while True:
+            try:
+                batch = self._spans_in.get_nowait()
+            except queue.Empty:
+                break
+            for fields in batch:
+                self._queue(events.RequestSpan(**self.stamp.header(events.RequestSpan, fields["end_ns"]), **fields))
+                if fields["pid"] and fields["pid"] not in self._serving_pids:
+                    self._serving_pids.add(fields["pid"])
+                    new_pids = True
+                    self.describe_process(fields["pid"])
+        if new_pids and self.probe:
+            self.update_targets()
+
     def publish_histograms(self, interval_ns: int) -> None:
         now = time.time_ns()
         for pid, slots in sorted(self.probe.read_histograms().items()):
@@ -143,11 +167,21 @@ class Collector:
             records_sent=self.publisher.records_sent, delivery_errors=self.publisher.delivery_errors,
         ))
 
+    def serving_thresholds(self) -> dict[int, int]:
+        """Processes that send request spans report finer waits: their
+        requests are explained from them, and short waits add up."""
+        self._serving_pids = {p for p in self._serving_pids if (self.proc / str(p)).exists()}
+        ns = int(self.settings.serving_threshold_ms * 1_000_000)
+        return {pid: ns for pid in self._serving_pids}
+
+    def update_targets(self) -> None:
+        self.probe.set_targets(self.current_targets() or set(), self.serving_thresholds())
+
     def current_targets(self) -> set[int] | None:
         s = self.settings
         if not s.filters_targets:
             return None
-        pids = set(s.target_pids)
+        pids = set(s.target_pids) | self._serving_pids
         if s.target_comms:
             pids |= hostinfo.pids_matching(s.target_comms, self.proc)
         return pids
@@ -161,12 +195,17 @@ class Collector:
         self.publisher.check_reachable()
         if s.collector_metrics_port:
             start_http_server(s.collector_metrics_port)
-        self.probe = RunqProbe(int(s.runq_threshold_ms * 1_000_000), self.current_targets())
+        self.probe = RunqProbe(int(s.runq_threshold_ms * 1_000_000), self.current_targets(),
+                               self.serving_thresholds())
         self.probe.open(self.on_runq)
         log.info("collector started", extra=fields(
             host=s.host, boot_id=self.stamp.boot_id, threshold_ms=s.runq_threshold_ms,
             targets="all" if not s.filters_targets else sorted(self.current_targets() or [])))
         self.publish_topology()
+        if s.otlp_port:
+            self.otlp = OtlpReceiver(s.otlp_bind, s.otlp_port, self._spans_in.put, s.request_id_attributes).start()
+            log.info("OTLP receiver listening", extra=fields(
+                endpoint=f"http://{s.otlp_bind}:{self.otlp.port}/v1/traces"))
 
         started = time.monotonic()
         next_hist = started + s.histogram_interval_s
@@ -179,6 +218,7 @@ class Collector:
                 if duration_s is not None and now - started >= duration_s:
                     break
                 self.probe.poll(50)
+                self.take_requests()
                 for topic, batch in self.batcher.due():
                     self.publisher.send(topic, batch)
                 self.publisher.poll(0)
@@ -192,13 +232,16 @@ class Collector:
                 if now >= next_topology:
                     self.publish_topology()
                     next_topology = now + s.topology_interval_s
-                if s.target_comms and now >= next_rescan:
-                    self.probe.set_targets(self.current_targets() or set())
+                if now >= next_rescan:
+                    self.update_targets()
                     next_rescan = now + s.target_rescan_s
         finally:
             self.shutdown()
 
     def shutdown(self) -> None:
+        if self.otlp:
+            self.otlp.stop()
+            self.take_requests()
         if self.probe:
             self.probe.poll(0)  # take what the kernel still holds
             self.publish_histograms(0)

@@ -42,6 +42,8 @@ class Settings(BaseSettings):
 
     runq_threshold_ms: float = Field(5.0, gt=0, description="waits at or above this leave the kernel as events")
     runq_alert_ms: float = Field(10.0, gt=0, description="run-queue wait that raises an alert")
+    serving_threshold_ms: float = Field(
+        1.0, gt=0, description="event threshold for processes that send request spans (finer evidence)")
     target_pids: list[int] = Field(default_factory=list, description="processes to watch (default: all)")
     target_comms: list[str] = Field(
         default_factory=list, description="shell patterns of process names to watch (default: all)")

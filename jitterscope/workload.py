@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from contextlib import contextmanager
 
 VICTIM_COMM = "jsvictim"
@@ -46,6 +47,30 @@ def last_cpu() -> int:
     from jitterscope.collector.hostinfo import online_cpus
 
     return online_cpus()[-1]
+
+
+@contextmanager
+def cpu_hogs(seconds: float, cpu: int | None = None, count: int = 3):
+    """CPU hogs on one CPU; yields once they are running under their own name."""
+    cpu = last_cpu() if cpu is None else cpu
+    procs = [_spawn(_HOG.format(name=HOG_COMM, seconds=seconds + 1), cpu) for _ in range(count)]
+    try:
+        for proc in procs:  # interpreter start-up runs as "python": wait for the rename
+            while _comm(proc.pid) not in (HOG_COMM, None):
+                time.sleep(0.01)
+        yield procs
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+def _comm(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except FileNotFoundError:
+        return None
 
 
 @contextmanager

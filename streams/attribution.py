@@ -116,7 +116,10 @@ class Attributor:
         excess = max(0, duration - baseline)
 
         total = longest = count = 0
-        by_suspect: dict[tuple[int, str], int] = defaultdict(int)
+        # Suspects are grouped by command name: a job of many processes (a
+        # backup with workers, a pool of hogs) is one suspect to move; its pid
+        # is the process that held the CPU longest.
+        by_suspect: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
         host = self._evidence.get(span.host)
         if host is not None:
             first = bisect.bisect_left(host.starts, span.start_ns - self.longest_wait_ns)
@@ -130,9 +133,10 @@ class Attributor:
                 total += part
                 longest = max(longest, part)
                 count += 1
-                by_suspect[(event.suspect_pid, event.suspect_comm)] += part
-        suspects = [Suspect(pid=pid, comm=comm, wait_ns=ns) for (pid, comm), ns in
-                    sorted(by_suspect.items(), key=lambda item: -item[1])[:TOP_SUSPECTS]]
+                by_suspect[event.suspect_comm][event.suspect_pid] += part
+        ranked = sorted(by_suspect.items(), key=lambda item: -sum(item[1].values()))[:TOP_SUSPECTS]
+        suspects = [Suspect(pid=max(pids, key=pids.get), comm=comm, wait_ns=sum(pids.values()))
+                    for comm, pids in ranked]
 
         if excess < NO_EXCESS_NS:
             cause, explained = "none", 0.0

@@ -77,7 +77,10 @@ class Stack:
         return proc
 
     def start_worker(self) -> Proc:
-        worker = self.spawn("streams", "streams")
+        return self.start_worker_with()
+
+    def start_worker_with(self, **env: str) -> Proc:
+        worker = self.spawn("streams", "streams", **env)
         wait_until(lambda: self.query_ok(), 90, f"streams worker answering on {self.web_port}", worker)
         return worker
 
@@ -130,6 +133,7 @@ def stack(broker, tmp_path_factory):
         "JITTERSCOPE_KAFKA_SESSION_TIMEOUT_S": "6",
         "JITTERSCOPE_SINK_FLUSH_S": "0.3",
         "JITTERSCOPE_COLLECTOR_METRICS_PORT": "0",
+        "JITTERSCOPE_OTLP_PORT": "0",
         "JITTERSCOPE_HOST": f"test-{os.getpid()}",
     })
     s = Stack(broker, data_dir, web_port, env)

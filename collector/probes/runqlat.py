@@ -35,28 +35,34 @@ def _text(raw: bytes) -> str:
 
 
 class RunqProbe:
-    def __init__(self, threshold_ns: int, target_pids: set[int] | None = None):
-        """``target_pids`` None watches every process."""
+    def __init__(self, threshold_ns: int, target_pids: set[int] | None = None,
+                 thresholds: dict[int, int] | None = None):
+        """``target_pids`` None watches every process; ``thresholds`` gives
+        some processes their own event threshold (ns)."""
         self._bpf = base.load("runqlat.bpf.c")
         self._hist_seen: dict[tuple[int, int], int] = {}
-        self.configure(threshold_ns, target_pids)
+        self.threshold_ns = max(1, threshold_ns)  # 0 means "not configured" to the kernel
+        self.filtering = target_pids is not None
+        self.set_targets(target_pids or set(), thresholds or {})
 
-    def configure(self, threshold_ns: int, target_pids: set[int] | None) -> None:
-        if target_pids is not None:
-            self.set_targets(target_pids)
+    def set_targets(self, pids: set[int], thresholds: dict[int, int] | None = None) -> None:
+        """Watch ``pids`` (when filtering) and apply per-process thresholds."""
+        thresholds = thresholds or {}
+        wanted = {pid: thresholds.get(pid, 0) for pid in (pids if self.filtering else set())}
+        wanted.update(thresholds)
+        targets = self._bpf[b"targets"]
+        current = {k.value: v.value for k, v in targets.items()}
+        for pid in current.keys() - wanted.keys():
+            del targets[targets.Key(pid)]
+        for pid, ns in wanted.items():
+            if current.get(pid) != ns:
+                targets[targets.Key(pid)] = targets.Leaf(ns)
         config = self._bpf[b"config"]
         leaf = config.Leaf()
-        leaf.threshold_ns = max(1, threshold_ns)  # 0 means "not configured" to the kernel
-        leaf.filter_targets = 0 if target_pids is None else 1
+        leaf.threshold_ns = self.threshold_ns
+        leaf.filter_targets = int(self.filtering)
+        leaf.has_overrides = int(bool(thresholds))
         config[ctypes.c_int(0)] = leaf
-
-    def set_targets(self, pids: set[int]) -> None:
-        targets = self._bpf[b"targets"]
-        current = {k.value for k in targets.keys()}
-        for pid in current - pids:
-            del targets[targets.Key(pid)]
-        for pid in pids - current:
-            targets[targets.Key(pid)] = targets.Leaf(1)
 
     def open(self, on_event: Callable[[RawRunqEvent], None]) -> None:
         table = self._bpf[b"events"]

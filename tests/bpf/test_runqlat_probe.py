@@ -68,3 +68,12 @@ def test_unfiltered_probe_sees_other_processes():
     comms = {e.comm for e in seen}
     assert HOG_COMM in comms and VICTIM_COMM in comms
     assert all(e.tid != 0 for e in seen), "the idle task (pid 0) is never reported as a waiter"
+
+
+def test_a_process_can_have_its_own_finer_threshold():
+    with starvation(seconds=3, hogs=3, delay=0.3) as victim:
+        # nothing else reaches 1 s; the victim (a serving process) reports from 2 ms
+        with RunqProbe(threshold_ns=1_000 * MS, target_pids=None, thresholds={victim.pid: 2 * MS}) as probe:
+            seen = collect(probe, 2.5)
+    assert seen and {e.pid for e in seen} == {victim.pid}
+    assert min(e.wait_ns for e in seen) >= 2 * MS

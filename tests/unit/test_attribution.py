@@ -142,3 +142,24 @@ def test_long_wait_that_started_before_the_request_counts():
     a.add_evidence(wait(1_050, 900))  # runnable since 150 ms, got the CPU at 1050
     [result] = due_after(a, 1_100)
     assert result.runq_wait_ns == 50 * MS
+
+
+def test_suspects_are_grouped_by_command_name():
+    a = Attributor(grace_ns=GRACE)
+    baseline(a)
+    a.add_request(span("r", 0, 100))
+    a.add_evidence(wait(20, 10, suspect=(901, "jshog")))
+    a.add_evidence(wait(40, 10, suspect=(902, "jshog")))
+    a.add_evidence(wait(60, 15, suspect=(902, "jshog")))
+    a.add_evidence(wait(90, 20, suspect=(100, "vllm")))  # its own other thread
+    [result] = due_after(a, 100)
+    assert [(s.comm, s.pid, s.wait_ns) for s in result.suspects] == [("jshog", 902, 35 * MS), ("vllm", 100, 20 * MS)]
+
+
+def test_request_of_an_unknown_process_gets_no_evidence():
+    a = Attributor(grace_ns=GRACE)
+    baseline(a)
+    a.add_evidence(wait(20, 15, pid=100))
+    a.add_request(span("ghost", 0, 50, pid=4_000_000))
+    [result] = due_after(a, 50)
+    assert result.runq_wait_ns == 0 and result.runq_waits == 0 and result.cause == "unexplained"

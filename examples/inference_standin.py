@@ -1,0 +1,111 @@
+"""An inference server stand-in that traces its requests the way vLLM does.
+
+Each "request" burns --cpu-ms of CPU (half "prefill", half "decode") and is
+exported as an OpenTelemetry SERVER span with vLLM's attributes
+(gen_ai.request.id, gen_ai.latency.*) over OTLP/HTTP protobuf, so the
+collector's OTLP receiver can be exercised without a GPU or a model.
+
+CPU work is measured in thread CPU time, so a starved stand-in takes longer
+wall time for the same work: exactly the tail jitterscope explains.
+
+Prints ``request_id start_ns end_ns`` per request (epoch ns, as in the span).
+
+    python examples/inference_standin.py --requests 100 --cpu-ms 20 --gap-ms 50
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import sys
+import time
+
+import requests
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+PR_SET_NAME = 15
+PROCESS_NAME = b"jsinfer"  # what --comm filters of the collector target
+
+
+def set_process_name(name: bytes) -> None:
+    """Names the calling (main) thread, which is the process's comm; threads
+    started afterwards (the span exporter's) inherit it."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NAME, ctypes.c_char_p(name[:15]), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # not Linux: the name only matters to the collector's filters
+
+
+def burn_cpu(ms: float) -> None:
+    """Busy-loop until this thread has had ``ms`` of CPU time."""
+    until = time.thread_time_ns() + int(ms * 1e6)
+    x = 0
+    while time.thread_time_ns() < until:
+        for _ in range(1000):
+            x += 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--endpoint", default="http://127.0.0.1:4318/v1/traces")
+    parser.add_argument("--requests", type=int, default=10)
+    parser.add_argument("--cpu-ms", type=float, default=10.0, help="CPU time per request")
+    parser.add_argument("--gap-ms", type=float, default=10.0, help="sleep between requests")
+    parser.add_argument("--no-pid", action="store_true",
+                        help="leave process.pid out of the resource (the collector then finds it from the connection)")
+    parser.add_argument("--name", default="llm_request", help="span name")
+    parser.add_argument("--id-prefix", default="req-", help="request IDs are PREFIX0, PREFIX1, ...")
+    args = parser.parse_args(argv)
+
+    set_process_name(PROCESS_NAME)
+    attributes = {"service.name": "inference-standin"}
+    if not args.no_pid:
+        attributes["process.pid"] = os.getpid()
+    # Resource(...) rather than Resource.create(...): no detectors or
+    # OTEL_RESOURCE_ATTRIBUTES, so --no-pid really sends no pid.
+    provider = TracerProvider(resource=Resource(attributes))
+    # A session that ignores *_PROXY variables: the spans must come from this
+    # process's own connection, which is how the collector tells who sent them.
+    session = requests.Session()
+    session.trust_env = False
+    # export every 200 ms (the SDK default is 5 s), so the demo's spans arrive promptly
+    provider.add_span_processor(BatchSpanProcessor(
+        OTLPSpanExporter(endpoint=args.endpoint, session=session), schedule_delay_millis=200))
+    tracer = provider.get_tracer("jitterscope.examples.inference_standin")
+
+    for i in range(args.requests):
+        request_id = f"{args.id_prefix}{i}"
+        span = tracer.start_span(args.name, kind=SpanKind.SERVER, attributes={"gen_ai.request.id": request_id})
+        started = time.perf_counter()
+        burn_cpu(args.cpu_ms / 2)
+        first_token = time.perf_counter()
+        burn_cpu(args.cpu_ms / 2)
+        done = time.perf_counter()
+        span.set_attributes({
+            "gen_ai.latency.time_in_queue": 0.0,
+            "gen_ai.latency.time_in_model_prefill": first_token - started,
+            "gen_ai.latency.time_in_model_decode": done - first_token,
+            "gen_ai.latency.time_to_first_token": first_token - started,
+            "gen_ai.latency.e2e": done - started,
+        })
+        span.set_status(Status(StatusCode.OK))
+        span.end()
+        print(request_id, span.start_time, span.end_time, flush=True)
+        if args.gap_ms > 0:
+            time.sleep(args.gap_ms / 1000)
+
+    flushed = provider.force_flush(30_000)
+    provider.shutdown()
+    if not flushed:
+        print("could not flush spans to", args.endpoint, file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""Per-request root cause, end to end: an OpenTelemetry-instrumented
+inference-server stand-in sends its request spans to the real collector;
+CPU hogs crowd its core for a while; the requests caught in that window must
+be attributed to run-queue starvation with a hog as top suspect, the others
+must not, and each answer is looked up in ClickHouse by request ID."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from jitterscope.broker import free_port
+from jitterscope.workload import HOG_COMM, cpu_hogs, last_cpu
+from tests.conftest import wait_until
+
+pytestmark = [pytest.mark.bpf, pytest.mark.integration]
+
+STANDIN = Path(__file__).resolve().parents[2] / "examples/inference_standin.py"
+MS = 1_000_000
+SLO_MS = 30  # normal requests take ~10 ms; a crowded core makes them 30-80 ms
+
+
+@pytest.fixture(scope="module")
+def pipeline(stack):
+    otlp_port = free_port()
+    worker = stack.start_worker_with(JITTERSCOPE_REQUEST_SLO_MS=str(SLO_MS), JITTERSCOPE_ATTRIBUTION_GRACE_S="1")
+    # Filter on a name nothing has: the stand-in is watched only because it
+    # sends spans (serving processes become targets).
+    collector = stack.start_collector(
+        JITTERSCOPE_TARGET_COMMS='["no-such-process"]', JITTERSCOPE_OTLP_PORT=str(otlp_port),
+        JITTERSCOPE_HISTOGRAM_INTERVAL_S="1")
+    yield stack, worker, collector, otlp_port
+
+
+def run_standin(otlp_port: int, *args: str) -> subprocess.Popen:
+    cpu = last_cpu()
+    return subprocess.Popen(
+        [sys.executable, str(STANDIN), "--endpoint", f"http://127.0.0.1:{otlp_port}/v1/traces", *args],
+        stdout=subprocess.PIPE, text=True, preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
+
+
+def parse(stdout: str) -> dict[str, tuple[int, int]]:
+    return {rid: (int(start), int(end)) for rid, start, end in (line.split() for line in stdout.splitlines())}
+
+
+def attribution(stack, request_id: str):
+    rows = stack.query(
+        "SELECT cause, runq_wait_ns, excess_ns, duration_ns, suspects, slo_breached, pid "
+        "FROM jitterscope.request_attribution FINAL WHERE request_id = {id:String}", id=request_id)
+    return rows[0] if rows else None
+
+
+def test_requests_in_the_contention_window_are_blamed_on_the_hog(pipeline):
+    stack, worker, collector, otlp_port = pipeline
+    standin = run_standin(otlp_port, "--requests", "180", "--cpu-ms", "10", "--gap-ms", "15", "--id-prefix", "req-")
+    time.sleep(2.5)  # requests before the hogs: the baseline
+    with cpu_hogs(seconds=1.5, count=3):
+        hog_start = time.time_ns()
+        time.sleep(1.5)
+        hog_end = time.time_ns()
+    out, _ = standin.communicate(timeout=60)
+    assert standin.returncode == 0
+    requests = parse(out)
+    pid = standin.pid
+
+    inside = [r for r, (s, e) in requests.items() if s > hog_start + 50 * MS and e < hog_end - 20 * MS]
+    outside = [r for r, (s, e) in requests.items() if e < hog_start - 200 * MS or s > hog_end + 500 * MS]
+    assert len(inside) >= 5 and len(outside) >= 40, (len(inside), len(outside))
+
+    last = max(requests, key=lambda r: requests[r][1])
+    wait_until(lambda: attribution(stack, last), 60, "the last request attributed", worker)
+
+    for rid in inside:
+        cause, waited, excess, duration, suspects, breached, got_pid = attribution(stack, rid)
+        assert got_pid == pid
+        assert cause == "runq_starvation", (rid, cause, waited, excess, duration)
+        assert waited >= 0.5 * excess and breached
+        assert suspects[0]["comm"] == HOG_COMM, suspects
+    quiet = [attribution(stack, rid) for rid in outside]
+    assert all(q is not None for q in quiet)
+    near_zero = [q for q in quiet if q[1] < 2 * MS]
+    assert len(near_zero) >= 0.95 * len(quiet), [q[:4] for q in quiet if q[1] >= 2 * MS]
+
+    alerts = stack.query(
+        "SELECT request_id, toUnixTimestamp64Nano(raised) - toUnixTimestamp64Nano(ts) FROM jitterscope.alerts "
+        "WHERE kind = 'request_slo' AND pid = {pid:UInt32}", pid=pid)
+    alerted = {a[0] for a in alerts}
+    assert set(inside) <= alerted
+    assert not alerted & set(outside)
+    delays = sorted(a[1] / 1e6 for a in alerts)
+    print(f"\n[measured] {len(requests)} requests, {len(inside)} in the contention window; "
+          f"attribution delay after span end: median {statistics.median(delays):.0f} ms, max {delays[-1]:.0f} ms "
+          f"(grace 1000 ms)")
+
+
+def test_span_without_pid_is_resolved_from_the_connection(pipeline):
+    stack, worker, collector, otlp_port = pipeline
+    standin = run_standin(otlp_port, "--requests", "3", "--cpu-ms", "1", "--gap-ms", "1", "--no-pid",
+                          "--id-prefix", "nopid-")
+    out, _ = standin.communicate(timeout=60)
+    assert standin.returncode == 0 and len(parse(out)) == 3
+    rows = wait_until(lambda: stack.query(
+        "SELECT DISTINCT pid FROM jitterscope.requests WHERE startsWith(request_id, 'nopid-')"), 30,
+        "requests of the --no-pid stand-in", worker)
+    assert rows == [[standin.pid]]

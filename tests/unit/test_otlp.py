@@ -1,0 +1,422 @@
+"""collector/otlp.py: OTLP/HTTP trace bodies in, request records out.
+
+The receiver runs for real on 127.0.0.1 port 0 (a local HTTP server, no
+broker); the stand-in inference server runs as a subprocess exporting with the
+real OpenTelemetry SDK."""
+
+from __future__ import annotations
+
+import gzip
+import http.client
+import json
+import math
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
+from prometheus_client import REGISTRY
+
+from jitterscope.collector import otlp
+from jitterscope.collector.otlp import OtlpError, OtlpReceiver, parse_export_request, pid_of_peer, spans_to_requests
+from jitterscope.schemas.events import RequestSpan
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests" / "fixtures" / "otlp"
+STANDIN = ROOT / "examples" / "inference_standin.py"
+
+TRACE = bytes.fromhex("5b8efff798038103d269b633813fc60c")
+SPAN_ID = bytes.fromhex("eee19b7ec3c1b174")
+HOSTILE = "<script>alert(1)</script>'; DROP TABLE x;--"
+
+
+# -- building OTLP bodies ---------------------------------------------------
+
+def any_value(value) -> AnyValue:
+    if isinstance(value, str):
+        return AnyValue(string_value=value)
+    if isinstance(value, bool):
+        return AnyValue(bool_value=value)
+    if isinstance(value, int):
+        return AnyValue(int_value=value)
+    return AnyValue(double_value=value)
+
+
+def attrs(mapping: dict) -> list[KeyValue]:
+    return [KeyValue(key=k, value=any_value(v)) for k, v in mapping.items()]
+
+
+def span(name="llm_request", trace_id=TRACE, span_id=SPAN_ID, parent=b"", kind=Span.SPAN_KIND_SERVER,
+         start=1_700_000_000_000_000_000, end=1_700_000_000_075_000_000, status=Status.STATUS_CODE_UNSET,
+         **attributes) -> Span:
+    return Span(name=name, trace_id=trace_id, span_id=span_id, parent_span_id=parent, kind=kind,
+                start_time_unix_nano=start, end_time_unix_nano=end, status=Status(code=status),
+                attributes=attrs({k.replace("__", "."): v for k, v in attributes.items()}))
+
+
+def export(*spans: Span, pid: int | None = None) -> ExportTraceServiceRequest:
+    resource = {"service.name": "vllm"} | ({"process.pid": pid} if pid is not None else {})
+    return ExportTraceServiceRequest(resource_spans=[ResourceSpans(
+        resource=Resource(attributes=attrs(resource)), scope_spans=[ScopeSpans(spans=list(spans))])])
+
+
+def with_id(request_id: str, **kw) -> Span:
+    return span(**{"gen_ai__request__id": request_id}, **kw)
+
+
+def metric(name: str, **labels) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+# -- the receiver, for real -------------------------------------------------
+
+@pytest.fixture
+def receiver():
+    got: list[dict] = []
+    r = OtlpReceiver("127.0.0.1", 0, got.extend)
+    r.got = got
+    with r:
+        yield r
+
+
+def post(port: int, body: bytes, content_type: str | None = otlp.PROTOBUF, path: str = "/v1/traces",
+         method: str = "POST", headers: dict | None = None):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        all_headers = {"Content-Type": content_type} if content_type else {}
+        conn.request(method, path, body=body, headers=all_headers | (headers or {}))
+        response = conn.getresponse()
+        return response.status, response.getheader("Content-Type"), response.read()
+    finally:
+        conn.close()
+
+
+def test_protobuf_export_becomes_request_records(receiver):
+    body = export(with_id("cmpl-1", status=Status.STATUS_CODE_OK), pid=4242).SerializeToString()
+    status, content_type, answer = post(receiver.port, body)
+    assert (status, content_type, answer) == (200, otlp.PROTOBUF, b"")  # an empty ExportTraceServiceResponse
+    assert receiver.got == [{
+        "request_id": "cmpl-1", "trace_id": TRACE.hex(), "span_id": SPAN_ID.hex(), "name": "llm_request",
+        "pid": 4242, "start_ns": 1_700_000_000_000_000_000, "end_ns": 1_700_000_000_075_000_000,
+        "status": "ok", "queue_ns": 0, "prefill_ns": 0, "decode_ns": 0, "ttft_ns": 0,
+    }]
+    # What the caller does with them: stamp and build the schema's record.
+    record = RequestSpan(host="h", boot_id="b", seq=1, ts_ns=receiver.got[0]["end_ns"], **receiver.got[0])
+    assert record.request_id == "cmpl-1"
+
+
+def test_json_export_with_hex_ids(receiver):
+    body = (FIXTURES / "vllm_trace.json").read_bytes()
+    status, content_type, answer = post(receiver.port, body, "application/json; charset=utf-8")
+    assert (status, content_type, json.loads(answer)) == (200, otlp.JSON, {})
+    server, root = receiver.got
+    assert server == {
+        "request_id": "cmpl-8c1f2a", "trace_id": "5b8efff798038103d269b633813fc60c",
+        "span_id": "eee19b7ec3c1b174", "name": "llm_request", "pid": 4242,
+        "start_ns": 1718000000000000000, "end_ns": 1718000002400000000, "status": "ok",
+        "queue_ns": 12_500_000, "prefill_ns": 2_050_000_000, "decode_ns": 300_000_000, "ttft_ns": 2_100_000_000,
+    }
+    # A root span of another resource, no request ID, no process.pid: the trace
+    # ID names it; the test process sent it over loopback, so it is the pid.
+    assert root["request_id"] == root["trace_id"] == "0af7651916cd43dd8448eb211c80319c"
+    assert (root["status"], root["pid"], root["name"]) == ("error", os.getpid(), "POST /v1/completions")
+
+
+def test_json_quirks_parse():
+    request = parse_export_request((FIXTURES / "vllm_trace.json").read_bytes(), "application/json")
+    first = request.resource_spans[0].scope_spans[0].spans
+    assert first[0].trace_id == TRACE and first[1].parent_span_id == SPAN_ID  # upper and lower case hex
+    assert first[0].start_time_unix_nano == 1718000000000000000  # int64 as a string
+    assert first[1].start_time_unix_nano == 1718000002300000000  # int64 as a number
+    assert first[0].kind == Span.SPAN_KIND_SERVER  # integer enum
+    assert request.resource_spans[1].scope_spans[0].spans[0].kind == Span.SPAN_KIND_INTERNAL  # enum by name
+    # protobuf's own JSON mapping (base64 ids) would be wrong for OTLP: hex is the rule.
+    assert parse_export_request(b'{"resourceSpans": []}', "application/json") == ExportTraceServiceRequest()
+
+
+@pytest.mark.parametrize("body", [
+    b"{not json", b"\xff\xfe", b"[]", b'"x"',
+    b'{"resourceSpans": 5}',
+    b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "zz-not-hex"}]}]}]}',
+    b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"startTimeUnixNano": "soon"}]}]}]}',
+    b"[" * 100_000,
+])
+def test_invalid_json_is_a_400(body):
+    with pytest.raises(OtlpError) as exc:
+        parse_export_request(body, "application/json")
+    assert exc.value.status_code == 400
+
+
+def test_invalid_json_over_http_answers_400_in_json(receiver):
+    status, content_type, answer = post(receiver.port, b"{not json", "application/json")
+    assert (status, content_type) == (400, otlp.JSON)
+    assert json.loads(answer)["message"].startswith("malformed JSON")
+
+
+def test_malformed_protobuf_is_a_400_and_counted(receiver):
+    before = metric("jitterscope_otlp_http_requests_total", code="400")
+    status, content_type, answer = post(receiver.port, b"\x0a\xff\xff\xff\xff\x0f not protobuf")
+    assert (status, content_type) == (400, otlp.PROTOBUF)
+    assert b"malformed protobuf" in answer  # a google.rpc.Status: code 3, then the message
+    assert answer.startswith(b"\x08\x03\x12")
+    assert metric("jitterscope_otlp_http_requests_total", code="400") == before + 1
+    assert receiver.got == []
+
+
+def test_gzip_and_deflate_bodies(receiver):
+    body = export(with_id("zipped"), pid=1).SerializeToString()
+    assert post(receiver.port, gzip.compress(body), headers={"Content-Encoding": "gzip"})[0] == 200
+    assert post(receiver.port, zlib.compress(body), headers={"Content-Encoding": "deflate"})[0] == 200
+    assert [r["request_id"] for r in receiver.got] == ["zipped", "zipped"]
+    assert post(receiver.port, b"\x1f\x8b garbage", headers={"Content-Encoding": "gzip"})[0] == 400
+    assert post(receiver.port, gzip.compress(body)[:-12], headers={"Content-Encoding": "gzip"})[0] == 400
+    assert post(receiver.port, body, headers={"Content-Encoding": "br"})[0] == 415
+
+
+def test_gzip_bomb_is_a_413():
+    r = OtlpReceiver("127.0.0.1", 0, lambda records: None, max_body_bytes=64 * 1024)
+    with r:
+        bomb = gzip.compress(b"\0" * (10 << 20))  # 10 MiB of zeros in ~10 KiB
+        assert len(bomb) < r.max_body_bytes
+        assert post(r.port, bomb, headers={"Content-Encoding": "gzip"})[0] == 413
+
+
+def test_oversized_body_is_refused_before_reading(receiver):
+    conn = http.client.HTTPConnection("127.0.0.1", receiver.port, timeout=10)
+    conn.putrequest("POST", "/v1/traces")
+    conn.putheader("Content-Type", otlp.PROTOBUF)
+    conn.putheader("Content-Length", str(1 << 30))  # and never send it
+    conn.endheaders()
+    response = conn.getresponse()
+    assert response.status == 413
+    assert response.getheader("Connection") == "close"
+    conn.close()
+    assert post(receiver.port, export(with_id("after"), pid=1).SerializeToString())[0] == 200
+
+
+def test_unknown_content_type_is_a_415(receiver):
+    assert post(receiver.port, b"{}", "text/plain")[0] == 415
+    assert post(receiver.port, b"{}", None)[0] == 415
+
+
+def test_only_post_to_v1_traces(receiver):
+    assert post(receiver.port, b"", method="GET")[0] == 405
+    assert post(receiver.port, b"", method="PUT")[0] == 405
+    assert post(receiver.port, b"", method="GET", path="/")[0] == 404
+    assert post(receiver.port, b"", path="/v1/metrics")[0] == 404
+    assert post(receiver.port, export(with_id("q"), pid=1).SerializeToString(), path="/v1/traces?x=1")[0] == 200
+
+
+def test_keep_alive_connection_serves_several_exports(receiver):
+    conn = http.client.HTTPConnection("127.0.0.1", receiver.port, timeout=10)
+    for i in range(3):
+        conn.request("POST", "/v1/traces", body=export(with_id(f"k{i}"), pid=1).SerializeToString(),
+                     headers={"Content-Type": otlp.PROTOBUF})
+        response = conn.getresponse()
+        assert (response.status, response.read()) == (200, b"")
+    conn.close()
+    assert [r["request_id"] for r in receiver.got] == ["k0", "k1", "k2"]
+
+
+def test_a_failing_callback_answers_500_and_the_receiver_lives_on():
+    calls = []
+
+    def on_requests(records):
+        calls.append(records)
+        if len(calls) == 1:
+            raise RuntimeError("queue full")
+
+    before = metric("jitterscope_otlp_http_requests_total", code="500")
+    with OtlpReceiver("127.0.0.1", 0, on_requests) as r:
+        body = export(with_id("x"), pid=1).SerializeToString()
+        assert post(r.port, body)[0] == 500
+        assert post(r.port, body)[0] == 200
+    assert metric("jitterscope_otlp_http_requests_total", code="500") == before + 1
+
+
+def test_counters_count_spans_and_records(receiver):
+    names = ["jitterscope_otlp_spans_received_total", "jitterscope_otlp_spans_skipped_total",
+             "jitterscope_otlp_request_records_total"]
+    before = [metric(n) for n in names]
+    child = span(name="decode_step", span_id=b"\1" * 8, parent=SPAN_ID, kind=Span.SPAN_KIND_INTERNAL)
+    post(receiver.port, export(with_id("c"), child, pid=1).SerializeToString())
+    assert [metric(n) - b for n, b in zip(names, before)] == [2, 1, 1]
+
+
+def test_hostile_request_id_is_kept_verbatim(receiver):
+    post(receiver.port, export(with_id(HOSTILE, name=HOSTILE), pid=1).SerializeToString())
+    assert receiver.got[0]["request_id"] == HOSTILE and receiver.got[0]["name"] == HOSTILE
+
+
+def test_receiver_refuses_a_taken_port(receiver):
+    with pytest.raises(otlp.OtlpReceiverUnavailable, match="cannot listen"):
+        OtlpReceiver("127.0.0.1", receiver.port, lambda records: None).start()
+
+
+def test_receiver_on_ipv6_loopback():
+    got: list[dict] = []
+    r = OtlpReceiver("::1", 0, got.extend).start()
+    try:
+        conn = http.client.HTTPConnection("::1", r.port, timeout=10)
+        conn.request("POST", "/v1/traces", body=export(with_id("v6")).SerializeToString(),
+                     headers={"Content-Type": otlp.PROTOBUF})
+        assert conn.getresponse().status == 200
+        conn.close()
+    finally:
+        r.stop()
+    assert got[0]["request_id"] == "v6" and got[0]["pid"] == os.getpid()  # found from the ::1 connection
+
+
+# -- spans to requests ------------------------------------------------------
+
+def test_span_without_process_pid_gets_the_peer_pid():
+    records, _ = spans_to_requests(export(with_id("a")), peer_pid=777)
+    assert records[0]["pid"] == 777
+    records, _ = spans_to_requests(export(with_id("a"), pid=4242), peer_pid=777)
+    assert records[0]["pid"] == 4242  # the SDK's own word wins
+    records, _ = spans_to_requests(export(with_id("a")), peer_pid=None)
+    assert records[0]["pid"] == 0  # host level
+    records, _ = spans_to_requests(export(with_id("a"), pid=-5), peer_pid=777)
+    assert records[0]["pid"] == 777  # not a pid
+
+
+def test_root_span_without_request_id_is_named_by_its_trace():
+    root = span(kind=Span.SPAN_KIND_INTERNAL)
+    server_child = span(span_id=b"\2" * 8, parent=SPAN_ID, kind=Span.SPAN_KIND_SERVER)
+    child = span(span_id=b"\3" * 8, parent=SPAN_ID, kind=Span.SPAN_KIND_CLIENT)
+    child_with_id = with_id("cmpl-9", span_id=b"\4" * 8, parent=SPAN_ID, kind=Span.SPAN_KIND_INTERNAL)
+    records, skipped = spans_to_requests(export(root, server_child, child, child_with_id))
+    assert [(r["request_id"], r["span_id"]) for r in records] == [
+        (TRACE.hex(), SPAN_ID.hex()), (TRACE.hex(), "02" * 8), ("cmpl-9", "04" * 8)]
+    assert skipped == 1
+
+
+def test_request_id_attributes_are_configurable():
+    s = span()
+    s.attributes.extend(attrs({"x-request-id": "from-header", "gen_ai.request.id": "from-vllm", "seq.no": 42}))
+    records, _ = spans_to_requests(export(s), ["x-request-id", "gen_ai.request.id"])
+    assert records[0]["request_id"] == "from-header"
+    records, _ = spans_to_requests(export(s), ["missing", "seq.no"])
+    assert records[0]["request_id"] == "42"  # an integer ID, as text
+    records, _ = spans_to_requests(export(with_id("")), ["gen_ai.request.id"])
+    assert records[0]["request_id"] == TRACE.hex()  # an empty ID is no ID
+
+
+def test_vllm_phases_in_seconds_become_ns():
+    s = span(**{"gen_ai__latency__time_in_queue": 0.25, "gen_ai__latency__time_in_model_prefill": 1,
+                "gen_ai__latency__time_in_model_decode": 0.5e-3, "gen_ai__latency__time_to_first_token": 1.3})
+    (record,), _ = spans_to_requests(export(s))
+    assert (record["queue_ns"], record["prefill_ns"], record["decode_ns"], record["ttft_ns"]) == (
+        250_000_000, 1_000_000_000, 500_000, 1_300_000_000)
+
+
+@pytest.mark.parametrize("value", [-0.1, math.nan, math.inf, 1e12, "0.5", True])
+def test_implausible_phases_are_zero(value):
+    (record,), _ = spans_to_requests(export(span(**{"gen_ai__latency__time_in_queue": value})))
+    assert record["queue_ns"] == 0
+
+
+@pytest.mark.parametrize("code, status", [
+    (Status.STATUS_CODE_OK, "ok"), (Status.STATUS_CODE_ERROR, "error"),
+    (Status.STATUS_CODE_UNSET, "unset"), (7, "unset"),  # a code from the future
+])
+def test_status(code, status):
+    (record,), _ = spans_to_requests(export(span(status=code)))
+    assert record["status"] == status
+
+
+@pytest.mark.parametrize("bad", [
+    dict(start=0), dict(start=10, end=9), dict(trace_id=b""), dict(trace_id=b"\0" * 16),
+    dict(trace_id=b"\1" * 17), dict(span_id=b"\1" * 7),
+])
+def test_spans_with_bad_times_or_ids_are_skipped(bad):
+    records, skipped = spans_to_requests(export(with_id("r", **bad)))
+    assert (records, skipped) == ([], 1)
+
+
+def test_long_strings_are_truncated():
+    (record,), _ = spans_to_requests(export(with_id("i" * 10_000, name="n" * 10_000)))
+    assert record["request_id"] == "i" * otlp.MAX_STRING_CHARS and record["name"] == "n" * otlp.MAX_STRING_CHARS
+
+
+# -- which process sent it --------------------------------------------------
+
+@pytest.fixture
+def fake_proc(tmp_path):
+    """The captured socket tables plus /proc/<pid>/fd links to their inodes."""
+    proc = tmp_path / "proc"
+    shutil.copytree(FIXTURES / "proc", proc)
+    holders = {"100": ["socket:[1000]", "socket:[2001]", "/dev/null"],  # the collector
+               "4242": ["socket:[2002]"], "4343": ["socket:[4001]"], "4444": ["/dev/null", "socket:[5001]"],
+               "4545": ["pipe:[77]", "socket:[6001]"]}
+    for pid, targets in holders.items():
+        (proc / pid / "fd").mkdir(parents=True)
+        for fd, target in enumerate(targets):
+            (proc / pid / "fd" / str(fd)).symlink_to(target)
+    (proc / "5555").mkdir()  # no fd directory to read (gone, or not ours)
+    (proc / "self").symlink_to("100")
+    return proc
+
+
+@pytest.mark.parametrize("peer_host, peer_port, local_port, pid", [
+    ("127.0.0.1", 41394, 4318, 4242),
+    ("::ffff:127.0.0.1", 41394, 4318, 4242),  # a dual-stack server sees IPv4 peers mapped
+    ("::1", 42000, 4318, 4343),
+    ("127.0.0.1", 43000, 4318, 4444),  # the client's IPv6 socket, connected to a mapped address
+    ("127.0.0.2", 45056, 4318, 4545),  # all of 127/8 is loopback
+    ("127.0.0.1", 41000, 4318, None),  # TIME_WAIT: no process holds it
+    ("10.0.0.5", 50000, 4318, None),  # another host
+    ("127.0.0.1", 41394, 9999, None),  # not a connection to us
+    ("127.0.0.3", 41394, 4318, None),
+    ("not an address", 41394, 4318, None),
+])
+def test_pid_of_peer_in_a_fake_proc(fake_proc, peer_host, peer_port, local_port, pid):
+    assert pid_of_peer(peer_host, peer_port, local_port, fake_proc) == pid
+
+
+def test_pid_of_peer_without_proc_net(tmp_path):
+    assert pid_of_peer("127.0.0.1", 41394, 4318, tmp_path) is None
+
+
+def test_pid_of_peer_on_a_real_loopback_connection():
+    with socket.create_server(("127.0.0.1", 0)) as server, \
+            socket.create_connection(server.getsockname()) as client:
+        conn, (peer_host, peer_port) = server.accept()
+        with conn:
+            assert peer_port == client.getsockname()[1]
+            assert pid_of_peer(peer_host, peer_port, server.getsockname()[1]) == os.getpid()
+
+
+# -- the stand-in inference server, exporting with the real SDK ------------
+
+def run_standin(port: int, *args: str) -> tuple[subprocess.CompletedProcess, int]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    popen = subprocess.Popen(
+        [sys.executable, str(STANDIN), "--endpoint", f"http://127.0.0.1:{port}/v1/traces",
+         "--requests", "5", "--cpu-ms", "2", "--gap-ms", "1", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    stdout, stderr = popen.communicate(timeout=120)
+    assert popen.returncode == 0, stderr
+    return subprocess.CompletedProcess(popen.args, popen.returncode, stdout, stderr), popen.pid
+
+
+@pytest.mark.parametrize("args", [[], ["--no-pid"]], ids=["process.pid", "pid-from-connection"])
+def test_standin_requests_arrive_with_its_pid(receiver, args):
+    done, pid = run_standin(receiver.port, "--id-prefix", "standin-", *args)
+    printed = [line.split() for line in done.stdout.splitlines()]
+    assert [p[0] for p in printed] == [f"standin-{i}" for i in range(5)]
+    by_id = {r["request_id"]: r for r in receiver.got}
+    assert sorted(by_id) == sorted(p[0] for p in printed)
+    for request_id, start_ns, end_ns in printed:
+        record = by_id[request_id]
+        assert (record["start_ns"], record["end_ns"]) == (int(start_ns), int(end_ns))
+        assert (record["pid"], record["name"], record["status"]) == (pid, "llm_request", "ok")
+        assert record["prefill_ns"] >= 1_000_000 and record["ttft_ns"] == record["prefill_ns"]
