@@ -6,7 +6,9 @@
  *
  * Every wait goes into a per-process log2 histogram (the full distribution);
  * waits at or above config.threshold_ns also leave as one ring-buffer event
- * each, naming the task that held the CPU when the waiter finally got it.
+ * each, naming a suspect: of the last RECENT_RUNS tasks on the waiter's CPU,
+ * the one that ran longest during the wait. (The task that ran last is often
+ * a kernel thread that woke for a moment; blaming it would hide the hog.)
  */
 #include "runqlat.h"
 
@@ -27,6 +29,7 @@ BPF_TABLE("lru_hash", u32, u32, tid_tgid, MAX_THREADS); /* learned tid -> tgid *
 BPF_HASH(targets, u32, u64, MAX_TARGETS);
 BPF_ARRAY(config, struct runq_config, 1);
 BPF_HASH(hist, struct runq_hist_key, u64, MAX_HIST_KEYS);
+BPF_PERCPU_ARRAY(recent, struct cpu_runs, 1);       /* per-CPU run history */
 BPF_PERCPU_ARRAY(drops, u64, 1);                    /* ring-buffer reserve failures */
 BPF_RINGBUF_OUTPUT(events, 64);                     /* 64 pages = 256 KiB */
 
@@ -96,6 +99,19 @@ TRACEPOINT_PROBE(sched, sched_switch)
     u32 prev_tid = args->prev_pid;
     u32 prev_tgid = bpf_get_current_pid_tgid() >> 32; /* current is still prev here */
 
+    int zero = 0;
+    struct cpu_runs *cpu = recent.lookup(&zero);
+    if (cpu) {
+        struct cpu_run *slot = &cpu->runs[cpu->next & (RECENT_RUNS - 1)];
+        slot->start_ns = cpu->since_ns;
+        slot->end_ns = now;
+        slot->pid = prev_tgid;
+        slot->tid = prev_tid;
+        __builtin_memcpy(slot->comm, args->prev_comm, TASK_COMM_LEN);
+        cpu->next++;
+        cpu->since_ns = now;
+    }
+
     if (prev_tid != 0) {
         u32 *known = tid_tgid.lookup(&prev_tid);
         if (!known || *known != prev_tgid)
@@ -128,7 +144,6 @@ TRACEPOINT_PROBE(sched, sched_switch)
     else
         hist.update(&key, &one);
 
-    int zero = 0;
     struct runq_config *cfg = config.lookup(&zero);
     if (!cfg)
         return 0;
@@ -153,11 +168,32 @@ TRACEPOINT_PROBE(sched, sched_switch)
     ev->pid = tgid;
     ev->tid = tid;
     ev->cpu = bpf_get_smp_processor_id();
-    ev->suspect_pid = prev_tgid;
-    ev->suspect_tid = prev_tid;
     ev->_pad = 0;
     bpf_probe_read_kernel(&ev->comm, sizeof(ev->comm), args->next_comm);
+    /* the suspect: the recent run that overlapped the wait the most */
+    ev->suspect_pid = prev_tgid;
+    ev->suspect_tid = prev_tid;
     bpf_probe_read_kernel(&ev->suspect_comm, sizeof(ev->suspect_comm), args->prev_comm);
+    if (cpu) {
+        u64 waited_from = now - wait_ns, best = 0;
+        int best_i = -1;
+#pragma unroll
+        for (int i = 0; i < RECENT_RUNS; i++) {
+            struct cpu_run *run = &cpu->runs[i];
+            u64 from = run->start_ns > waited_from ? run->start_ns : waited_from;
+            u64 overlap = run->end_ns > from ? run->end_ns - from : 0;
+            if (run->tid != tid && run->tid != 0 && overlap > best) {
+                best = overlap;
+                best_i = i;
+            }
+        }
+        if (best_i >= 0 && best_i < RECENT_RUNS) {
+            struct cpu_run *run = &cpu->runs[best_i];
+            ev->suspect_pid = run->pid;
+            ev->suspect_tid = run->tid;
+            __builtin_memcpy(ev->suspect_comm, run->comm, TASK_COMM_LEN);
+        }
+    }
     events.ringbuf_submit(ev, 0);
     return 0;
 }

@@ -15,6 +15,26 @@ struct runq_config {
     u32 has_overrides;  /* some `targets` entries carry their own threshold */
 };
 
+/* How many recent runs per CPU are remembered to name a suspect. */
+#define RECENT_RUNS 8
+
+/* One stretch of a task on a CPU. */
+struct cpu_run {
+    u64 start_ns;
+    u64 end_ns;
+    u32 pid;            /* tgid */
+    u32 tid;
+    char comm[TASK_COMM_LEN];
+};
+
+/* Per CPU: the task on it since `since_ns`, and the last RECENT_RUNS runs. */
+struct cpu_runs {
+    u64 since_ns;
+    u32 next;           /* ring index of the slot to write next */
+    u32 _pad;
+    struct cpu_run runs[RECENT_RUNS];
+};
+
 /* One run-queue wait at or above the threshold. */
 struct runq_event {
     u64 ts_ns;          /* CLOCK_MONOTONIC when the waiter got the CPU */
@@ -22,7 +42,7 @@ struct runq_event {
     u32 pid;            /* tgid of the waiter (0 = not known to the probe) */
     u32 tid;
     u32 cpu;
-    u32 suspect_pid;    /* tgid of the task that held the CPU until then */
+    u32 suspect_pid;    /* tgid of the task that ran longest on the CPU during the wait */
     u32 suspect_tid;
     u32 _pad;
     char comm[TASK_COMM_LEN];

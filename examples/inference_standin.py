@@ -60,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="leave process.pid out of the resource (the collector then finds it from the connection)")
     parser.add_argument("--name", default="llm_request", help="span name")
     parser.add_argument("--id-prefix", default="req-", help="request IDs are PREFIX0, PREFIX1, ...")
+    parser.add_argument("--pin-cpu", type=int, default=None,
+                        help="pin the serving thread (only) to this CPU, as servers pin their GPU feeder")
     args = parser.parse_args(argv)
 
     set_process_name(PROCESS_NAME)
@@ -78,6 +80,10 @@ def main(argv: list[str] | None = None) -> int:
         OTLPSpanExporter(endpoint=args.endpoint, session=session), schedule_delay_millis=200))
     tracer = provider.get_tracer("jitterscope.examples.inference_standin")
 
+    if args.pin_cpu is not None:
+        # Linux affinity is per thread: the exporter thread, started above,
+        # keeps the process's CPUs; only the thread serving requests moves.
+        os.sched_setaffinity(0, {args.pin_cpu})
     for i in range(args.requests):
         request_id = f"{args.id_prefix}{i}"
         span = tracer.start_span(args.name, kind=SpanKind.SERVER, attributes={"gen_ai.request.id": request_id})
