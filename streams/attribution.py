@@ -27,10 +27,30 @@ DOMINANT_SHARE = 0.5  # a cause must explain at least half the excess to be name
 
 
 @dataclass
-class _HostEvidence:
+class _Evidence:
+    """One process's recent waits, sorted by when each wait started."""
+
     starts: list[int] = field(default_factory=list)  # wait start (ts - wait), sorted
     events: list[RunqEvent] = field(default_factory=list)  # in the same order
-    newest_ns: int = 0
+    longest_ns: int = 0  # longest wait kept: how far before a request to look
+
+    def add(self, event: RunqEvent) -> None:
+        start = event.ts_ns - event.wait_ns
+        index = bisect.bisect_right(self.starts, start)
+        self.starts.insert(index, start)
+        self.events.insert(index, event)
+        self.longest_ns = max(self.longest_ns, event.wait_ns)
+
+    def expire(self, before_ns: int) -> None:
+        cut = bisect.bisect_left(self.starts, before_ns)
+        if cut:
+            del self.starts[:cut]
+            del self.events[:cut]
+
+    def overlapping(self, start_ns: int, end_ns: int) -> list[RunqEvent]:
+        first = bisect.bisect_left(self.starts, start_ns - self.longest_ns)
+        last = bisect.bisect_right(self.starts, end_ns)
+        return self.events[first:last]
 
 
 def overlap_ns(event: RunqEvent, start_ns: int, end_ns: int) -> int:
@@ -41,14 +61,15 @@ def overlap_ns(event: RunqEvent, start_ns: int, end_ns: int) -> int:
 class Attributor:
     def __init__(self, grace_ns: int = 2_000_000_000, horizon_ns: int = 300_000_000_000,
                  slo_ns: int | None = None, slo_factor: float = 5.0, min_samples: int = 20,
-                 baseline_window: int = 500, longest_wait_ns: int = 60_000_000_000):
+                 baseline_window: int = 500):
         self.grace_ns = grace_ns
         self.horizon_ns = horizon_ns
         self.slo_ns = slo_ns
         self.slo_factor = slo_factor
         self.min_samples = min_samples
-        self.longest_wait_ns = longest_wait_ns  # bounds the look-back for waits that started earlier
-        self._evidence: dict[str, _HostEvidence] = defaultdict(_HostEvidence)
+        # host -> pid -> waits; requests look up their own process directly
+        self._evidence: dict[str, dict[int, _Evidence]] = defaultdict(lambda: defaultdict(_Evidence))
+        self._newest: dict[str, int] = defaultdict(int)
         self._pending: list[RequestSpan] = []
         self._durations: dict[tuple[str, str], deque[int]] = defaultdict(lambda: deque(maxlen=baseline_window))
         self._attributed_until: dict[str, int] = {}
@@ -56,16 +77,13 @@ class Attributor:
 
     # -- input -------------------------------------------------------------
     def add_evidence(self, event: RunqEvent) -> None:
-        host = self._evidence[event.host]
-        start = event.ts_ns - event.wait_ns
-        if start < self._attributed_until.get(event.host, 0):
+        if event.ts_ns - event.wait_ns < self._attributed_until.get(event.host, 0):
             self.late_evidence += 1  # some request it overlapped may already be out
-        index = bisect.bisect_right(host.starts, start)
-        host.starts.insert(index, start)
-        host.events.insert(index, event)
-        if event.ts_ns > host.newest_ns:
-            host.newest_ns = event.ts_ns
-            self._expire(host)
+        self._evidence[event.host][event.pid].add(event)
+        if event.ts_ns > self._newest[event.host] + self.horizon_ns // 10:
+            # expire in steps of a tenth of the horizon, not on every event
+            self._newest[event.host] = event.ts_ns
+            self._expire(event.host)
 
     def remember(self, done: RequestAttribution) -> None:
         """Count an earlier attribution into the baseline (priming after a restart)."""
@@ -74,11 +92,12 @@ class Attributor:
     def add_request(self, span: RequestSpan) -> None:
         self._pending.append(span)
 
-    def _expire(self, host: _HostEvidence) -> None:
-        cut = bisect.bisect_left(host.starts, host.newest_ns - self.horizon_ns)
-        if cut:
-            del host.starts[:cut]
-            del host.events[:cut]
+    def _expire(self, host: str) -> None:
+        processes = self._evidence[host]
+        for pid, evidence in list(processes.items()):
+            evidence.expire(self._newest[host] - self.horizon_ns)
+            if not evidence.events:
+                del processes[pid]
 
     @property
     def pending(self) -> int:
@@ -120,13 +139,11 @@ class Attributor:
         # backup with workers, a pool of hogs) is one suspect to move; its pid
         # is the process that held the CPU longest.
         by_suspect: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
-        host = self._evidence.get(span.host)
-        if host is not None:
-            first = bisect.bisect_left(host.starts, span.start_ns - self.longest_wait_ns)
-            last = bisect.bisect_right(host.starts, span.end_ns)
-            for event in host.events[first:last]:
-                if span.pid and event.pid != span.pid:
-                    continue
+        processes = self._evidence.get(span.host, {})
+        # pid 0: the serving process is not known, so every process's waits count
+        sources = [processes[span.pid]] if span.pid in processes else [] if span.pid else list(processes.values())
+        for evidence in sources:
+            for event in evidence.overlapping(span.start_ns, span.end_ns):
                 part = overlap_ns(event, span.start_ns, span.end_ns)
                 if part <= 0:
                     continue
