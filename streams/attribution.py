@@ -24,6 +24,7 @@ from jitterscope.schemas.events import RequestAttribution, RequestSpan, RunqEven
 TOP_SUSPECTS = 3
 NO_EXCESS_NS = 1_000_000  # under 1 ms over the baseline there is nothing to explain
 DOMINANT_SHARE = 0.5  # a cause must explain at least half the excess to be named
+MAX_WAITS_PER_PROCESS = 200_000  # memory bound per process, whatever the horizon
 
 
 @dataclass
@@ -40,6 +41,10 @@ class _Evidence:
         self.starts.insert(index, start)
         self.events.insert(index, event)
         self.longest_ns = max(self.longest_ns, event.wait_ns)
+        if len(self.events) > MAX_WAITS_PER_PROCESS:
+            drop = MAX_WAITS_PER_PROCESS // 10  # the oldest tenth, in one go
+            del self.starts[:drop]
+            del self.events[:drop]
 
     def expire(self, before_ns: int) -> None:
         cut = bisect.bisect_left(self.starts, before_ns)
