@@ -27,6 +27,8 @@ DRAIN_S = 3.0  # time the worker gets after the collector stops, to store the la
 
 def format_alert(alert: events.Alert) -> str:
     when = datetime.fromtimestamp(alert.ts_ns / 1e9).strftime("%H:%M:%S.%f")[:-3]
+    if alert.kind != "runq_starvation":
+        return f"{when} {alert.host} [{alert.severity}] {alert.summary}"
     held = f"{alert.suspect_comm} (pid {alert.suspect_pid})" if alert.suspect_pid else "idle/kernel"
     return (f"{when} {alert.host} [{alert.severity}] {alert.comm} (pid {alert.pid}, tid {alert.tid}) "
             f"waited {alert.wait_ns / 1e6:.1f} ms for CPU {alert.cpu}, held by {held}")

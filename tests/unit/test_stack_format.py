@@ -51,3 +51,15 @@ def test_hostile_comm_is_kept_verbatim():
     line = format_alert(alert(comm="<script>[bold]", suspect_comm="[red]x"))
     assert "<script>[bold] (pid 1234" in line
     assert "[red]x (pid 4321)" in line
+
+
+def test_request_alerts_print_their_summary():
+    from jitterscope.schemas.events import Alert
+    from jitterscope.stack import format_alert
+
+    alert = Alert(host="gpu-a1", boot_id="b", seq=1, ts_ns=1_700_000_000_000_000_000, raised_ns=0,
+                  kind="request_slo", severity="critical", pid=1, tid=0, comm="vllm", cpu=0, wait_ns=0,
+                  suspect_pid=2, suspect_comm="jshog", cpus_allowed=[], request_id="req-7",
+                  summary="request req-7 (llm_request) took 80 ms, SLO 30 ms", remedy="x")
+    line = format_alert(alert)
+    assert "gpu-a1 [critical] request req-7 (llm_request) took 80 ms, SLO 30 ms" in line
