@@ -22,7 +22,9 @@ from dataclasses import dataclass, field
 from jitterscope.schemas.events import RequestAttribution, RequestSpan, RunqEvent, Suspect
 
 TOP_SUSPECTS = 3
-NO_EXCESS_NS = 1_000_000  # under 1 ms over the baseline there is nothing to explain
+# Excess under max(1 ms, a quarter of the baseline) is ordinary jitter: nothing to explain.
+NO_EXCESS_NS = 1_000_000
+NO_EXCESS_SHARE = 0.25
 DOMINANT_SHARE = 0.5  # a cause must explain at least half the excess to be named
 MAX_WAITS_PER_PROCESS = 200_000  # memory bound per process, whatever the horizon
 
@@ -160,7 +162,7 @@ class Attributor:
         suspects = [Suspect(pid=max(pids, key=pids.get), comm=comm, wait_ns=sum(pids.values()))
                     for comm, pids in ranked]
 
-        if excess < NO_EXCESS_NS:
+        if excess < max(NO_EXCESS_NS, NO_EXCESS_SHARE * baseline):
             cause, explained = "none", 0.0
         else:
             explained = min(1.0, total / excess)

@@ -163,3 +163,12 @@ def test_request_of_an_unknown_process_gets_no_evidence():
     a.add_request(span("ghost", 0, 50, pid=4_000_000))
     [result] = due_after(a, 50)
     assert result.runq_wait_ns == 0 and result.runq_waits == 0 and result.cause == "unexplained"
+
+
+def test_ordinary_jitter_is_not_an_excess_to_explain():
+    a = Attributor(grace_ns=GRACE)
+    baseline(a, duration_ms=10)
+    a.add_request(span("jitter", 0, 12))  # 2 ms over a 10 ms normal
+    a.add_request(span("slow", 100, 115, seq=1))  # 5 ms over
+    jitter, slow = due_after(a, 115)
+    assert jitter.cause == "none" and slow.cause == "unexplained"
