@@ -137,8 +137,8 @@ class Collector:
         now = time.time_ns()
         for pid, slots in sorted(self.probe.read_histograms().items()):
             ordered = sorted(slots.items())
-            self._queue(events.RunqHistogram(
-                **self.stamp.header(events.RunqHistogram, now), interval_ns=interval_ns, pid=pid,
+            self._queue(events.LatencyHistogram(
+                **self.stamp.header(events.LatencyHistogram, now), probe="runq", interval_ns=interval_ns, pid=pid,
                 comm=self._comm(pid), slots=[s for s, _ in ordered], counts=[c for _, c in ordered],
             ))
         gone = {pid for pid in self._processes_sent if not (self.proc / str(pid)).exists()}

@@ -41,13 +41,14 @@ class RunqEvent(Record, frozen=True):
     suspect_comm: str
 
 
-class RunqHistogram(Record, frozen=True):
-    """Every run-queue wait of one process over ``interval_ns``, log2 buckets.
+class LatencyHistogram(Record, frozen=True):
+    """Every latency one probe measured for one process over ``interval_ns``,
+    in log2 buckets: ``slots[i]`` is a bucket of latencies in
+    [2^slot, 2^(slot+1)) microseconds holding ``counts[i]`` of them; empty
+    buckets are left out. ``probe`` says what was measured: "runq" (wait for
+    a CPU) or "gpu_ioctl" (GPU driver call)."""
 
-    ``slots[i]`` is a bucket of waits in [2^slot, 2^(slot+1)) microseconds
-    holding ``counts[i]`` waits; empty buckets are left out.
-    """
-
+    probe: str
     interval_ns: int
     pid: int
     comm: str
@@ -58,13 +59,46 @@ class RunqHistogram(Record, frozen=True):
 class NumaNode(msgspec.Struct, frozen=True):
     node: int
     cpus: list[int]
+    memory_bytes: int = 0
+    pfn_ranges: list[list[int]] = []  # [start, end) page-frame ranges of the node's zones
+
+
+class Cpu(msgspec.Struct, frozen=True):
+    cpu: int
+    node: int
+    socket: int
+    core: int
+    siblings: list[int]  # SMT threads of the same core, itself included
+
+
+class PciDevice(msgspec.Struct, frozen=True):
+    """A device on the PCI tree and the bridges above it.
+
+    ``upstream`` lists the bridge addresses from the root port down to the
+    device's parent: two devices share a switch when they share an entry
+    below the root port.
+    """
+
+    address: str  # 0000:3b:00.0
+    kind: str  # "gpu", "nvme", "nic" or "other"
+    vendor: int
+    device: int
+    class_code: int
+    numa_node: int  # -1 where the firmware does not say
+    upstream: list[str]
+    name: str = ""  # nvme0, eth0, or the GPU's NVML index as a string
+    link_gen: int = 0  # current PCIe generation (NVML or sysfs), 0 = unknown
+    link_width: int = 0
 
 
 class Topology(Record, frozen=True):
-    """The host's CPUs and NUMA nodes."""
+    """The host's hardware: CPUs, NUMA nodes and the PCI devices that matter
+    for inference (GPUs, NVMe, NICs) with the bridges they hang off."""
 
     cpus: list[int]
     numa_nodes: list[NumaNode]
+    cpu_info: list[Cpu] = []
+    pci: list[PciDevice] = []
 
 
 class ProcessInfo(Record, frozen=True):
@@ -75,6 +109,56 @@ class ProcessInfo(Record, frozen=True):
     cmdline: str
     cgroup: str
     cpus_allowed: list[int]
+    gpus: list[str] = []  # PCI addresses of the GPUs it has open (/dev/nvidiaN)
+    cuda_visible_devices: str = ""
+
+
+class GpuIoctl(Record, frozen=True):
+    """A GPU driver ioctl that took at least the probe threshold."""
+
+    pid: int
+    tid: int
+    comm: str
+    fd: int
+    request: int
+    latency_ns: int
+    device: str  # the device path the fd was opened on
+
+
+class Migrations(Record, frozen=True):
+    """CPU migrations of one watched thread over ``interval_ns``."""
+
+    pid: int
+    tid: int
+    comm: str
+    interval_ns: int
+    migrations: int
+    cross_node: int  # of which moved it to another NUMA node
+    last_cpu: int
+
+
+class PagePlacement(Record, frozen=True):
+    """Pages one process put on one NUMA node over ``interval_ns``."""
+
+    pid: int
+    comm: str
+    node: int
+    interval_ns: int
+    page_cache_pages: int  # file pages it added to the page cache
+    alloc_pages: int  # pages allocated in its context
+
+
+class DeviceIo(Record, frozen=True):
+    """Traffic of one block device or network interface over ``interval_ns``."""
+
+    device: str  # nvme0n1, eth0
+    kind: str  # "block" or "net"
+    pci: str  # PCI address of the controller, "" when not on PCI
+    interval_ns: int
+    ios: int
+    bytes: int
+    latency_max_ns: int = 0  # block only
+    latency_sum_ns: int = 0
 
 
 class CollectorStats(Record, frozen=True):

@@ -11,11 +11,15 @@ from jitterscope.schemas import events
 PARTITIONS = 4
 
 RUNQ = "jitterscope.runq"
-RUNQ_HIST = "jitterscope.runq_hist"
+HISTOGRAMS = "jitterscope.histograms"
 TOPOLOGY = "jitterscope.topology"
 PROCESSES = "jitterscope.processes"
 COLLECTOR_STATS = "jitterscope.collector_stats"
 REQUESTS = "jitterscope.requests"
+GPU_IOCTL = "jitterscope.gpu_ioctl"
+MIGRATIONS = "jitterscope.migrations"
+PAGES = "jitterscope.pages"
+DEVICE_IO = "jitterscope.device_io"
 ATTRIBUTION = "jitterscope.attribution"
 ALERTS = "jitterscope.alerts"
 DEADLETTER = "jitterscope.deadletter"
@@ -23,11 +27,15 @@ DEADLETTER = "jitterscope.deadletter"
 #: Raw topics the collector writes and streams reads, with their record type.
 INPUT_TOPICS: dict[str, type[events.Record]] = {
     RUNQ: events.RunqEvent,
-    RUNQ_HIST: events.RunqHistogram,
+    HISTOGRAMS: events.LatencyHistogram,
     TOPOLOGY: events.Topology,
     PROCESSES: events.ProcessInfo,
     COLLECTOR_STATS: events.CollectorStats,
     REQUESTS: events.RequestSpan,
+    GPU_IOCTL: events.GpuIoctl,
+    MIGRATIONS: events.Migrations,
+    PAGES: events.PagePlacement,
+    DEVICE_IO: events.DeviceIo,
 }
 
 OUTPUT_TOPICS = (ALERTS, ATTRIBUTION, DEADLETTER)

@@ -23,7 +23,7 @@ DATABASE = "jitterscope"
 #: record type -> table
 TABLE_OF: dict[type[events.Record], str] = {
     events.RunqEvent: "runq_events",
-    events.RunqHistogram: "runq_histograms",
+    events.LatencyHistogram: "latency_histograms",
     events.Topology: "topology",
     events.ProcessInfo: "processes",
     events.CollectorStats: "collector_stats",

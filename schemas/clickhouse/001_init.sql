@@ -20,11 +20,12 @@ CREATE TABLE IF NOT EXISTS jitterscope.runq_events (
 PARTITION BY toDate(ts)
 ORDER BY (host, boot_id, seq);
 
-CREATE TABLE IF NOT EXISTS jitterscope.runq_histograms (
+CREATE TABLE IF NOT EXISTS jitterscope.latency_histograms (
     host LowCardinality(String),
     boot_id LowCardinality(String),
     seq UInt64,
     ts DateTime64(9) CODEC(Delta, ZSTD(1)),
+    probe LowCardinality(String),
     interval_ns UInt64,
     pid UInt32,
     comm LowCardinality(String),

@@ -74,7 +74,7 @@ def test_unloaded_control_raises_no_alert(pipeline):
         pass
     # The collector saw the control (its waits are in the histograms)...
     waits = wait_until(lambda: stack.query(
-        "SELECT sum(arraySum(counts)) FROM jitterscope.runq_histograms WHERE pid = {pid:UInt32}",
+        "SELECT sum(arraySum(counts)) FROM jitterscope.latency_histograms WHERE probe = 'runq' AND pid = {pid:UInt32}",
         pid=control.pid)[0][0], 60, "histograms of the control run", worker)
     assert waits > 500, "the control woke up thousands of times"
     # ...and let enough time pass for any alert to have landed.
