@@ -194,6 +194,8 @@ class Alert(Record, frozen=True):
     summary: str
     remedy: str
     request_id: str = ""  # the request it is about, for request alerts
+    # what else the rule saw, as text: the GPU, its NUMA node and switch, rates...
+    evidence: dict[str, str] = {}
 
 
 class RequestSpan(Record, frozen=True):

@@ -30,6 +30,10 @@ TABLE_OF: dict[type[events.Record], str] = {
     events.Alert: "alerts",
     events.RequestSpan: "requests",
     events.RequestAttribution: "request_attribution",
+    events.GpuIoctl: "gpu_ioctls",
+    events.Migrations: "migrations",
+    events.PagePlacement: "page_placement",
+    events.DeviceIo: "device_io",
 }
 
 # Limits for untrusted, user-typed SQL; `readonly` must come last (it forbids

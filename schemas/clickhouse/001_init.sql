@@ -41,7 +41,10 @@ CREATE TABLE IF NOT EXISTS jitterscope.topology (
     seq UInt64,
     ts DateTime64(9),
     cpus Array(UInt16),
-    numa_nodes Array(Tuple(node UInt16, cpus Array(UInt16)))
+    numa_nodes Array(Tuple(node UInt16, cpus Array(UInt16), memory_bytes UInt64, pfn_ranges Array(Array(UInt64)))),
+    cpu_info Array(Tuple(cpu UInt16, node Int16, socket Int16, core Int32, siblings Array(UInt16))),
+    pci Array(Tuple(address String, kind String, vendor UInt32, device UInt32, class_code UInt32,
+                    numa_node Int16, upstream Array(String), name String, link_gen UInt8, link_width UInt8))
 ) ENGINE = ReplacingMergeTree
 ORDER BY (host, boot_id, seq);
 
@@ -54,7 +57,9 @@ CREATE TABLE IF NOT EXISTS jitterscope.processes (
     comm LowCardinality(String),
     cmdline String CODEC(ZSTD(3)),
     cgroup String CODEC(ZSTD(3)),
-    cpus_allowed Array(UInt16)
+    cpus_allowed Array(UInt16),
+    gpus Array(String),
+    cuda_visible_devices String
 ) ENGINE = ReplacingMergeTree
 ORDER BY (host, boot_id, seq);
 
