@@ -44,6 +44,12 @@ class Settings(BaseSettings):
     runq_alert_ms: float = Field(10.0, gt=0, description="run-queue wait that raises an alert")
     serving_threshold_ms: float = Field(
         1.0, gt=0, description="event threshold for processes that send request spans (finer evidence)")
+    gpu_ioctl_threshold_ms: float = Field(
+        5.0, gt=0, description="GPU driver calls at or above this leave the kernel as events")
+    gpu_ioctl_alert_ms: float = Field(50.0, gt=0, description="GPU driver call latency that raises an alert")
+    gpu_device_patterns: list[str] = Field(
+        default_factory=lambda: ["/dev/nvidia[0-9]*", "/dev/nvidia-uvm"],
+        description="device paths whose ioctls are GPU driver calls (shell patterns)")
     target_pids: list[int] = Field(default_factory=list, description="processes to watch (default: all)")
     target_comms: list[str] = Field(
         default_factory=list, description="shell patterns of process names to watch (default: all)")

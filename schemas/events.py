@@ -231,8 +231,9 @@ class RequestAttribution(Record, frozen=True):
 
     ``baseline_ns`` is the host's rolling median for requests of this name;
     ``excess_ns`` what this one took beyond it. ``cause`` is the evidence that
-    explains most of the excess, or "unexplained" (or "none" when there was
-    no excess). Requests batched together share evidence, by design.
+    explains most of the excess ("runq_starvation", "gpu_ioctl_stall"), or
+    "unexplained" (or "none" when there was no excess). Requests batched
+    together share evidence, by design.
     """
 
     request_id: str
@@ -253,6 +254,9 @@ class RequestAttribution(Record, frozen=True):
     explained: float  # share of the excess the cause accounts for, 0..1
     slo_ns: int
     slo_breached: bool
+    gpu_ioctl_ns: int = 0  # time its process spent in slow GPU driver calls during it
+    gpu_ioctl_max_ns: int = 0
+    gpu_ioctls: int = 0
 
 
 class DeadLetter(msgspec.Struct, kw_only=True, frozen=True):

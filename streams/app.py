@@ -35,7 +35,9 @@ from jitterscope.schemas import events, topics
 from jitterscope.settings import Settings
 from jitterscope.streams import clickhouse
 from jitterscope.streams.attribution import Attributor
-from jitterscope.streams.rules import ProcessView, request_slo, runq_starvation
+from jitterscope.streams.hardware import HardwareJudge
+from jitterscope.streams.hardware_rules import Thresholds
+from jitterscope.streams.rules import request_slo, runq_starvation
 from jitterscope.streams.sink import ClickHouseSink
 
 log = logging.getLogger("jitterscope.streams")
@@ -59,19 +61,39 @@ def state_file(data_dir: Path) -> Path:
 
 
 class HostState:
-    """What the worker knows about the hosts it owns."""
+    """What the worker knows about the hosts it owns: the latest topology,
+    process records and device traffic."""
 
     def __init__(self):
-        self.cpus: dict[str, list[int]] = {}
-        self.processes: dict[tuple[str, int], ProcessView] = {}
+        self.topology: dict[str, events.Topology] = {}
+        self.processes: dict[tuple[str, int], events.ProcessInfo] = {}
+        self.traffic: dict[tuple[str, str], events.DeviceIo] = {}  # (host, PCI address) -> latest
 
     def learn(self, record: events.Record) -> None:
         if isinstance(record, events.Topology):
-            self.cpus[record.host] = record.cpus
+            self.topology[record.host] = record
         elif isinstance(record, events.ProcessInfo):
-            self.processes[(record.host, record.pid)] = ProcessView(record.comm, record.cpus_allowed)
+            self.processes[(record.host, record.pid)] = record
+        elif isinstance(record, events.DeviceIo) and record.pci:
+            self.traffic[(record.host, record.pci)] = record
 
-    async def process(self, host: str, pid: int, wait_s: float = PROCESS_WAIT_S) -> ProcessView | None:
+    def host_cpus(self, host: str) -> list[int] | None:
+        topo = self.topology.get(host)
+        return topo.cpus if topo else None
+
+    def gpu_users(self, host: str) -> dict[str, list[str]]:
+        """GPU address -> names of the processes that have it open."""
+        users: dict[str, list[str]] = {}
+        for (h, _pid), process in self.processes.items():
+            if h == host:
+                for gpu in process.gpus:
+                    users.setdefault(gpu, []).append(process.comm)
+        return users
+
+    def host_traffic(self, host: str) -> dict[str, events.DeviceIo]:
+        return {pci: io for (h, pci), io in self.traffic.items() if h == host}
+
+    async def process(self, host: str, pid: int, wait_s: float = PROCESS_WAIT_S) -> events.ProcessInfo | None:
         """The process's metadata; waits briefly, since the collector's
         process record travels on another topic and may arrive just after."""
         deadline = time.monotonic() + wait_s
@@ -80,15 +102,16 @@ class HostState:
         return found
 
     def prime(self, client) -> None:
-        """Latest topology and processes per host from the last day in ClickHouse."""
-        for host, cpus in client.query(
-            f"SELECT host, argMax(cpus, ts) FROM {clickhouse.DATABASE}.topology "
-            "WHERE ts > now() - INTERVAL 1 DAY GROUP BY host").result_rows:
-            self.cpus[host] = list(cpus)
-        for host, pid, comm, cpus in client.query(
-            f"SELECT host, pid, argMax(comm, ts), argMax(cpus_allowed, ts) FROM {clickhouse.DATABASE}.processes "
-            "WHERE ts > now() - INTERVAL 1 DAY GROUP BY host, pid").result_rows:
-            self.processes[(host, pid)] = ProcessView(comm, list(cpus))
+        """Latest topology per host and record per process of the last day."""
+        day = "ts > now() - INTERVAL 1 DAY"
+        latest_topology = (f"(host, ts) IN (SELECT host, max(ts) FROM {clickhouse.DATABASE}.topology "
+                           f"WHERE {day} GROUP BY host)")
+        for topo in clickhouse.select_records(client, events.Topology, latest_topology):
+            self.learn(topo)
+        latest_process = (f"(host, pid, ts) IN (SELECT host, pid, max(ts) FROM {clickhouse.DATABASE}.processes "
+                          f"WHERE {day} GROUP BY host, pid)")
+        for process in clickhouse.select_records(client, events.ProcessInfo, latest_process):
+            self.learn(process)
 
 
 def _cap_fetch_wait(max_wait_ms: int) -> None:
@@ -130,6 +153,7 @@ class StreamsWorker:
         self.sink = ClickHouseSink(self.client)
         self.state = HostState()
         self.state.prime(self.client)
+        self.hardware = HardwareJudge(self.state, Thresholds(gpu_ioctl_ns=int(settings.gpu_ioctl_alert_ms * 1e6)))
         self.alert_ns = int(settings.runq_alert_ms * 1_000_000)
         self.attributor = Attributor(
             grace_ns=int(settings.attribution_grace_s * 1e9), horizon_ns=int(settings.evidence_horizon_s * 1e9),
@@ -230,13 +254,18 @@ class StreamsWorker:
         RECORDS_IN.labels(topic).inc(len(good))
         for record in good:
             self.state.learn(record)
-        if topic == topics.RUNQ:
+        if topic in (topics.RUNQ, topics.GPU_IOCTL):
             for event in good:
                 self.attributor.add_evidence(event)
         elif topic == topics.REQUESTS:
             for span in good:
                 self.attributor.add_request(span)
-        alerts = await self.evaluate(good) if topic == topics.RUNQ else []
+        if topic == topics.RUNQ:
+            alerts = await self.evaluate(good)
+        else:
+            alerts = self.hardware.judge(topic, good, time.time_ns())
+        for alert in alerts:
+            ALERTS.labels(alert.kind).inc()
         if alerts:
             await self.publish(self.alerts_topic, alerts)
         return Decoded(good, dead, alerts)
@@ -270,7 +299,7 @@ class StreamsWorker:
         for a in done:
             process = self.state.processes.get((a.host, a.pid))
             alert = request_slo(a, process.comm if process else "", process.cpus_allowed if process else [],
-                                self.state.cpus.get(a.host), time.time_ns())
+                                self.state.host_cpus(a.host), time.time_ns())
             if alert:
                 ALERTS.labels(alert.kind).inc()
                 alerts.append(alert)
@@ -288,9 +317,8 @@ class StreamsWorker:
         alerts = []
         for event in worthy:
             alert = runq_starvation(event, self.alert_ns, victims[(event.host, event.pid)],
-                                    self.state.cpus.get(event.host), time.time_ns())
+                                    self.state.host_cpus(event.host), time.time_ns())
             if alert:
-                ALERTS.labels(alert.kind).inc()
                 alerts.append(alert)
         return alerts
 

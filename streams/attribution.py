@@ -19,7 +19,14 @@ import statistics
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
 
-from jitterscope.schemas.events import RequestAttribution, RequestSpan, RunqEvent, Suspect
+from jitterscope.schemas.events import GpuIoctl, RequestAttribution, RequestSpan, RunqEvent, Suspect
+
+Evidence = RunqEvent | GpuIoctl
+
+
+def duration_ns(event: Evidence) -> int:
+    """How long the evidence kept the thread from working, ending at ts_ns."""
+    return event.wait_ns if isinstance(event, RunqEvent) else event.latency_ns
 
 TOP_SUSPECTS = 3
 # Excess under max(1 ms, a quarter of the baseline) is ordinary jitter: nothing to explain.
@@ -31,18 +38,18 @@ MAX_WAITS_PER_PROCESS = 200_000  # memory bound per process, whatever the horizo
 
 @dataclass
 class _Evidence:
-    """One process's recent waits, sorted by when each wait started."""
+    """One process's recent evidence of one kind, sorted by start."""
 
-    starts: list[int] = field(default_factory=list)  # wait start (ts - wait), sorted
-    events: list[RunqEvent] = field(default_factory=list)  # in the same order
-    longest_ns: int = 0  # longest wait kept: how far before a request to look
+    starts: list[int] = field(default_factory=list)  # ts - duration, sorted
+    events: list[Evidence] = field(default_factory=list)  # in the same order
+    longest_ns: int = 0  # longest one kept: how far before a request to look
 
-    def add(self, event: RunqEvent) -> None:
-        start = event.ts_ns - event.wait_ns
-        index = bisect.bisect_right(self.starts, start)
-        self.starts.insert(index, start)
+    def add(self, event: Evidence) -> None:
+        length = duration_ns(event)
+        index = bisect.bisect_right(self.starts, event.ts_ns - length)
+        self.starts.insert(index, event.ts_ns - length)
         self.events.insert(index, event)
-        self.longest_ns = max(self.longest_ns, event.wait_ns)
+        self.longest_ns = max(self.longest_ns, length)
         if len(self.events) > MAX_WAITS_PER_PROCESS:
             drop = MAX_WAITS_PER_PROCESS // 10  # the oldest tenth, in one go
             del self.starts[:drop]
@@ -54,15 +61,15 @@ class _Evidence:
             del self.starts[:cut]
             del self.events[:cut]
 
-    def overlapping(self, start_ns: int, end_ns: int) -> list[RunqEvent]:
+    def overlapping(self, start_ns: int, end_ns: int) -> list[Evidence]:
         first = bisect.bisect_left(self.starts, start_ns - self.longest_ns)
         last = bisect.bisect_right(self.starts, end_ns)
         return self.events[first:last]
 
 
-def overlap_ns(event: RunqEvent, start_ns: int, end_ns: int) -> int:
-    """How much of the event's wait [ts - wait, ts] lies inside [start, end]."""
-    return max(0, min(end_ns, event.ts_ns) - max(start_ns, event.ts_ns - event.wait_ns))
+def overlap_ns(event: Evidence, start_ns: int, end_ns: int) -> int:
+    """How much of the event's [ts - duration, ts] lies inside [start, end]."""
+    return max(0, min(end_ns, event.ts_ns) - max(start_ns, event.ts_ns - duration_ns(event)))
 
 
 class Attributor:
@@ -74,8 +81,8 @@ class Attributor:
         self.slo_ns = slo_ns
         self.slo_factor = slo_factor
         self.min_samples = min_samples
-        # host -> pid -> waits; requests look up their own process directly
-        self._evidence: dict[str, dict[int, _Evidence]] = defaultdict(lambda: defaultdict(_Evidence))
+        # host -> (pid, kind) -> evidence; requests look up their own process directly
+        self._evidence: dict[str, dict[tuple[int, type], _Evidence]] = defaultdict(lambda: defaultdict(_Evidence))
         self._newest: dict[str, int] = defaultdict(int)
         self._pending: list[RequestSpan] = []
         self._durations: dict[tuple[str, str], deque[int]] = defaultdict(lambda: deque(maxlen=baseline_window))
@@ -83,10 +90,10 @@ class Attributor:
         self.late_evidence = 0
 
     # -- input -------------------------------------------------------------
-    def add_evidence(self, event: RunqEvent) -> None:
-        if event.ts_ns - event.wait_ns < self._attributed_until.get(event.host, 0):
+    def add_evidence(self, event: Evidence) -> None:
+        if event.ts_ns - duration_ns(event) < self._attributed_until.get(event.host, 0):
             self.late_evidence += 1  # some request it overlapped may already be out
-        self._evidence[event.host][event.pid].add(event)
+        self._evidence[event.host][(event.pid, type(event))].add(event)
         if event.ts_ns > self._newest[event.host] + self.horizon_ns // 10:
             # expire in steps of a tenth of the horizon, not on every event
             self._newest[event.host] = event.ts_ns
@@ -101,10 +108,10 @@ class Attributor:
 
     def _expire(self, host: str) -> None:
         processes = self._evidence[host]
-        for pid, evidence in list(processes.items()):
+        for key, evidence in list(processes.items()):
             evidence.expire(self._newest[host] - self.horizon_ns)
             if not evidence.events:
-                del processes[pid]
+                del processes[key]
 
     @property
     def pending(self) -> int:
@@ -141,23 +148,16 @@ class Attributor:
             baseline = duration
         excess = max(0, duration - baseline)
 
-        total = longest = count = 0
         # Suspects are grouped by command name: a job of many processes (a
         # backup with workers, a pool of hogs) is one suspect to move; its pid
         # is the process that held the CPU longest.
         by_suspect: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
-        processes = self._evidence.get(span.host, {})
-        # pid 0: the serving process is not known, so every process's waits count
-        sources = [processes[span.pid]] if span.pid in processes else [] if span.pid else list(processes.values())
-        for evidence in sources:
-            for event in evidence.overlapping(span.start_ns, span.end_ns):
-                part = overlap_ns(event, span.start_ns, span.end_ns)
-                if part <= 0:
-                    continue
-                total += part
-                longest = max(longest, part)
-                count += 1
-                by_suspect[event.suspect_comm][event.suspect_pid] += part
+
+        def charge(event: RunqEvent, part: int) -> None:
+            by_suspect[event.suspect_comm][event.suspect_pid] += part
+
+        runq = self._overlaps(span, RunqEvent, on_each=charge)
+        ioctl = self._overlaps(span, GpuIoctl)
         ranked = sorted(by_suspect.items(), key=lambda item: -sum(item[1].values()))[:TOP_SUSPECTS]
         suspects = [Suspect(pid=max(pids, key=pids.get), comm=comm, wait_ns=sum(pids.values()))
                     for comm, pids in ranked]
@@ -165,13 +165,36 @@ class Attributor:
         if excess < max(NO_EXCESS_NS, NO_EXCESS_SHARE * baseline):
             cause, explained = "none", 0.0
         else:
-            explained = min(1.0, total / excess)
-            cause = "runq_starvation" if explained >= DOMINANT_SHARE else "unexplained"
+            # the cause that explains the most of the excess, if it explains enough
+            name, ns = max((("runq_starvation", runq[0]), ("gpu_ioctl_stall", ioctl[0])), key=lambda c: c[1])
+            explained = min(1.0, ns / excess)
+            cause = name if explained >= DOMINANT_SHARE else "unexplained"
         slo = self.slo_ns or (int(self.slo_factor * baseline) if trusted else 0)
         return RequestAttribution(
-            host=span.host, boot_id=span.boot_id, seq=span.seq, ts_ns=span.end_ns, request_id=span.request_id, trace_id=span.trace_id, name=span.name, pid=span.pid,
-            start_ns=span.start_ns, end_ns=span.end_ns, duration_ns=duration, baseline_ns=baseline,
-            excess_ns=excess, status=span.status, runq_wait_ns=total, runq_wait_max_ns=longest,
-            runq_waits=count, suspects=suspects, cause=cause, explained=round(explained, 4),
+            host=span.host, boot_id=span.boot_id, seq=span.seq, ts_ns=span.end_ns, request_id=span.request_id,
+            trace_id=span.trace_id, name=span.name, pid=span.pid, start_ns=span.start_ns, end_ns=span.end_ns, duration_ns=duration, baseline_ns=baseline,
+            excess_ns=excess, status=span.status, runq_wait_ns=runq[0], runq_wait_max_ns=runq[1],
+            runq_waits=runq[2], suspects=suspects, cause=cause, explained=round(explained, 4),
             slo_ns=slo, slo_breached=bool(slo) and duration > slo,
+            gpu_ioctl_ns=ioctl[0], gpu_ioctl_max_ns=ioctl[1], gpu_ioctls=ioctl[2],
         )
+
+    def _overlaps(self, span: RequestSpan, kind: type, on_each=None) -> tuple[int, int, int]:
+        """(total, longest, count) of the overlap of ``kind`` evidence with the
+        request; pid 0 (process not known) takes every process of the host."""
+        processes = self._evidence.get(span.host, {})
+        if span.pid:
+            sources = [processes[(span.pid, kind)]] if (span.pid, kind) in processes else []
+        else:
+            sources = [e for (pid, k), e in processes.items() if k is kind]
+        total = longest = count = 0
+        for evidence in sources:
+            for event in evidence.overlapping(span.start_ns, span.end_ns):
+                part = overlap_ns(event, span.start_ns, span.end_ns)
+                if part > 0:
+                    total += part
+                    longest = max(longest, part)
+                    count += 1
+                    if on_each:
+                        on_each(event, part)
+        return total, longest, count

@@ -65,3 +65,7 @@ CREATE TABLE IF NOT EXISTS jitterscope.device_io (
 ) ENGINE = ReplacingMergeTree
 PARTITION BY toDate(ts)
 ORDER BY (host, boot_id, seq);
+
+ALTER TABLE jitterscope.request_attribution ADD COLUMN IF NOT EXISTS gpu_ioctl_ns UInt64;
+ALTER TABLE jitterscope.request_attribution ADD COLUMN IF NOT EXISTS gpu_ioctl_max_ns UInt64;
+ALTER TABLE jitterscope.request_attribution ADD COLUMN IF NOT EXISTS gpu_ioctls UInt32;

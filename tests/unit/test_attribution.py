@@ -172,3 +172,22 @@ def test_ordinary_jitter_is_not_an_excess_to_explain():
     a.add_request(span("slow", 100, 115, seq=1))  # 5 ms over
     jitter, slow = due_after(a, 115)
     assert jitter.cause == "none" and slow.cause == "unexplained"
+
+
+def ioctl(end_ms: float, latency_ms: float, pid: int = 100, host: str = "h1"):
+    from jitterscope.schemas.events import GpuIoctl
+
+    return GpuIoctl(host=host, boot_id="b", seq=0, ts_ns=T0 + int(end_ms * MS), pid=pid, tid=pid + 2,
+                    comm="vllm", fd=7, request=0xC020462A, latency_ns=int(latency_ms * MS), device="/dev/nvidia0")
+
+
+def test_gpu_driver_stall_is_named_when_it_explains_most():
+    a = Attributor(grace_ns=GRACE)
+    baseline(a)
+    a.add_request(span("r", 0, 100))
+    a.add_evidence(ioctl(90, 70))  # in the driver from 20 to 90 ms
+    a.add_evidence(wait(30, 5))
+    [result] = due_after(a, 100)
+    assert result.cause == "gpu_ioctl_stall" and result.gpu_ioctl_ns == 70 * MS and result.gpu_ioctls == 1
+    assert result.runq_wait_ns == 5 * MS
+    assert result.explained == pytest.approx(70 / 90, abs=1e-3)

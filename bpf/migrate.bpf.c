@@ -1,0 +1,147 @@
+/* migrate.bpf.c — CPU migrations per thread, and those that change NUMA node.
+ *
+ * Reads only tracepoint arguments and BPF helpers, never kernel structs.
+ *
+ * sched_migrate_task fires in the context of whoever moves the task (the
+ * waker choosing a CPU, the load balancer, a migration/N stopper thread), so
+ * the current task says nothing about the migrated one; the tracepoint gives
+ * only its tid (and its comm, whose layout differs across kernels: char[16]
+ * before 6.x, __data_loc on 6.18). The thread's tgid and name therefore come
+ * from `tasks`, learned where they are cheap and stable:
+ *   - task_newtask (once per clone, in the parent: a new thread shares its
+ *     tgid, a new process has its own) and task_rename (exec, prctl,
+ *     pthread_setname_np) -- both rare, both fixed-layout on every kernel;
+ *   - for threads older than the probe, the collector seeds the target
+ *     processes' threads from /proc (set_targets), and resolves any thread the
+ *     kernel does not know (pid 0) from /proc when it reads the counts.
+ * Learning from sched_switch instead (as runqlat does) would add a second
+ * program to the hottest tracepoint for a value needed only on migration.
+ *
+ * Counts are kept per thread in the kernel (`counts`); a move between CPUs of
+ * different nodes (per `cpu_node`, written by the collector) is also counted
+ * as cross-node and leaves as one ring-buffer event.
+ */
+#include "migrate.h"
+
+#define CLONE_THREAD 0x00010000
+
+#define MAX_THREADS 65536
+#define MAX_TARGETS 4096
+#define MAX_CPUS 8192
+
+BPF_TABLE("lru_hash", u32, struct task_info, tasks, MAX_THREADS); /* tid -> tgid, comm */
+BPF_HASH(counts, u32, struct migrate_counts, MAX_THREADS);         /* tid -> counts */
+BPF_HASH(targets, u32, u8, MAX_TARGETS);                           /* tgids to watch when filtering */
+BPF_HASH(cpu_node, u32, u32, MAX_CPUS);                            /* cpu -> NUMA node */
+BPF_ARRAY(config, struct migrate_config, 1);
+/* [0] ring-buffer reserve failures, [1] threads not counted: `counts` full */
+BPF_PERCPU_ARRAY(drops, u64, 2);
+BPF_RINGBUF_OUTPUT(events, 16);                                    /* 16 pages = 64 KiB */
+
+static __always_inline void count_drop(int why)
+{
+    u64 *dropped = drops.lookup(&why);
+    if (dropped)
+        (*dropped)++;
+}
+
+static __always_inline u32 node_of(u32 cpu)
+{
+    u32 *node = cpu_node.lookup(&cpu);
+    return node ? *node : UNKNOWN_NODE;
+}
+
+TRACEPOINT_PROBE(task, task_newtask)
+{
+    u32 tid = args->pid;
+    struct task_info info = {
+        .pid = (args->clone_flags & CLONE_THREAD) ? bpf_get_current_pid_tgid() >> 32 : tid,
+    };
+    __builtin_memcpy(info.comm, args->comm, TASK_COMM_LEN);
+    tasks.update(&tid, &info);
+    return 0;
+}
+
+TRACEPOINT_PROBE(task, task_rename)
+{
+    u32 tid = args->pid;
+    u64 pid_tgid = bpf_get_current_pid_tgid();
+    struct task_info *known = tasks.lookup(&tid);
+    if (known) {
+        __builtin_memcpy(known->comm, args->newcomm, TASK_COMM_LEN);
+    } else if ((u32)pid_tgid == tid) {  /* renaming itself: current says its tgid */
+        struct task_info info = {.pid = pid_tgid >> 32};
+        __builtin_memcpy(info.comm, args->newcomm, TASK_COMM_LEN);
+        tasks.update(&tid, &info);
+    }
+    return 0;
+}
+
+TRACEPOINT_PROBE(sched, sched_process_exit)
+{
+    u32 tid = args->pid;
+    tasks.delete(&tid);
+    struct migrate_counts *c = counts.lookup(&tid);
+    if (c)
+        c->exited = 1;
+    return 0;
+}
+
+TRACEPOINT_PROBE(sched, sched_migrate_task)
+{
+    u32 tid = args->pid;
+    if (tid == 0)
+        return 0;
+    int zero = 0;
+    struct migrate_config *cfg = config.lookup(&zero);
+    if (!cfg || !cfg->configured)
+        return 0;
+    struct task_info *info = tasks.lookup(&tid);
+    u32 tgid = info ? info->pid : 0;
+    if (cfg->filter_targets && (tgid == 0 || !targets.lookup(&tgid)))
+        return 0;
+
+    u32 from_cpu = args->orig_cpu, to_cpu = args->dest_cpu;
+    u32 from_node = node_of(from_cpu), to_node = node_of(to_cpu);
+    u64 cross = from_node != to_node && from_node != UNKNOWN_NODE && to_node != UNKNOWN_NODE;
+
+    struct migrate_counts *c = counts.lookup(&tid);
+    if (!c) {
+        struct migrate_counts fresh = {};
+        counts.insert(&tid, &fresh);  /* fails harmlessly if another CPU just did it */
+        c = counts.lookup(&tid);
+        if (!c) {
+            count_drop(1);
+            return 0;
+        }
+    }
+    __sync_fetch_and_add(&c->migrations, 1);
+    if (cross)
+        __sync_fetch_and_add(&c->cross_node, 1);
+    c->last_cpu = to_cpu;
+    if (info) {
+        c->pid = tgid;
+        __builtin_memcpy(c->comm, info->comm, TASK_COMM_LEN);
+    }
+
+    if (!cross)
+        return 0;
+    struct migrate_event *ev = events.ringbuf_reserve(sizeof(*ev));
+    if (!ev) {
+        count_drop(0);
+        return 0;
+    }
+    ev->ts_ns = bpf_ktime_get_ns();
+    ev->pid = tgid;
+    ev->tid = tid;
+    ev->from_cpu = from_cpu;
+    ev->to_cpu = to_cpu;
+    ev->from_node = from_node;
+    ev->to_node = to_node;
+    if (info)
+        __builtin_memcpy(ev->comm, info->comm, TASK_COMM_LEN);
+    else
+        __builtin_memset(ev->comm, 0, TASK_COMM_LEN);
+    events.ringbuf_submit(ev, 0);
+    return 0;
+}

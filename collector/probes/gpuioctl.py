@@ -1,0 +1,156 @@
+"""Loader for bpf/gpuioctl.bpf.c: GPU driver ioctl latency.
+
+The kernel times only ioctls on (pid, fd) pairs the collector watches; find
+them with `gpu_fds` (the fds processes hold open on GPU device files) and pass
+them to `set_watched` whenever the process list is refreshed. Slow calls
+arrive one by one through the ring buffer; every watched call is in the
+per-process log2 histogram, which `read_histograms` turns into deltas since
+the previous read (the kernel counters stay cumulative, so nothing is lost to
+a read/clear race).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fnmatch
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+from jitterscope.collector.probes import base
+
+DEFAULT_PATTERNS = ("/dev/nvidia*",)
+# nvidiactl carries the driver's control calls (not one GPU's work);
+# /dev/nvidia-uvm stays in: unified-memory faults and migrations go through it.
+DEFAULT_EXCLUDE = ("/dev/nvidiactl",)
+
+
+@dataclass(frozen=True)
+class RawGpuIoctl:
+    """A ring-buffer record, monotonic time, as the kernel wrote it."""
+
+    ts_ns: int          # when the call returned
+    latency_ns: int
+    pid: int            # tgid
+    tid: int
+    comm: str           # the calling thread's name
+    fd: int
+    request: int        # the ioctl command code
+    ret: int            # the syscall's return value (negative errno on failure)
+
+
+def _text(raw: bytes) -> str:
+    return raw.split(b"\0", 1)[0].decode(errors="replace")
+
+
+def gpu_fds(patterns: Iterable[str] = DEFAULT_PATTERNS, proc: Path = Path("/proc"),
+            exclude: Iterable[str] = DEFAULT_EXCLUDE,
+            pids: Iterable[int] | None = None) -> dict[tuple[int, int], str]:
+    """{(pid, fd): device path} of open files matching the shell ``patterns``
+    (fnmatch, so ``*`` also matches ``/``) and none of ``exclude``.
+
+    ``pids`` limits the scan (the default reads every process's fd table).
+    Processes and fds that vanish, or that this process may not read, are
+    skipped.
+    """
+    patterns, exclude = tuple(patterns), tuple(exclude)
+    if pids is None:
+        try:
+            pids = [int(name) for name in os.listdir(proc) if name.isdigit()]
+        except OSError:
+            return {}
+    found: dict[tuple[int, int], str] = {}
+    for pid in pids:
+        fd_dir = proc / str(pid) / "fd"
+        try:
+            names = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for name in names:
+            try:
+                target = os.readlink(fd_dir / name)
+            except OSError:
+                continue
+            if (any(fnmatch.fnmatchcase(target, p) for p in patterns)
+                    and not any(fnmatch.fnmatchcase(target, p) for p in exclude)):
+                found[(pid, int(name))] = target
+    return found
+
+
+class GpuIoctlProbe:
+    def __init__(self, threshold_ns: int, watched: Iterable[tuple[int, int]] = ()):
+        """``threshold_ns``: calls at least this long become events (the
+        collector's default is 50 ms). ``watched``: (pid, fd) pairs to time."""
+        self._bpf = base.load("gpuioctl.bpf.c")
+        self._hist_seen: dict[tuple[int, int], int] = {}
+        self.threshold_ns = max(1, threshold_ns)  # 0 means "not configured" to the kernel
+        self.set_watched(set(watched))
+        config = self._bpf[b"config"]
+        leaf = config.Leaf()
+        leaf.threshold_ns = self.threshold_ns
+        config[ctypes.c_int(0)] = leaf
+
+    def set_watched(self, pairs: Iterable[tuple[int, int]]) -> None:
+        """Time ioctls on exactly these (pid, fd) pairs from now on."""
+        wanted = {(int(pid), int(fd)) for pid, fd in pairs}
+        watched = self._bpf[b"watched"]
+        current = {(k.pid, k.fd) for k in watched.keys()}
+        for pid, fd in current - wanted:
+            key = watched.Key(pid, fd)
+            try:
+                del watched[key]
+            except KeyError:
+                pass
+        for pid, fd in wanted - current:
+            watched[watched.Key(pid, fd)] = watched.Leaf(1)
+
+    def watched(self) -> set[tuple[int, int]]:
+        return {(k.pid, k.fd) for k in self._bpf[b"watched"].keys()}
+
+    def open(self, on_event: Callable[[RawGpuIoctl], None]) -> None:
+        table = self._bpf[b"events"]
+
+        def callback(_ctx, data, _size):
+            e = table.event(data)
+            on_event(RawGpuIoctl(e.ts_ns, e.latency_ns, e.pid, e.tid, _text(bytes(e.comm)),
+                                 e.fd, e.request, e.ret))
+
+        table.open_ring_buffer(callback)
+
+    def poll(self, timeout_ms: int) -> None:
+        self._bpf.ring_buffer_poll(timeout_ms)
+
+    def drops(self) -> int:
+        return sum(self._bpf[b"drops"][ctypes.c_int(0)])
+
+    def read_histograms(self) -> dict[int, dict[int, int]]:
+        """pid -> {slot: new calls since the last read}; slot = log2(latency in us)."""
+        hist = self._bpf[b"hist"]
+        deltas: dict[int, dict[int, int]] = {}
+        alive: dict[tuple[int, int], int] = {}
+        for key, value in hist.items():
+            ident = (key.pid, key.slot)
+            alive[ident] = value.value
+            delta = value.value - self._hist_seen.get(ident, 0)
+            if delta > 0:
+                deltas.setdefault(key.pid, {})[key.slot] = delta
+        self._hist_seen = alive
+        return deltas
+
+    def forget_histograms(self, pids: set[int]) -> None:
+        """Drop kernel counters of processes that have exited (bounded map)."""
+        hist = self._bpf[b"hist"]
+        for key in list(hist.keys()):
+            if key.pid in pids:
+                del hist[key]
+                self._hist_seen.pop((key.pid, key.slot), None)
+
+    def close(self) -> None:
+        self._bpf.cleanup()
+
+    def __enter__(self) -> "GpuIoctlProbe":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

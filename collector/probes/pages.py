@@ -1,0 +1,147 @@
+"""Loader for bpf/pages.bpf.c: pages each process put on each NUMA node.
+
+The kernel attributes page-cache insertions and page allocations to (tgid,
+node), the node found from the page frame number in the pfn ranges given here
+(a topology's ``NumaNode.pfn_ranges``, from /proc/zoneinfo). `read` turns the
+cumulative counters into deltas since the previous read; a process's counters
+are freed in the kernel once the read after its exit has reported them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from jitterscope.collector.probes import base
+
+MAX_PFN_RANGES = 16  # bpf/pages.h
+UNKNOWN_NODE = 255
+
+
+@dataclass(frozen=True)
+class RawPagePlacement:
+    """Pages one process put on one node since the previous read."""
+
+    pid: int            # tgid (0: allocations while a CPU was idle)
+    node: int           # UNKNOWN_NODE when the page was in none of the ranges
+    comm: str
+    page_cache_pages: int  # file pages it added to the page cache
+    alloc_pages: int       # pages allocated in its context
+
+
+def _text(raw: bytes) -> str:
+    return raw.split(b"\0", 1)[0].decode(errors="replace")
+
+
+def merge_ranges(pfn_ranges: Iterable[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """(node, start_pfn, end_pfn) ranges sorted, with touching or overlapping
+    ranges of the same node merged (a node's zones are usually contiguous)."""
+    merged: list[list[int]] = []
+    for node, start, end in sorted(((n, s, e) for n, s, e in pfn_ranges if e > s),
+                                   key=lambda r: (r[1], r[2])):
+        if merged and merged[-1][0] == node and start <= merged[-1][2]:
+            merged[-1][2] = max(merged[-1][2], end)
+        else:
+            merged.append([node, start, end])
+    return [tuple(r) for r in merged]
+
+
+def _validated(pfn_ranges: Iterable[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    ranges = merge_ranges(pfn_ranges)
+    if len(ranges) > MAX_PFN_RANGES:
+        raise ValueError(f"{len(ranges)} pfn ranges after merging; the probe holds {MAX_PFN_RANGES}")
+    if any(not 0 <= node < UNKNOWN_NODE for node, _, _ in ranges):
+        raise ValueError(f"NUMA nodes must be in [0, {UNKNOWN_NODE}): {ranges}")
+    return ranges
+
+
+class PageProbe:
+    def __init__(self, pfn_ranges: list[tuple[int, int, int]], proc: Path = Path("/proc")):
+        """``pfn_ranges``: (node, start_pfn, end_pfn) with end exclusive; at
+        most MAX_PFN_RANGES after merging adjacent ranges of a node."""
+        ranges = _validated(pfn_ranges)  # before loading: a bad config fails fast
+        self._bpf = base.load("pages.bpf.c")
+        self._proc = proc
+        self._seen: dict[tuple[int, int], tuple[int, int]] = {}
+        self.set_ranges(ranges)
+
+    def set_ranges(self, pfn_ranges: list[tuple[int, int, int]]) -> None:
+        ranges = _validated(pfn_ranges)
+        config = self._bpf[b"config"]
+        leaf = config.Leaf()
+        for i, (node, start, end) in enumerate(ranges):
+            leaf.ranges[i].start = start
+            leaf.ranges[i].end = end
+            leaf.ranges[i].node = node
+        leaf.nr_ranges = len(ranges)
+        leaf.configured = 1
+        config[ctypes.c_int(0)] = leaf
+
+    def read(self) -> dict[tuple[int, int], RawPagePlacement]:
+        """(pid, node) -> pages since the last read (entries with none are left out)."""
+        counts = self._bpf[b"counts"]
+        exited = self._bpf[b"exited"]
+        gone = {k.value for k in exited.keys()}  # before the counts: their last pages are in
+        result: dict[tuple[int, int], RawPagePlacement] = {}
+        seen: dict[tuple[int, int], tuple[int, int]] = {}
+        stale = []
+        comms: dict[int, str] = {}
+        for key, c in counts.items():
+            ident = (key.pid, key.node)
+            cache, alloc = c.page_cache_pages, c.alloc_pages
+            before_cache, before_alloc = self._seen.get(ident, (0, 0))
+            if cache < before_cache or alloc < before_alloc:  # deleted and restarted in between
+                before_cache, before_alloc = 0, 0
+            if key.pid in gone:
+                stale.append(key)
+            else:
+                seen[ident] = (cache, alloc)
+            if cache > before_cache or alloc > before_alloc:
+                if key.pid not in comms:
+                    comms[key.pid] = self._comm(key.pid) or _text(bytes(c.comm))
+                result[ident] = RawPagePlacement(key.pid, key.node, comms[key.pid],
+                                                 cache - before_cache, alloc - before_alloc)
+        for key in stale:
+            try:
+                del counts[key]
+            except KeyError:
+                pass
+        for pid in gone:
+            try:
+                del exited[exited.Key(pid)]
+            except KeyError:
+                pass
+        self._seen = seen
+        return result
+
+    def _comm(self, pid: int) -> str:
+        """The process's name (its main thread's), when it is still there."""
+        if pid == 0:
+            return ""
+        try:
+            return (self._proc / str(pid) / "comm").read_text().rstrip("\n")
+        except OSError:
+            return ""
+
+    def forget(self, pids: set[int]) -> None:
+        """Drop kernel counters of processes (for exits the probe missed)."""
+        counts = self._bpf[b"counts"]
+        for key in list(counts.keys()):
+            if key.pid in pids:
+                del counts[key]
+                self._seen.pop((key.pid, key.node), None)
+
+    def drops(self) -> int:
+        """Page events not counted because the kernel's table was full."""
+        return sum(self._bpf[b"drops"][ctypes.c_int(0)])
+
+    def close(self) -> None:
+        self._bpf.cleanup()
+
+    def __enter__(self) -> "PageProbe":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
