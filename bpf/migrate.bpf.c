@@ -32,7 +32,9 @@
 BPF_TABLE("lru_hash", u32, struct task_info, tasks, MAX_THREADS); /* tid -> tgid, comm */
 BPF_HASH(counts, u32, struct migrate_counts, MAX_THREADS);         /* tid -> counts */
 BPF_HASH(targets, u32, u8, MAX_TARGETS);                           /* tgids to watch when filtering */
-BPF_HASH(cpu_node, u32, u32, MAX_CPUS);                            /* cpu -> NUMA node */
+/* cpu -> NUMA node; a hash, not an array, so that a CPU the collector left
+ * out reads as unknown (never cross-node) rather than as node 0 */
+BPF_HASH(cpu_node, u32, u32, MAX_CPUS);
 BPF_ARRAY(config, struct migrate_config, 1);
 /* [0] ring-buffer reserve failures, [1] threads not counted: `counts` full */
 BPF_PERCPU_ARRAY(drops, u64, 2);

@@ -68,11 +68,17 @@ def _thread(tid: int, proc: Path) -> tuple[int, str]:
     return 0, ""
 
 
+def _check_nodes(cpu_node: dict[int, int]) -> None:
+    if any(not 0 <= node < UNKNOWN_NODE for node in cpu_node.values()):
+        raise ValueError(f"NUMA nodes must be in [0, {UNKNOWN_NODE}): {cpu_node}")
+
+
 class MigrationProbe:
     def __init__(self, cpu_node: dict[int, int], target_pids: set[int] | None = None,
                  proc: Path = Path("/proc")):
         """``cpu_node``: each CPU's NUMA node (CPUs left out never count as
         cross-node). ``target_pids`` None watches every thread."""
+        _check_nodes(cpu_node)  # before loading: a bad config fails fast
         self._bpf = base.load("migrate.bpf.c")
         self._proc = proc
         self._seen: dict[int, tuple[int, int]] = {}  # tid -> (migrations, cross_node) already reported
@@ -81,8 +87,7 @@ class MigrationProbe:
         self.set_targets(target_pids or set())
 
     def set_cpu_node(self, cpu_node: dict[int, int]) -> None:
-        if any(not 0 <= node < UNKNOWN_NODE for node in cpu_node.values()):
-            raise ValueError(f"NUMA nodes must be in [0, {UNKNOWN_NODE}): {cpu_node}")
+        _check_nodes(cpu_node)
         table = self._bpf[b"cpu_node"]
         table.clear()
         for cpu, node in cpu_node.items():

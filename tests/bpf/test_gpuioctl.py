@@ -6,7 +6,6 @@ kernel times the calls all the same."""
 from __future__ import annotations
 
 import errno
-import os
 import subprocess
 import sys
 import termios
