@@ -40,6 +40,16 @@ TRACEPOINT_PROBE(syscalls, sys_enter_ioctl)
     return 0;
 }
 
+/* A closed fd stops being a GPU fd at once: its number may be reused before
+ * the collector's next rescan, and those calls are not GPU calls. One hash
+ * delete per close(). (dup2/dup3 onto a watched number are not followed.) */
+TRACEPOINT_PROBE(syscalls, sys_enter_close)
+{
+    struct gpu_fd key = {.pid = bpf_get_current_pid_tgid() >> 32, .fd = (u32)args->fd};
+    watched.delete(&key);
+    return 0;
+}
+
 TRACEPOINT_PROBE(syscalls, sys_exit_ioctl)
 {
     u64 pid_tgid = bpf_get_current_pid_tgid();

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from prometheus_client import Counter, Gauge, start_http_server
 
-from jitterscope.collector import hostinfo
+from jitterscope.collector import hostinfo, topology
+from jitterscope.collector.hardware import HardwareSources
 from jitterscope.collector.clock import EpochConverter
 from jitterscope.collector.otlp import OtlpReceiver
 from jitterscope.collector.probes.runqlat import RawRunqEvent, RunqProbe
@@ -69,6 +70,8 @@ class Collector:
         self._comms: dict[int, str] = {}
         self._stop = threading.Event()
         self.probe: RunqProbe | None = None
+        self.hardware: HardwareSources | None = None
+        self.topology: events.Topology | None = None
         self.otlp: OtlpReceiver | None = None
         self._spans_in: queue.SimpleQueue[list[dict]] = queue.SimpleQueue()  # from the OTLP threads
         self._serving_pids: set[int] = set()  # processes that sent request spans
@@ -79,12 +82,10 @@ class Collector:
             self.publisher.send(topic, batch)
 
     def publish_topology(self) -> None:
-        nodes = hostinfo.numa_nodes(self.sys)
-        self._queue(events.Topology(
-            **self.stamp.header(events.Topology, time.time_ns()),
-            cpus=hostinfo.online_cpus(self.sys),
-            numa_nodes=[events.NumaNode(node=n, cpus=c) for n, c in sorted(nodes.items())],
-        ))
+        self.topology_fields = topology.read_topology(self.sys, self.proc)
+        self.topology = events.Topology(**self.stamp.header(events.Topology, time.time_ns()),
+                                        **self.topology_fields)
+        self._queue(self.topology)
 
     def describe_process(self, pid: int) -> None:
         """Publish a process's metadata the first time it is reported on, and
@@ -100,7 +101,9 @@ class Collector:
         except hostinfo.ProcessGone:
             return
         self._comms[pid] = info["comm"]
-        self._queue(events.ProcessInfo(**self.stamp.header(events.ProcessInfo, time.time_ns()), **info))
+        gpus, cuda_visible = topology.process_gpus(pid, self.proc, self.topology)
+        self._queue(events.ProcessInfo(**self.stamp.header(events.ProcessInfo, time.time_ns()), **info,
+                                       gpus=gpus, cuda_visible_devices=cuda_visible))
 
     def on_runq(self, raw: RawRunqEvent) -> None:
         self.events_read += 1
@@ -142,8 +145,12 @@ class Collector:
                 comm=self._comm(pid), slots=[s for s, _ in ordered], counts=[c for _, c in ordered],
             ))
         gone = {pid for pid in self._processes_sent if not (self.proc / str(pid)).exists()}
+        if self.hardware:
+            self.hardware.flush(interval_ns, now, self._comm)
         if gone:
             self.probe.forget_histograms(gone)
+            if self.hardware:
+                self.hardware.forget(gone)
             for pid in gone:
                 self._processes_sent.pop(pid, None)
                 self._comms.pop(pid, None)
@@ -157,13 +164,14 @@ class Collector:
         return self._comms[pid]
 
     def publish_stats(self) -> None:
-        drops = self.probe.drops() if self.probe else 0
+        drops = (self.probe.drops() if self.probe else 0) + (self.hardware.drops() if self.hardware else 0)
         RINGBUF_DROPS.labels("runqlat").set(drops)
         RECORDS_SENT.set(self.publisher.records_sent)
         DELIVERY_ERRORS.set(self.publisher.delivery_errors)
         self._queue(events.CollectorStats(
             **self.stamp.header(events.CollectorStats, time.time_ns()),
-            started_ns=self.stamp.started_ns, ringbuf_drops=drops, events_read=self.events_read,
+            started_ns=self.stamp.started_ns, ringbuf_drops=drops,
+            events_read=self.events_read + (self.hardware.events_read if self.hardware else 0),
             records_sent=self.publisher.records_sent, delivery_errors=self.publisher.delivery_errors,
         ))
 
@@ -198,10 +206,16 @@ class Collector:
         self.probe = RunqProbe(int(s.runq_threshold_ms * 1_000_000), self.current_targets(),
                                self.serving_thresholds())
         self.probe.open(self.on_runq)
+        self.publish_topology()
+        self.hardware = HardwareSources(
+            s.hardware_probes, self.stamp, self._queue, self.describe_process, self.topology_fields,
+            int(s.gpu_ioctl_threshold_ms * 1_000_000), s.gpu_device_patterns, self.current_targets(),
+            self.proc, self.sys)
+        self.hardware.rescan(self.current_targets())
         log.info("collector started", extra=fields(
             host=s.host, boot_id=self.stamp.boot_id, threshold_ms=s.runq_threshold_ms,
-            targets="all" if not s.filters_targets else sorted(self.current_targets() or [])))
-        self.publish_topology()
+            targets="all" if not s.filters_targets else sorted(self.current_targets() or []),
+            hardware=s.hardware_probes))
         if s.otlp_port:
             self.otlp = OtlpReceiver(s.otlp_bind, s.otlp_port, self._spans_in.put, s.request_id_attributes).start()
             log.info("OTLP receiver listening", extra=fields(
@@ -218,6 +232,7 @@ class Collector:
                 if duration_s is not None and now - started >= duration_s:
                     break
                 self.probe.poll(50)
+                self.hardware.poll()
                 self.take_requests()
                 for topic, batch in self.batcher.due():
                     self.publisher.send(topic, batch)
@@ -234,6 +249,7 @@ class Collector:
                     next_topology = now + s.topology_interval_s
                 if now >= next_rescan:
                     self.update_targets()
+                    self.hardware.rescan(self.current_targets())
                     next_rescan = now + s.target_rescan_s
         finally:
             self.shutdown()
@@ -244,6 +260,8 @@ class Collector:
             self.take_requests()
         if self.probe:
             self.probe.poll(0)  # take what the kernel still holds
+            if self.hardware:
+                self.hardware.poll()
             self.publish_histograms(0)
             self.publish_stats()
         for topic, batch in self.batcher.drain():
@@ -255,6 +273,9 @@ class Collector:
         if self.probe:
             self.probe.close()
             self.probe = None
+        if self.hardware:
+            self.hardware.close()
+            self.hardware = None
 
 
 def install_signal_handlers(collector: Collector) -> None:

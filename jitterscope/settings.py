@@ -18,6 +18,10 @@ from pydantic_settings import BaseSettings, SettingsError, PydanticBaseSettingsS
 from jitterscope import errors
 
 
+#: sources the collector can run besides the run-queue probe
+HARDWARE_PROBES = ("gpu_ioctl", "migrate", "pages", "blockio", "netdev")
+
+
 def default_data_dir() -> Path:
     if os.geteuid() == 0:
         return Path("/var/lib/jitterscope")
@@ -44,9 +48,13 @@ class Settings(BaseSettings):
     runq_alert_ms: float = Field(10.0, gt=0, description="run-queue wait that raises an alert")
     serving_threshold_ms: float = Field(
         1.0, gt=0, description="event threshold for processes that send request spans (finer evidence)")
+    hardware_probes: list[str] = Field(
+        default_factory=lambda: list(HARDWARE_PROBES),
+        description="hardware sources besides the run-queue probe (any of gpu_ioctl, migrate, pages, blockio, netdev)")
     gpu_ioctl_threshold_ms: float = Field(
         5.0, gt=0, description="GPU driver calls at or above this leave the kernel as events")
     gpu_ioctl_alert_ms: float = Field(50.0, gt=0, description="GPU driver call latency that raises an alert")
+    migration_storm_per_s: float = Field(50.0, gt=0, description="migrations/s of one thread that raise an alert")
     gpu_device_patterns: list[str] = Field(
         default_factory=lambda: ["/dev/nvidia[0-9]*", "/dev/nvidia-uvm"],
         description="device paths whose ioctls are GPU driver calls (shell patterns)")
@@ -83,6 +91,14 @@ class Settings(BaseSettings):
     def _no_empty_patterns(cls, value: list[str]) -> list[str]:
         if any(not p for p in value):
             raise ValueError("empty process-name pattern")
+        return value
+
+    @field_validator("hardware_probes")
+    @classmethod
+    def _known_probes(cls, value: list[str]) -> list[str]:
+        unknown = [p for p in value if p not in HARDWARE_PROBES]
+        if unknown:
+            raise ValueError(f"unknown probe(s) {unknown}; known: {', '.join(HARDWARE_PROBES)}")
         return value
 
     @property

@@ -153,7 +153,8 @@ class StreamsWorker:
         self.sink = ClickHouseSink(self.client)
         self.state = HostState()
         self.state.prime(self.client)
-        self.hardware = HardwareJudge(self.state, Thresholds(gpu_ioctl_ns=int(settings.gpu_ioctl_alert_ms * 1e6)))
+        self.hardware = HardwareJudge(self.state, Thresholds(
+            gpu_ioctl_ns=int(settings.gpu_ioctl_alert_ms * 1e6), migrations_per_s=settings.migration_storm_per_s))
         self.alert_ns = int(settings.runq_alert_ms * 1_000_000)
         self.attributor = Attributor(
             grace_ns=int(settings.attribution_grace_s * 1e9), horizon_ns=int(settings.evidence_horizon_s * 1e9),
