@@ -145,6 +145,54 @@ def bench_probe(rounds: int = 100_000) -> str:
             f"(~{per_switch_ns:.0f} ns per switch) |")
 
 
+def ioctl_loop(calls: int) -> float:
+    """ioctl calls/s on an fd nobody watches: what every process on the host
+    pays once the GPU ioctl probe attaches to the ioctl syscall tracepoints."""
+    import fcntl
+    import termios
+
+    fd = os.open("/dev/null", os.O_RDONLY)
+    t = time.perf_counter()
+    for _ in range(calls):
+        try:
+            fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0")
+        except OSError:
+            pass
+    elapsed = time.perf_counter() - t
+    os.close(fd)
+    return calls / elapsed
+
+
+def bench_hardware_probes(rounds: int = 100_000) -> str:
+    """All collector probes loaded (runq unfiltered, GPU ioctl, migrations,
+    page placement, block I/O) vs none: context switches and ioctls."""
+    from jitterscope.collector.probes.blockio import BlockIoProbe
+    from jitterscope.collector.probes.gpuioctl import GpuIoctlProbe
+    from jitterscope.collector.probes.migrate import MigrationProbe
+    from jitterscope.collector.probes.pages import PageProbe
+    from jitterscope.collector.probes.runqlat import RunqProbe
+    from jitterscope.collector.topology import read_topology
+
+    os.sched_setaffinity(0, {0})
+    topo = read_topology()
+    measure = lambda: (max(ping_pong(rounds) for _ in range(3)), max(ioctl_loop(rounds) for _ in range(3)))  # noqa: E731
+    before = measure()
+    probes = [RunqProbe(5_000_000), GpuIoctlProbe(50_000_000),
+              MigrationProbe({c.cpu: c.node for c in topo["cpu_info"]}),
+              PageProbe([(n.node, a, b) for n in topo["numa_nodes"] for a, b in n.pfn_ranges]), BlockIoProbe()]
+    try:
+        loaded = measure()
+    finally:
+        for probe in probes:
+            probe.close()
+    after = measure()
+    switches = (loaded[0], max(before[0], after[0]))
+    ioctls = (loaded[1], max(before[1], after[1]))
+    return (f"| all probes loaded: pipe ping-pong / ioctl on an unwatched fd | {switches[0]:,.0f} round trips/s, "
+            f"{ioctls[0]:,.0f} ioctls/s | none: {switches[1]:,.0f} round trips/s, {ioctls[1]:,.0f} ioctls/s | "
+            f"{switches[0] / switches[1]:.2f}x, {ioctls[0] / ioctls[1]:.2f}x |")
+
+
 def bench_attribution(requests: int = 50_000) -> str:
     """Requests/s one worker's attribution step handles, on a busy host: 16
     serving processes, 20k run-queue events in the window (a heavily
@@ -184,7 +232,7 @@ def bench_attribution(requests: int = 50_000) -> str:
 
 
 BENCHES = {"decode": bench_decode, "pipeline": bench_pipeline, "probe": bench_probe,
-           "attribution": bench_attribution}
+           "attribution": bench_attribution, "hardware": bench_hardware_probes}
 
 
 def main(names: list[str]) -> None:
