@@ -127,12 +127,12 @@ class Collector:
                 batch = self._spans_in.get_nowait()
             except queue.Empty:
                 break
-            for fields in batch:
-                self._queue(events.RequestSpan(**self.stamp.header(events.RequestSpan, fields["end_ns"]), **fields))
-                if fields["pid"] and fields["pid"] not in self._serving_pids:
-                    self._serving_pids.add(fields["pid"])
+            for span in batch:
+                self._queue(events.RequestSpan(**self.stamp.header(events.RequestSpan, span["end_ns"]), **span))
+                if span["pid"] and span["pid"] not in self._serving_pids:
+                    self._serving_pids.add(span["pid"])
                     new_pids = True
-                    self.describe_process(fields["pid"])
+                    self.describe_process(span["pid"])
         if new_pids and self.probe:
             self.update_targets()
 

@@ -121,3 +121,63 @@ def load(source_name: str):
         raise errors.ProbeLoadFailed(
             f"could not load {source_name}: {exc}; run 'jitterscope doctor' to check the host"
         ) from exc
+
+
+class BccProbe:
+    """A loaded BPF program: its ring buffer, its per-CPU ``drops`` counters
+    (slot 0 unless a probe counts more), clean-up, and use as a context
+    manager. Subclasses name their ``source`` in bpf/."""
+
+    source: str
+    drop_slots: int = 1
+
+    def __init__(self):
+        self._bpf = load(self.source)
+
+    def poll(self, timeout_ms: int) -> None:
+        self._bpf.ring_buffer_poll(timeout_ms)
+
+    def drops(self) -> int:
+        import ctypes
+
+        table = self._bpf[b"drops"]
+        return sum(sum(table[ctypes.c_int(slot)]) for slot in range(self.drop_slots))
+
+    def close(self) -> None:
+        self._bpf.cleanup()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class Log2Histograms:
+    """A kernel map of cumulative per-process log2 counters ({pid, slot} ->
+    count), read as deltas since the previous read: the kernel never resets
+    them, so a read cannot race an increment."""
+
+    def __init__(self, table):
+        self._table = table
+        self._seen: dict[tuple[int, int], int] = {}
+
+    def read(self) -> dict[int, dict[int, int]]:
+        """pid -> {slot: new counts since the last read}."""
+        deltas: dict[int, dict[int, int]] = {}
+        alive: dict[tuple[int, int], int] = {}
+        for key, value in self._table.items():
+            ident = (key.pid, key.slot)
+            alive[ident] = value.value
+            delta = value.value - self._seen.get(ident, 0)
+            if delta > 0:
+                deltas.setdefault(key.pid, {})[key.slot] = delta
+        self._seen = alive
+        return deltas
+
+    def forget(self, pids: set[int]) -> None:
+        """Drop the counters of processes that have exited (the map is bounded)."""
+        for key in list(self._table.keys()):
+            if key.pid in pids:
+                del self._table[key]
+                self._seen.pop((key.pid, key.slot), None)

@@ -79,9 +79,11 @@ def device_name(major: int, minor: int, sys: Path = Path("/sys")) -> str:
     return ""
 
 
-class BlockIoProbe:
+class BlockIoProbe(base.BccProbe):
+    source = "blockio.bpf.c"
+
     def __init__(self):
-        self._bpf = base.load("blockio.bpf.c")
+        super().__init__()
         self._seen: dict[int, tuple[int, int, int, int]] = {}  # dev -> (ios, bytes, sum, errors)
         self._epoch = 1
         self._write_epoch()
@@ -115,16 +117,3 @@ class BlockIoProbe:
                     total - b_total, worst, errors - b_errors)
         self._seen = seen
         return result
-
-    def drops(self) -> int:
-        """Completions not counted because the kernel's device table was full."""
-        return sum(self._bpf[b"drops"][ctypes.c_int(0)])
-
-    def close(self) -> None:
-        self._bpf.cleanup()
-
-    def __enter__(self) -> "BlockIoProbe":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()

@@ -78,12 +78,14 @@ def gpu_fds(patterns: Iterable[str] = DEFAULT_PATTERNS, proc: Path = Path("/proc
     return found
 
 
-class GpuIoctlProbe:
+class GpuIoctlProbe(base.BccProbe):
+    source = "gpuioctl.bpf.c"
+
     def __init__(self, threshold_ns: int, watched: Iterable[tuple[int, int]] = ()):
         """``threshold_ns``: calls at least this long become events (the
         collector's default is 50 ms). ``watched``: (pid, fd) pairs to time."""
-        self._bpf = base.load("gpuioctl.bpf.c")
-        self._hist_seen: dict[tuple[int, int], int] = {}
+        super().__init__()
+        self.histograms = base.Log2Histograms(self._bpf[b"hist"])
         self.threshold_ns = max(1, threshold_ns)  # 0 means "not configured" to the kernel
         self.set_watched(set(watched))
         config = self._bpf[b"config"]
@@ -118,39 +120,10 @@ class GpuIoctlProbe:
 
         table.open_ring_buffer(callback)
 
-    def poll(self, timeout_ms: int) -> None:
-        self._bpf.ring_buffer_poll(timeout_ms)
-
-    def drops(self) -> int:
-        return sum(self._bpf[b"drops"][ctypes.c_int(0)])
-
     def read_histograms(self) -> dict[int, dict[int, int]]:
         """pid -> {slot: new calls since the last read}; slot = log2(latency in us)."""
-        hist = self._bpf[b"hist"]
-        deltas: dict[int, dict[int, int]] = {}
-        alive: dict[tuple[int, int], int] = {}
-        for key, value in hist.items():
-            ident = (key.pid, key.slot)
-            alive[ident] = value.value
-            delta = value.value - self._hist_seen.get(ident, 0)
-            if delta > 0:
-                deltas.setdefault(key.pid, {})[key.slot] = delta
-        self._hist_seen = alive
-        return deltas
+        return self.histograms.read()
 
     def forget_histograms(self, pids: set[int]) -> None:
         """Drop kernel counters of processes that have exited (bounded map)."""
-        hist = self._bpf[b"hist"]
-        for key in list(hist.keys()):
-            if key.pid in pids:
-                del hist[key]
-                self._hist_seen.pop((key.pid, key.slot), None)
-
-    def close(self) -> None:
-        self._bpf.cleanup()
-
-    def __enter__(self) -> "GpuIoctlProbe":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+        self.histograms.forget(pids)

@@ -73,13 +73,16 @@ def _check_nodes(cpu_node: dict[int, int]) -> None:
         raise ValueError(f"NUMA nodes must be in [0, {UNKNOWN_NODE}): {cpu_node}")
 
 
-class MigrationProbe:
+class MigrationProbe(base.BccProbe):
+    source = "migrate.bpf.c"
+    drop_slots = 2
+
     def __init__(self, cpu_node: dict[int, int], target_pids: set[int] | None = None,
                  proc: Path = Path("/proc")):
         """``cpu_node``: each CPU's NUMA node (CPUs left out never count as
         cross-node). ``target_pids`` None watches every thread."""
         _check_nodes(cpu_node)  # before loading: a bad config fails fast
-        self._bpf = base.load("migrate.bpf.c")
+        super().__init__()
         self._proc = proc
         self._seen: dict[int, tuple[int, int]] = {}  # tid -> (migrations, cross_node) already reported
         self.filtering = target_pids is not None
@@ -143,15 +146,6 @@ class MigrationProbe:
 
         table.open_ring_buffer(callback)
 
-    def poll(self, timeout_ms: int) -> None:
-        self._bpf.ring_buffer_poll(timeout_ms)
-
-    def drops(self) -> int:
-        """Ring-buffer reserve failures plus threads not counted because the
-        kernel's per-thread table was full."""
-        drops = self._bpf[b"drops"]
-        return sum(drops[ctypes.c_int(0)]) + sum(drops[ctypes.c_int(1)])
-
     def read_counts(self) -> dict[int, RawMigrations]:
         """tid -> migrations since the last read (threads that did not move are left out)."""
         counts = self._bpf[b"counts"]
@@ -182,12 +176,3 @@ class MigrationProbe:
                 pass
         self._seen = seen
         return result
-
-    def close(self) -> None:
-        self._bpf.cleanup()
-
-    def __enter__(self) -> "MigrationProbe":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()

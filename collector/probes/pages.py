@@ -57,12 +57,14 @@ def _validated(pfn_ranges: Iterable[tuple[int, int, int]]) -> list[tuple[int, in
     return ranges
 
 
-class PageProbe:
+class PageProbe(base.BccProbe):
+    source = "pages.bpf.c"
+
     def __init__(self, pfn_ranges: list[tuple[int, int, int]], proc: Path = Path("/proc")):
         """``pfn_ranges``: (node, start_pfn, end_pfn) with end exclusive; at
         most MAX_PFN_RANGES after merging adjacent ranges of a node."""
         ranges = _validated(pfn_ranges)  # before loading: a bad config fails fast
-        self._bpf = base.load("pages.bpf.c")
+        super().__init__()
         self._proc = proc
         self._seen: dict[tuple[int, int], tuple[int, int]] = {}
         self.set_ranges(ranges)
@@ -132,16 +134,3 @@ class PageProbe:
             if key.pid in pids:
                 del counts[key]
                 self._seen.pop((key.pid, key.node), None)
-
-    def drops(self) -> int:
-        """Page events not counted because the kernel's table was full."""
-        return sum(self._bpf[b"drops"][ctypes.c_int(0)])
-
-    def close(self) -> None:
-        self._bpf.cleanup()
-
-    def __enter__(self) -> "PageProbe":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()

@@ -34,13 +34,15 @@ def _text(raw: bytes) -> str:
     return raw.split(b"\0", 1)[0].decode(errors="replace")
 
 
-class RunqProbe:
+class RunqProbe(base.BccProbe):
+    source = "runqlat.bpf.c"
+
     def __init__(self, threshold_ns: int, target_pids: set[int] | None = None,
                  thresholds: dict[int, int] | None = None):
         """``target_pids`` None watches every process; ``thresholds`` gives
         some processes their own event threshold (ns)."""
-        self._bpf = base.load("runqlat.bpf.c")
-        self._hist_seen: dict[tuple[int, int], int] = {}
+        super().__init__()
+        self.histograms = base.Log2Histograms(self._bpf[b"hist"])
         self.threshold_ns = max(1, threshold_ns)  # 0 means "not configured" to the kernel
         self.filtering = target_pids is not None
         self.set_targets(target_pids or set(), thresholds or {})
@@ -76,39 +78,10 @@ class RunqProbe:
 
         table.open_ring_buffer(callback)
 
-    def poll(self, timeout_ms: int) -> None:
-        self._bpf.ring_buffer_poll(timeout_ms)
-
-    def drops(self) -> int:
-        return sum(self._bpf[b"drops"][ctypes.c_int(0)])
-
     def read_histograms(self) -> dict[int, dict[int, int]]:
         """pid -> {slot: new waits since the last read}."""
-        hist = self._bpf[b"hist"]
-        deltas: dict[int, dict[int, int]] = {}
-        alive: dict[tuple[int, int], int] = {}
-        for key, value in hist.items():
-            ident = (key.pid, key.slot)
-            alive[ident] = value.value
-            delta = value.value - self._hist_seen.get(ident, 0)
-            if delta > 0:
-                deltas.setdefault(key.pid, {})[key.slot] = delta
-        self._hist_seen = alive
-        return deltas
+        return self.histograms.read()
 
     def forget_histograms(self, pids: set[int]) -> None:
         """Drop kernel counters of processes that have exited (bounded map)."""
-        hist = self._bpf[b"hist"]
-        for key in list(hist.keys()):
-            if key.pid in pids:
-                del hist[key]
-                self._hist_seen.pop((key.pid, key.slot), None)
-
-    def close(self) -> None:
-        self._bpf.cleanup()
-
-    def __enter__(self) -> "RunqProbe":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+        self.histograms.forget(pids)
