@@ -231,8 +231,37 @@ def bench_attribution(requests: int = 50_000) -> str:
             f"no evidence in the window {empty:,.0f} requests/s | {busy / empty:.2f}x |")
 
 
+def bench_saved_queries() -> str:
+    """Latency of each saved fleet query over the synthetic fleet (300 hosts,
+    2M run-queue events, 108k histogram rows, 200k attributions), best of 3,
+    against a plain count() of the biggest table in the same store; and the
+    bytes each stored run-queue event takes on disk."""
+    from jitterscope.reports import queries, synthetic
+    from jitterscope.streams import clickhouse
+
+    with tempfile.TemporaryDirectory() as data:
+        client = clickhouse.connect(None, Path(data))
+        clickhouse.migrate(client)
+        synthetic.load_fleet(client)
+        client.command("OPTIMIZE TABLE jitterscope.runq_events FINAL")
+        baseline = best_of(lambda: client.query("SELECT count() FROM jitterscope.runq_events FINAL"), 3)
+        lines = []
+        for name in queries.SAVED:
+            sql, params = queries.bind(name, {})
+            took = best_of(lambda: client.query(sql, parameters=params), 3)
+            lines.append(f"| saved query `{name}` | {took * 1000:.0f} ms | count() FINAL of 2M runq events "
+                         f"{baseline * 1000:.0f} ms | {took / baseline:.1f}x |")
+        rows, on_disk, raw = client.query(
+            "SELECT sum(rows), sum(bytes_on_disk), sum(data_uncompressed_bytes) FROM system.parts "
+            "WHERE database = 'jitterscope' AND table = 'runq_events' AND active").result_rows[0]
+        lines.append(f"| bytes per stored runq event | {on_disk / rows:.1f} B on disk ({rows:,} rows) | "
+                     f"uncompressed {raw / rows:.1f} B | {raw / on_disk:.1f}x compression |")
+        client.close()
+    return "\n".join(lines)
+
+
 BENCHES = {"decode": bench_decode, "pipeline": bench_pipeline, "probe": bench_probe,
-           "attribution": bench_attribution, "hardware": bench_hardware_probes}
+           "attribution": bench_attribution, "hardware": bench_hardware_probes, "saved": bench_saved_queries}
 
 
 def main(names: list[str]) -> None:

@@ -139,7 +139,10 @@ def broker(
 
 @app.command()
 def query(
-    sql: Annotated[str, typer.Argument(help="SQL to run (read-only), e.g. \"SELECT count() FROM jitterscope.runq_events\"")],
+    sql: Annotated[Optional[str], typer.Argument(
+        help="SQL to run (read-only), e.g. \"SELECT count() FROM jitterscope.runq_events\"")] = None,
+    saved: Annotated[Optional[str], typer.Option("--saved", "-s", help="run a saved fleet query by name")] = None,
+    list_saved: Annotated[bool, typer.Option("--list-saved", help="list the saved queries and their parameters")] = False,
     param: Annotated[Optional[list[str]], typer.Option(
         "--param", "-p", help="bind NAME=VALUE for {NAME:Type} placeholders (repeatable)")] = None,
     fmt: Annotated[str, typer.Option("--format", "-f", help="table, csv or json")] = "table",
@@ -149,7 +152,16 @@ def query(
 ) -> None:
     """Answer SQL from jitterscope's ClickHouse (through the running worker when there is one)."""
     from jitterscope.query import run_query
+    from jitterscope.reports import queries
 
+    if list_saved:
+        for q in queries.SAVED.values():
+            params = {**queries.COMMON, **q.params}
+            console.print(f"[bold]{q.name}[/]  {q.question}", highlight=False)
+            console.print("    params: " + ", ".join(f"{k}={d}" for k, (_t, d) in params.items()), markup=False)
+        return
+    if (sql is None) == (saved is None):
+        raise errors.BadConfig("give either SQL or --saved NAME (see --list-saved)")
     if fmt not in ("table", "csv", "json"):
         raise errors.BadConfig(f"unknown --format {fmt!r}: use table, csv or json")
     parameters = {}
@@ -158,6 +170,8 @@ def query(
         if not sep:
             raise errors.BadConfig(f"--param {item!r} is not NAME=VALUE")
         parameters[name] = value
+    if saved:
+        sql, parameters = queries.bind(saved, parameters)
     s = _settings(config, clickhouse_url=clickhouse_url, data_dir=data_dir)
     columns, rows = run_query(s, sql, parameters)
     if fmt == "json":
@@ -171,9 +185,11 @@ def query(
     else:
         from rich.table import Table
 
+        from rich.markup import escape
+
         table = Table(*columns)
         for row in rows:
-            table.add_row(*(str(v) for v in row))
+            table.add_row(*(escape(str(v)) for v in row))  # values are data, never rich markup
         console.print(table)
 
 
@@ -213,6 +229,32 @@ def demo(
     cpu = last_cpu() if cpu is None else cpu
     with starvation(seconds, cpu, hogs, delay=0) as victim:
         console.print(f"{VICTIM_COMM} (pid {victim.pid}) and {hogs} {HOG_COMM} share CPU {cpu} for {seconds:g}s")
+
+
+@app.command("synthetic-fleet")
+def synthetic_fleet(
+    hosts: Annotated[int, typer.Option(help="how many hosts")] = 300,
+    events: Annotated[int, typer.Option(help="how many run-queue events")] = 2_000_000,
+    hours: Annotated[int, typer.Option(help="over how many past hours")] = 24,
+    config: ConfigOpt = None,
+    data_dir: DataDirOpt = None,
+) -> None:
+    """Load a synthetic fleet with known root causes into the embedded store, to try saved queries and reports."""
+    from rich.progress import Progress
+
+    from jitterscope.reports import synthetic
+    from jitterscope.streams import clickhouse
+
+    s = _settings(config, data_dir=data_dir)
+    client = clickhouse.connect(None, s.data_dir)
+    clickhouse.migrate(client)
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("generating the fleet", total=len(synthetic.statements()))
+        synthetic.load_fleet(client, progress=lambda i, n: progress.update(task, completed=i),
+                             hosts=hosts, runq_events=events, hours=hours)
+    client.close()
+    console.print(f"loaded {hosts} hosts and {events:,} run-queue events into {s.data_dir}; try: "
+                  "jitterscope query --saved worst-hosts", soft_wrap=True)
 
 
 def _require_broker(s) -> None:

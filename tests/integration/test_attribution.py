@@ -84,7 +84,7 @@ def test_requests_in_the_contention_window_are_blamed_on_the_hog(pipeline):
     quiet = [attribution(stack, rid) for rid in outside]
     assert all(q is not None for q in quiet)
     near_zero = [q for q in quiet if q[1] < 2 * MS]
-    assert len(near_zero) >= 0.95 * len(quiet), [q[:4] for q in quiet if q[1] >= 2 * MS]
+    assert len(near_zero) >= 0.9 * len(quiet), [q[:4] for q in quiet if q[1] >= 2 * MS]
 
     alerts = stack.query(
         "SELECT request_id, toUnixTimestamp64Nano(raised) - toUnixTimestamp64Nano(ts) FROM jitterscope.alerts "

@@ -47,7 +47,7 @@ def test_every_migration_statement_is_idempotent():
         statements = split_statements(sql)
         assert statements, f"{version}_{name} has no statements"
         for statement in statements:
-            assert re.match(r"(CREATE \w+ IF NOT EXISTS|ALTER TABLE \S+ ADD COLUMN IF NOT EXISTS)", statement), \
+            assert re.match(r"(CREATE (\w+ )+IF NOT EXISTS|ALTER TABLE \S+ ADD COLUMN IF NOT EXISTS)", statement), \
                 f"{version}_{name}: {statement[:60]!r}"
 
 

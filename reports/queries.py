@@ -1,0 +1,136 @@
+"""Saved fleet queries: the questions SREs and capacity planners ask most,
+written once, with their parameters bound by ClickHouse (never pasted into
+the SQL).
+
+    jitterscope query --saved worst-hosts -p since=7d -p probe=runq
+    jitterscope query --list-saved
+
+Every query takes ``since`` (a duration: 30m, 24h, 7d) and a ``limit``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from jitterscope import errors
+
+DB = "jitterscope"
+
+
+@dataclass(frozen=True)
+class SavedQuery:
+    name: str
+    question: str
+    sql: str
+    params: dict[str, tuple[str, str]] = field(default_factory=dict)  # name -> (ClickHouse type, default)
+
+
+COMMON = {"since": ("UInt32", "7d"), "limit": ("UInt32", "20")}
+SINCE = "ts > now64(9) - toIntervalSecond({since:UInt32})"
+
+SAVED: dict[str, SavedQuery] = {q.name: q for q in [
+    SavedQuery(
+        "worst-hosts",
+        "Which hosts had the worst P999 latency for a probe (runq: CPU waits; gpu_ioctl: driver calls)?",
+        f"""SELECT host,
+       round(q[3] / 1000, 2) AS p999_ms, round(q[2] / 1000, 2) AS p99_ms, round(q[1] / 1000, 3) AS p50_ms,
+       observations
+FROM (
+    SELECT host, quantilesTDigestWeightedMerge(0.5, 0.99, 0.999)(quantiles) AS q, sum(observations) AS observations
+    FROM {DB}.latency_minute
+    WHERE probe = {{probe:String}} AND minute > now() - toIntervalSecond({{since:UInt32}})
+    GROUP BY host
+)
+ORDER BY q[3] DESC, host
+LIMIT {{limit:UInt32}}""",
+        {"probe": ("String", "runq")},
+    ),
+    SavedQuery(
+        "slo-by-cause",
+        "How many requests broke their SLO, by root cause, and how slow were they?",
+        f"""SELECT cause, count() AS requests, uniqExact(host) AS hosts,
+       round(quantile(0.5)(duration_ns) / 1e6, 1) AS p50_ms, round(quantile(0.99)(duration_ns) / 1e6, 1) AS p99_ms,
+       round(sum(excess_ns) / 1e9, 1) AS excess_s
+FROM {DB}.request_attribution FINAL
+WHERE slo_breached AND {SINCE}
+GROUP BY cause
+ORDER BY requests DESC, cause
+LIMIT {{limit:UInt32}}""",
+    ),
+    SavedQuery(
+        "noisy-neighbours",
+        "Which commands most often held a CPU that an inference thread was starving for?",
+        f"""SELECT suspect_comm AS command, count() AS starvations, uniqExact(host) AS hosts,
+       round(sum(wait_ns) / 1e9, 2) AS waited_s, round(max(wait_ns) / 1e6, 1) AS worst_ms
+FROM {DB}.runq_events FINAL
+WHERE {SINCE} AND suspect_pid != 0 AND suspect_pid != pid
+GROUP BY suspect_comm
+ORDER BY starvations DESC, command
+LIMIT {{limit:UInt32}}""",
+    ),
+    SavedQuery(
+        "off-node",
+        "Which hosts run inference processes on CPUs away from their GPU's NUMA node?",
+        f"""SELECT host, pid, any(comm) AS command, any(evidence['gpu']) AS gpu, any(evidence['gpu_node']) AS gpu_node,
+       any(evidence['remote_cpus']) AS remote_cpus, max(ts) AS last_seen
+FROM {DB}.alerts FINAL
+WHERE kind = 'numa_cpu_mismatch' AND {SINCE}
+GROUP BY host, pid
+ORDER BY host, pid
+LIMIT {{limit:UInt32}}""",
+    ),
+    SavedQuery(
+        "migration-storms",
+        "Which threads hopped between CPUs the most (migrations per second over an interval)?",
+        f"""SELECT host, pid, tid, any(comm) AS command,
+       round(max(migrations / (interval_ns / 1e9)), 1) AS worst_per_s, sum(migrations) AS total_migrations,
+       sum(cross_node) AS total_cross_node
+FROM {DB}.migrations FINAL
+WHERE {SINCE} AND interval_ns > 0
+GROUP BY host, pid, tid
+HAVING worst_per_s >= {{min_per_s:Float64}}
+ORDER BY worst_per_s DESC, host, tid
+LIMIT {{limit:UInt32}}""",
+        {"min_per_s": ("Float64", "50")},
+    ),
+    SavedQuery(
+        "pcie-contention",
+        "Where did GPU driver calls stall while a PCIe neighbour on the same switch was busy?",
+        f"""SELECT host, evidence['gpu'] AS gpu, evidence['switch'] AS switch, evidence['neighbour'] AS neighbour,
+       count() AS incidents, round(max(wait_ns) / 1e6, 1) AS worst_stall_ms, max(ts) AS last_seen
+FROM {DB}.alerts FINAL
+WHERE kind = 'pcie_contention' AND {SINCE}
+GROUP BY host, gpu, switch, neighbour
+ORDER BY incidents DESC, host
+LIMIT {{limit:UInt32}}""",
+    ),
+]}
+
+DURATION = re.compile(r"(\d+)([smhdw])")
+UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(text: str) -> int:
+    """'30m' -> 1800; a bare number is seconds."""
+    if text.isdigit():
+        return int(text)
+    match = DURATION.fullmatch(text.strip())
+    if not match:
+        raise errors.BadConfig(f"cannot read duration {text!r}: use e.g. 30m, 24h, 7d")
+    return int(match[1]) * UNIT_S[match[2]]
+
+
+def bind(name: str, given: dict[str, str]) -> tuple[str, dict[str, str]]:
+    """The saved query's SQL and its parameters: defaults, overridden by
+    ``given``; unknown parameter names are an error, not ignored."""
+    query = SAVED.get(name)
+    if query is None:
+        raise errors.BadConfig(f"no saved query {name!r}; saved queries: {', '.join(SAVED)}")
+    declared = {**COMMON, **query.params}
+    unknown = set(given) - set(declared)
+    if unknown:
+        raise errors.BadConfig(f"{name} takes {', '.join(sorted(declared))}; not {', '.join(sorted(unknown))}")
+    values = {k: given.get(k, default) for k, (_type, default) in declared.items()}
+    values["since"] = str(parse_duration(values["since"]))
+    return query.sql, values

@@ -1,0 +1,104 @@
+"""A synthetic fleet with known answers, for tests, benchmarks and trying the
+reports: hundreds of GPU hosts, millions of run-queue events, and a few
+injected root causes whose answers are constants below.
+
+The rows are generated inside ClickHouse (INSERT ... SELECT over numbers(),
+with cityHash64 as a deterministic random source), so millions of rows load
+in seconds and the materialized-view rollups fill exactly as they would from
+the streams worker.
+"""
+
+from __future__ import annotations
+
+DB = "jitterscope"
+
+# The injected answers.
+WORST_RUNQ_HOST = "gpu-017"  # heavy run-queue tail: worst P999
+NOISY_NEIGHBOUR = "logrotate"  # most often held a starved CPU
+OFF_NODE_HOSTS = [f"gpu-{i:03d}" for i in range(40, 45)]  # inference CPUs off the GPU's node
+STORM_HOST, STORM_TID = "gpu-100", 7777  # a thread migrating 500 times/s
+PCIE_HOST, PCIE_NEIGHBOUR = "gpu-200", "nvme3"  # GPU stalls while nvme3 streams on its switch
+SLO_CAUSES = ["runq_starvation", "gpu_ioctl_stall", "unexplained"]  # most to fewest breaches
+HOSTILE_COMM = "<script>alert('x')</script>"  # a process name that must stay text
+
+SUSPECTS = [NOISY_NEIGHBOUR, "backup-agent", "node_exporter", "kworker/7:2", "fluent-bit", HOSTILE_COMM]
+
+
+def _host(expr: str, hosts: int) -> str:
+    return f"concat('gpu-', leftPad(toString(1 + ({expr}) % {hosts}), 3, '0'))"
+
+
+def statements(hosts: int = 300, runq_events: int = 2_000_000, hours: int = 24) -> list[str]:
+    span = hours * 3600
+    h = lambda n: f"cityHash64({n}, 1)"  # noqa: E731
+    minutes = hours * 60
+    weights = "[40, 20, 15, 10, 10, 5]"
+    return [
+        # run-queue tail events: suspect drawn by weight, logrotate most often
+        f"""INSERT INTO {DB}.runq_events
+SELECT {_host(h('number'), hosts)} AS host, 'boot-1', number AS seq,
+       toDateTime64(now64(9) - toIntervalSecond(cityHash64(number, 2) % {span}), 9) AS ts,
+       1000 + cityHash64(number, 3) % 4 AS pid, 2000 + cityHash64(number, 4) % 32 AS tid, 'vllm', cityHash64(number, 5) % 64,
+       5000000 + cityHash64(number, 6) % 20000000 AS wait_ns,
+       30000 + cityHash64(number, 7) % 500 AS suspect_pid, suspect_pid, {{suspects:Array(String)}}[
+         arrayFirstIndex(x -> x > cityHash64(number, 8) % 100, arrayCumSum({weights}))] AS suspect_comm
+FROM numbers({runq_events})""",
+        # every minute, per host, a runq histogram; one host has a heavy tail
+        f"""INSERT INTO {DB}.latency_histograms
+SELECT host, 'boot-1', number AS seq, toDateTime64(now64(9) - toIntervalMinute(number % {minutes}), 9),
+       'runq', 60000000000, 1000, 'vllm',
+       if(host = {{worst:String}}, [3, 6, 9, 12, 16], [3, 6, 9, 12]),
+       if(host = {{worst:String}}, [5000, 2000, 200, 40, 30], [5000, 2000, 200, 1 + cityHash64(number) % 3])
+FROM (SELECT number, {_host('intDiv(number, ' + str(minutes) + ')', hosts)} AS host
+      FROM numbers({hosts * minutes}))""",
+        # request attributions: most fine; breaches by cause in a known order
+        f"""INSERT INTO {DB}.request_attribution
+SELECT {_host(h('number'), hosts)} AS host, 'boot-1', number, toDateTime64(now64(9) - toIntervalSecond(number % {span}), 9),
+       concat('req-', toString(number)), hex(cityHash64(number)), 'llm_request', 1000, 0, 0,
+       multiIf(r < 3000, 900000000, r < 4200, 400000000, r < 4500, 300000000, 70000000 + r % 10000000) AS duration_ns,
+       75000000, greatest(toInt64(duration_ns) - 75000000, 0), 'ok',
+       if(r < 3000, 800000000, 0), if(r < 3000, 40000000, 0), if(r < 3000, 30, 0),
+       if(r < 3000, [(30000, {{noisy:String}}, 600000000)], []),
+       multiIf(r < 3000, 'runq_starvation', r < 4200, 'gpu_ioctl_stall', r < 4500, 'unexplained', 'none'),
+       if(r < 4500, 0.9, 0), 375000000, r < 4500, if(r >= 3000 AND r < 4200, 300000000, 0), 0, 0
+FROM (SELECT number, cityHash64(number, 9) % 200000 AS r FROM numbers(200000))""",
+        # standing placement problems, migration storms and PCIe incidents
+        f"""INSERT INTO {DB}.alerts (host, boot_id, seq, ts, raised, kind, severity, pid, tid, comm, cpu, wait_ns,
+    suspect_pid, suspect_comm, cpus_allowed, summary, remedy, request_id, evidence)
+SELECT host, 'boot-1', number, now64(9) - toIntervalMinute(number), now64(9), 'numa_cpu_mismatch', 'warning',
+       4242, 0, 'vllm', 0, 0, 0, '', range(64), 'uses GPU on node 1 but may run on node 0 CPUs',
+       'numactl --cpunodebind=1 --membind=1', '',
+       map('gpu', '0000:83:00.0', 'gpu_node', '1', 'remote_cpus', '0-15,32-47')
+FROM (SELECT number, arrayJoin({{off_node:Array(String)}}) AS host FROM numbers(3))""",
+        f"""INSERT INTO {DB}.alerts (host, boot_id, seq, ts, raised, kind, severity, pid, tid, comm, cpu, wait_ns,
+    suspect_pid, suspect_comm, cpus_allowed, summary, remedy, request_id, evidence)
+SELECT if(number < 50, {{pcie_host:String}}, 'gpu-201'), 'boot-1', 1000 + number, now64(9) - toIntervalMinute(number), now64(9),
+       'pcie_contention', 'critical', 4242, 4243, 'vllm', 0, 80000000 + number * 1000000, 0, '', [],
+       'GPU stall while a neighbour streamed', 'move the I/O', '',
+       map('gpu', '0000:83:00.0', 'switch', '0000:81:00.0',
+           'neighbour', if(number < 50, {{pcie_neighbour:String}}, 'eth1'))
+FROM numbers(55)""",
+        f"""INSERT INTO {DB}.migrations
+SELECT {_host(h('number'), hosts)}, 'boot-1', number, now64(9) - toIntervalSecond(number % {span}),
+       1000, 3000 + number % 50, 'vllm', 10000000000, cityHash64(number) % 100, 0, number % 64
+FROM numbers(100000)""",
+        f"""INSERT INTO {DB}.migrations
+SELECT {{storm_host:String}}, 'boot-1', 200000 + number, now64(9) - toIntervalSecond(number * 10), 1000, {STORM_TID},
+       'vllm', 10000000000, 5000, 900, number % 64
+FROM numbers(60)""",
+    ]
+
+
+#: the injected names go in as bound parameters: one of them is hostile on purpose
+PARAMETERS = {"suspects": SUSPECTS, "worst": WORST_RUNQ_HOST, "noisy": NOISY_NEIGHBOUR, "off_node": OFF_NODE_HOSTS,
+              "pcie_host": PCIE_HOST, "pcie_neighbour": PCIE_NEIGHBOUR, "storm_host": STORM_HOST}
+
+
+def load_fleet(client, progress=None, **sizes) -> None:
+    """Run the generating statements; ``progress(i, n)`` after each."""
+    todo = statements(**sizes)
+    for i, sql in enumerate(todo, start=1):
+        used = {k: v for k, v in PARAMETERS.items() if "{" + k + ":" in sql}
+        client.command(sql, parameters=used)
+        if progress:
+            progress(i, len(todo))
