@@ -6,7 +6,7 @@ PYTHON    ?= python3
 STAMP     := $(VENV)/.installed
 ARGS      ?=
 
-.PHONY: setup host venv up test test-unit bench clean
+.PHONY: setup host venv up test test-deps test-unit bench clean
 
 setup: host venv
 
@@ -28,7 +28,12 @@ venv: $(STAMP)
 up: setup
 	$(VENV)/bin/jitterscope up $(ARGS)
 
-test: setup
+# Headless Chromium renders the HTML report in the tests.
+test-deps:
+	@command -v chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	  apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
+
+test: setup test-deps
 	$(PY) -m pytest $(ARGS)
 
 test-unit: venv

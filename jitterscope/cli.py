@@ -231,6 +231,39 @@ def demo(
         console.print(f"{VICTIM_COMM} (pid {victim.pid}) and {hogs} {HOG_COMM} share CPU {cpu} for {seconds:g}s")
 
 
+@app.command()
+def report(
+    out: Annotated[Path, typer.Option(help="where to write the HTML file")] = Path("jitterscope-report.html"),
+    since: Annotated[str, typer.Option(help="period covered: 24h, 7d, ...")] = "7d",
+    remediation_date: Annotated[Optional[str], typer.Option(
+        help="compare before/after this moment (ISO 8601, UTC if no zone), e.g. 2026-11-29T12:00")] = None,
+    config: ConfigOpt = None,
+    clickhouse_url: ClickHouseOpt = None,
+    data_dir: DataDirOpt = None,
+) -> None:
+    """Write the capacity-planning report: a self-contained HTML file with trends, causes, placement and actions."""
+    from datetime import datetime, timezone
+
+    from jitterscope.query import run_query
+    from jitterscope.reports import capacity, queries
+
+    s = _settings(config, clickhouse_url=clickhouse_url, data_dir=data_dir)
+    remediation = None
+    if remediation_date:
+        try:
+            remediation = datetime.fromisoformat(remediation_date)
+        except ValueError as exc:
+            raise errors.BadConfig(f"--remediation-date {remediation_date!r}: {exc}") from exc
+        if remediation.tzinfo is None:
+            remediation = remediation.replace(tzinfo=timezone.utc)
+    ctx = capacity.Context(lambda sql, params: run_query(s, sql, {k: str(v) for k, v in params.items()})[1],
+                           queries.parse_duration(since), remediation)
+    with console.status("building the report") as status:
+        html = capacity.build(ctx, progress=lambda title: status.update(f"building: {title}"))
+    out.write_text(html, encoding="utf-8")
+    console.print(f"wrote {out} ({len(html) / 1024:.0f} KiB)")
+
+
 @app.command("synthetic-fleet")
 def synthetic_fleet(
     hosts: Annotated[int, typer.Option(help="how many hosts")] = 300,

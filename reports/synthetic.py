@@ -13,19 +13,24 @@ from __future__ import annotations
 DB = "jitterscope"
 
 # The injected answers.
-WORST_RUNQ_HOST = "gpu-017"  # heavy run-queue tail: worst P999
+# Host names are <class>-<number>: hosts 1-200 are class h100, the rest a100.
+WORST_RUNQ_HOST = "h100-017"  # heavy run-queue tail: worst P999
 NOISY_NEIGHBOUR = "logrotate"  # most often held a starved CPU
-OFF_NODE_HOSTS = [f"gpu-{i:03d}" for i in range(40, 45)]  # inference CPUs off the GPU's node
-STORM_HOST, STORM_TID = "gpu-100", 7777  # a thread migrating 500 times/s
-PCIE_HOST, PCIE_NEIGHBOUR = "gpu-200", "nvme3"  # GPU stalls while nvme3 streams on its switch
+OFF_NODE_HOSTS = [f"h100-{i:03d}" for i in range(40, 45)]  # inference CPUs off the GPU's node
+STORM_HOST, STORM_TID = "h100-100", 7777  # a thread migrating 500 times/s
+PCIE_HOST, PCIE_NEIGHBOUR = "a100-250", "nvme3"  # GPU stalls while nvme3 streams on its switch
 SLO_CAUSES = ["runq_starvation", "gpu_ioctl_stall", "unexplained"]  # most to fewest breaches
+# All SLO breaches happened before a remediation half-way through the period
+# (say, pinning rolled out): the report's before/after must show it.
+HOST_CLASSES = ["a100", "h100"]
 HOSTILE_COMM = "<script>alert('x')</script>"  # a process name that must stay text
 
 SUSPECTS = [NOISY_NEIGHBOUR, "backup-agent", "node_exporter", "kworker/7:2", "fluent-bit", HOSTILE_COMM]
 
 
 def _host(expr: str, hosts: int) -> str:
-    return f"concat('gpu-', leftPad(toString(1 + ({expr}) % {hosts}), 3, '0'))"
+    number = f"(1 + ({expr}) % {hosts})"
+    return f"concat(if({number} <= 200, 'h100-', 'a100-'), leftPad(toString({number}), 3, '0'))"
 
 
 def statements(hosts: int = 300, runq_events: int = 2_000_000, hours: int = 24) -> list[str]:
@@ -53,7 +58,8 @@ FROM (SELECT number, {_host('intDiv(number, ' + str(minutes) + ')', hosts)} AS h
       FROM numbers({hosts * minutes}))""",
         # request attributions: most fine; breaches by cause in a known order
         f"""INSERT INTO {DB}.request_attribution
-SELECT {_host(h('number'), hosts)} AS host, 'boot-1', number, toDateTime64(now64(9) - toIntervalSecond(number % {span}), 9),
+SELECT {_host(h('number'), hosts)} AS host, 'boot-1', number,
+       toDateTime64(now64(9) - toIntervalSecond(if(r < 4500, {span // 2} + number % {span // 2}, number % {span})), 9),
        concat('req-', toString(number)), hex(cityHash64(number)), 'llm_request', 1000, 0, 0,
        multiIf(r < 3000, 900000000, r < 4200, 400000000, r < 4500, 300000000, 70000000 + r % 10000000) AS duration_ns,
        75000000, greatest(toInt64(duration_ns) - 75000000, 0), 'ok',
@@ -72,7 +78,7 @@ SELECT host, 'boot-1', number, now64(9) - toIntervalMinute(number), now64(9), 'n
 FROM (SELECT number, arrayJoin({{off_node:Array(String)}}) AS host FROM numbers(3))""",
         f"""INSERT INTO {DB}.alerts (host, boot_id, seq, ts, raised, kind, severity, pid, tid, comm, cpu, wait_ns,
     suspect_pid, suspect_comm, cpus_allowed, summary, remedy, request_id, evidence)
-SELECT if(number < 50, {{pcie_host:String}}, 'gpu-201'), 'boot-1', 1000 + number, now64(9) - toIntervalMinute(number), now64(9),
+SELECT if(number < 50, {{pcie_host:String}}, 'a100-251'), 'boot-1', 1000 + number, now64(9) - toIntervalMinute(number), now64(9),
        'pcie_contention', 'critical', 4242, 4243, 'vllm', 0, 80000000 + number * 1000000, 0, '', [],
        'GPU stall while a neighbour streamed', 'move the I/O', '',
        map('gpu', '0000:83:00.0', 'switch', '0000:81:00.0',

@@ -86,3 +86,37 @@ def test_bad_saved_query_use_is_one_clear_line(fleet):
 def test_every_saved_query_is_tested():
     tested = {"worst-hosts", "slo-by-cause", "noisy-neighbours", "off-node", "migration-storms", "pcie-contention"}
     assert set(queries.SAVED) == tested
+
+
+CHROMIUM = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync",
+            "--enable-logging=stderr", "--log-level=0"]
+
+
+def test_capacity_report_renders_in_chromium(fleet, tmp_path):
+    from datetime import datetime, timedelta, timezone
+
+    from jitterscope.reports.capacity import SECTIONS
+
+    out = tmp_path / "report.html"
+    remediation = (datetime.now(timezone.utc) - timedelta(hours=12)).strftime("%Y-%m-%dT%H:%M")
+    built = subprocess.run([sys.executable, "-m", "jitterscope.cli", "report", "--since", "2d", "--out", str(out),
+                            "--remediation-date", remediation], env=fleet, capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr
+    html = out.read_text()
+    assert "http://" not in html and "https://" not in html and "<script" not in html.split("<body>")[0]
+
+    rendered = subprocess.run([*CHROMIUM, f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", out.as_uri()],
+                              capture_output=True, text=True, timeout=120)
+    assert rendered.returncode == 0, rendered.stderr[-2000:]
+    dom = rendered.stdout
+    console_errors = [line for line in rendered.stderr.splitlines() if "CONSOLE" in line or "Uncaught" in line]
+    assert console_errors == []
+    for key, title in SECTIONS:
+        assert f'id="{key}"' in dom and title in dom, key
+    # the hostile process name is text on the page, never markup
+    assert "&lt;script&gt;alert('x')&lt;/script&gt;" in dom
+    assert "<script>alert" not in dom and "<script" not in dom
+    # the injected answers are what the report leads with
+    assert synthetic.WORST_RUNQ_HOST in dom and synthetic.NOISY_NEIGHBOUR in dom
+    assert "Request P999" in dom and "→" in dom

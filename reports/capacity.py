@@ -1,0 +1,222 @@
+"""The capacity-planning report: one self-contained HTML file (inline CSS
+and SVG, no scripts, nothing fetched) built from the fleet store.
+
+    jitterscope report --since 7d --out report.html [--remediation-date 2026-11-29T12:00]
+
+Host class is the host name without its trailing number (``h100-017`` ->
+``h100``). Every string from the store (hosts, process names, devices) is
+escaped: process names are chosen by whoever runs a process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from html import escape
+from typing import Callable
+
+from jitterscope.reports import svg
+
+DB = "jitterscope"
+HOST_CLASS = "replaceRegexpOne(host, '-?[0-9]+$', '')"
+RUNQ_ALERT_MS = 10.0
+
+SECTIONS = [
+    ("trends", "Tail latency trends"),
+    ("causes", "Share of tail latency by root cause"),
+    ("behind", "Hosts and processes behind the tail"),
+    ("placement", "NUMA and GPU placement"),
+    ("pressure", "Run-queue pressure against load"),
+    ("before-after", "Before and after the remediation"),
+    ("actions", "Recommended actions"),
+]
+
+
+@dataclass
+class Context:
+    query: Callable  # (sql, parameters) -> list of rows
+    since_s: int
+    remediation: datetime | None
+
+
+def _rows(ctx: Context, sql: str, **params) -> list:
+    return ctx.query(sql, {"since": ctx.since_s, **params})
+
+
+def _table(headers: list[str], rows: list) -> str:
+    head = "".join(f"<th>{escape(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{escape(_fmt(v))}</td>" for v in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body or '<tr><td>none</td></tr>'}</tbody></table>"
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return f"{value:,.2f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def trends(ctx: Context) -> str:
+    rows = _rows(ctx, f"""
+        SELECT {HOST_CLASS} AS class, toUnixTimestamp(toStartOfHour(minute)) AS hour,
+               quantilesTDigestWeightedMerge(0.5, 0.99, 0.999)(quantiles) AS q
+        FROM {DB}.latency_minute WHERE probe = 'runq' AND minute > now() - toIntervalSecond({{since:UInt32}})
+        GROUP BY class, hour ORDER BY class, hour""")
+    p99 = {f"{c} P99": [] for c, _, _ in rows}
+    p999 = {f"{c} P999": [] for c, _, _ in rows}
+    for cls, hour, q in rows:
+        p99[f"{cls} P99"].append((hour, q[1] / 1000))
+        p999[f"{cls} P999"].append((hour, q[2] / 1000))
+    worst = _rows(ctx, f"""
+        SELECT host, round(q[3] / 1000, 2), round(q[2] / 1000, 2) FROM (
+            SELECT host, quantilesTDigestWeightedMerge(0.5, 0.99, 0.999)(quantiles) AS q
+            FROM {DB}.latency_minute WHERE probe = 'runq' AND minute > now() - toIntervalSecond({{since:UInt32}})
+            GROUP BY host) ORDER BY q[3] DESC LIMIT 10""")
+    span = _span_labels(rows)
+    return (svg.line_chart({**p99, **p999}, "run-queue wait (ms) per host class, hourly", span,
+                           (RUNQ_ALERT_MS, f"{RUNQ_ALERT_MS:g} ms alert level"))
+            + "<h3>Worst hosts by run-queue P999</h3>" + _table(["host", "P999 ms", "P99 ms"], worst))
+
+
+def _span_labels(rows) -> tuple[str, str]:
+    hours = [r[1] for r in rows]
+    if not hours:
+        return "", ""
+    as_text = lambda t: datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d %H:00 UTC")  # noqa: E731
+    return as_text(min(hours)), as_text(max(hours))
+
+
+def causes(ctx: Context) -> str:
+    rows = _rows(ctx, f"""
+        SELECT cause, round(sum(excess_ns) / 1e9, 1) AS excess_s, count() AS requests
+        FROM {DB}.request_attribution FINAL
+        WHERE ts > now64(9) - toIntervalSecond({{since:UInt32}}) AND cause != 'none'
+        GROUP BY cause ORDER BY excess_s DESC""")
+    total = sum(r[1] for r in rows) or 1
+    return (svg.bar_chart([(r[0], r[1]) for r in rows], "s of excess latency")
+            + _table(["cause", "excess latency s", "requests", "share"],
+                     [(c, s, n, f"{s / total:.0%}") for c, s, n in rows]))
+
+
+def behind(ctx: Context) -> str:
+    hosts = _rows(ctx, f"""
+        SELECT host, round(sum(excess_ns) / 1e9, 1) AS excess_s, countIf(slo_breached) AS over_slo,
+               topK(1)(cause)[1] AS main_cause
+        FROM {DB}.request_attribution FINAL
+        WHERE ts > now64(9) - toIntervalSecond({{since:UInt32}}) AND cause != 'none'
+        GROUP BY host ORDER BY excess_s DESC LIMIT 10""")
+    neighbours = _rows(ctx, f"""
+        SELECT suspect_comm, count() AS starvations, uniqExact(host) AS hosts, round(sum(wait_ns) / 1e9, 1)
+        FROM {DB}.runq_events FINAL
+        WHERE ts > now64(9) - toIntervalSecond({{since:UInt32}}) AND suspect_pid != 0 AND suspect_pid != pid
+        GROUP BY suspect_comm ORDER BY starvations DESC LIMIT 10""")
+    return ("<h3>Hosts</h3>" + _table(["host", "excess latency s", "requests over SLO", "main cause"], hosts)
+            + "<h3>Processes that held starved CPUs</h3>"
+            + svg.bar_chart([(r[0], r[3]) for r in neighbours], "s of waits caused")
+            + _table(["command", "starvations", "hosts", "waits caused s"], neighbours))
+
+
+def placement(ctx: Context) -> str:
+    rows = _rows(ctx, f"""
+        SELECT host, pid, any(comm), kind, any(evidence['gpu']), any(evidence['gpu_node']),
+               any(evidence['remote_cpus']), count()
+        FROM {DB}.alerts FINAL
+        WHERE kind IN ('numa_cpu_mismatch', 'numa_remote_memory', 'numa_node_filler')
+          AND ts > now64(9) - toIntervalSecond({{since:UInt32}})
+        GROUP BY host, pid, kind ORDER BY host, pid LIMIT 200""")
+    return _table(["host", "pid", "command", "finding", "GPU", "GPU node", "remote CPUs", "alerts"], rows)
+
+
+def pressure(ctx: Context) -> str:
+    rows = _rows(ctx, f"""
+        SELECT l.class, l.hour, round(l.p99, 2), r.requests FROM (
+            SELECT {HOST_CLASS} AS class, toStartOfHour(minute) AS hour,
+                   quantilesTDigestWeightedMerge(0.5, 0.99, 0.999)(quantiles)[2] / 1000 AS p99
+            FROM {DB}.latency_minute WHERE probe = 'runq' AND minute > now() - toIntervalSecond({{since:UInt32}})
+            GROUP BY class, hour) AS l
+        LEFT JOIN (
+            SELECT {HOST_CLASS} AS class, toStartOfHour(minute) AS hour, sum(requests) AS requests
+            FROM {DB}.attribution_minute WHERE minute > now() - toIntervalSecond({{since:UInt32}})
+            GROUP BY class, hour) AS r USING (class, hour)
+        ORDER BY class, hour""")
+    series: dict[str, list] = {}
+    summary: dict[str, tuple[float, float]] = {}
+    for cls, _hour, p99, requests in rows:
+        series.setdefault(cls, []).append((requests or 0, p99))
+        peak_load, worst = summary.get(cls, (0, 0.0))
+        summary[cls] = (max(peak_load, requests or 0), max(worst, p99))
+    table = [(cls, peak, worst, f"{max(0.0, 1 - worst / RUNQ_ALERT_MS):.0%}") for cls, (peak, worst) in sorted(summary.items())]
+    charts = "".join(svg.line_chart({cls: sorted(points)}, f"{cls}: run-queue P99 (ms) against requests/hour",
+                                    ("fewer requests", "more requests"), (RUNQ_ALERT_MS, "alert level"))
+                     for cls, points in sorted(series.items()))
+    return charts + _table(["host class", "peak requests/hour", "worst hourly P99 ms",
+                            f"headroom below {RUNQ_ALERT_MS:g} ms"], table)
+
+
+def before_after(ctx: Context) -> str:
+    if ctx.remediation is None:
+        return "<p>No remediation date given (--remediation-date).</p>"
+    at = int(ctx.remediation.timestamp())
+    rows = _rows(ctx, f"""
+        SELECT if(toUnixTimestamp(ts) < {{at:UInt32}}, 'before', 'after') AS side, count(),
+               round(quantile(0.99)(duration_ns) / 1e6, 1), round(quantile(0.999)(duration_ns) / 1e6, 1),
+               countIf(slo_breached)
+        FROM {DB}.request_attribution FINAL WHERE ts > now64(9) - toIntervalSecond({{since:UInt32}})
+        GROUP BY side ORDER BY side = 'after'""", at=at)
+    by_side = {r[0]: r for r in rows}
+    headline = ""
+    if "before" in by_side and "after" in by_side:
+        headline = (f"<p class=\"headline\">Request P999 {by_side['before'][3]:,.0f} ms → "
+                    f"{by_side['after'][3]:,.0f} ms after {escape(ctx.remediation.isoformat())}</p>")
+    return headline + _table(["", "requests", "P99 ms", "P999 ms", "over SLO"], rows)
+
+
+def actions(ctx: Context) -> str:
+    """Ranked by the latency they would take away (seconds of waits or of
+    excess), each with its evidence."""
+    found: list[tuple[float, str, str]] = []
+    for comm, count, hosts, waited in _rows(ctx, f"""
+            SELECT suspect_comm, count(), uniqExact(host), sum(wait_ns) / 1e9 FROM {DB}.runq_events FINAL
+            WHERE ts > now64(9) - toIntervalSecond({{since:UInt32}}) AND suspect_pid != 0 AND suspect_pid != pid
+            GROUP BY suspect_comm ORDER BY count() DESC LIMIT 3"""):
+        found.append((waited, f"Move {comm} off the inference CPUs (cpuset / taskset) on {hosts} host(s)",
+                      f"it held a CPU an inference thread waited for {count:,} times, {waited:,.0f} s of waits"))
+    for kind, hosts, count, example, what in _rows(ctx, f"""
+            SELECT kind, uniqExact(host), count(), any(host), any(remedy) FROM {DB}.alerts FINAL
+            WHERE ts > now64(9) - toIntervalSecond({{since:UInt32}}) AND kind IN
+                  ('numa_cpu_mismatch', 'numa_remote_memory', 'numa_node_filler', 'migration_storm', 'pcie_contention')
+            GROUP BY kind"""):
+        found.append((float(count), f"Fix {kind.replace('_', ' ')} on {hosts} host(s), e.g. {example}: {what}",
+                      f"{count:,} alert(s)"))
+    for cause, excess in _rows(ctx, f"""
+            SELECT cause, sum(excess_ns) / 1e9 FROM {DB}.request_attribution FINAL
+            WHERE ts > now64(9) - toIntervalSecond({{since:UInt32}}) AND cause = 'gpu_ioctl_stall' GROUP BY cause"""):
+        found.append((excess, "Look into GPU driver stalls (throttling, Xid errors, PCIe neighbours)",
+                      f"{excess:,.0f} s of request excess latency"))
+    found.sort(key=lambda a: -a[0])
+    items = "".join(f"<li><strong>{escape(what)}</strong><br><span class=\"evidence\">{escape(why)}</span></li>"
+                    for _, what, why in found)
+    return f"<ol class=\"actions\">{items or '<li>nothing to do</li>'}</ol>"
+
+
+BUILDERS = {"trends": trends, "causes": causes, "behind": behind, "placement": placement, "pressure": pressure,
+            "before-after": before_after, "actions": actions}
+
+STYLE = """body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:980px;color:#111}
+h1{font-size:1.6em}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:2em}
+table{border-collapse:collapse;margin:.6em 0;font-size:13px}td,th{border:1px solid #ddd;padding:3px 8px;text-align:left}
+th{background:#f5f5f5}svg{width:100%;height:auto;margin:.5em 0}.empty,.evidence{color:#666}
+.headline{font-size:1.3em;font-weight:600}.actions li{margin:.5em 0}"""
+
+
+def build(ctx: Context, progress: Callable[[str], None] = lambda _name: None) -> str:
+    generated = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    body = []
+    for key, title in SECTIONS:
+        progress(title)
+        body.append(f'<section id="{key}"><h2>{escape(title)}</h2>{BUILDERS[key](ctx)}</section>')
+    return (f"<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>jitterscope capacity report</title><style>{STYLE}</style></head><body>"
+            f"<h1>jitterscope capacity-planning report</h1><p>Generated {generated}, covering the last "
+            f"{ctx.since_s / 86400:.1f} days.</p>{''.join(body)}</body></html>")
