@@ -264,6 +264,21 @@ def report(
     console.print(f"wrote {out} ({len(html) / 1024:.0f} KiB)")
 
 
+@app.command()
+def schema(
+    cluster: Annotated[Optional[str], typer.Option(
+        help="print the replicated + distributed variant for this cluster name ('{cluster}' macro if empty)")] = None,
+) -> None:
+    """Print jitterscope's ClickHouse DDL: the single-node migrations, or their cluster variant."""
+    from jitterscope.streams import clickhouse
+
+    if cluster is None:
+        statements = [st for _v, _n, sql in clickhouse.migrations() for st in clickhouse.split_statements(sql)]
+    else:
+        statements = clickhouse.cluster_ddl(cluster or "{cluster}")
+    print(";\n\n".join(statements) + ";")
+
+
 @app.command("synthetic-fleet")
 def synthetic_fleet(
     hosts: Annotated[int, typer.Option(help="how many hosts")] = 300,

@@ -145,3 +145,34 @@ def select_records(client, record_type: type[msgspec.Struct], where: str = "1", 
                           parameters=parameters)
     names = [f for f, _ in pairs]
     return [msgspec.convert(dict(zip(names, row)), record_type) for row in result.result_rows]
+
+
+def cluster_ddl(cluster: str = "{cluster}") -> list[str]:
+    """The migrations rewritten for a replicated, sharded ClickHouse cluster:
+    each table becomes a Replicated*MergeTree ``<name>_local`` on every node
+    plus a Distributed ``<name>`` sharded by host (so one host's rows, and its
+    rollups, stay on one shard); views read and write the local tables; every
+    statement runs ON CLUSTER. One DDL source, two deployments."""
+    on = f"ON CLUSTER '{cluster}'"
+    out = [f"CREATE DATABASE IF NOT EXISTS {DATABASE} {on}"]
+    for _version, _name, sql in migrations():
+        for statement in split_statements(sql):
+            if match := re.match(rf"CREATE TABLE IF NOT EXISTS {DATABASE}\.(\w+) \(", statement):
+                table = match[1]
+                local = statement.replace(f"{DATABASE}.{table} (", f"{DATABASE}.{table}_local {on} (", 1)
+                local = re.sub(r"ENGINE = (\w*MergeTree)\b",
+                               lambda m: f"ENGINE = Replicated{m[1]}('/clickhouse/tables/{{shard}}/{DATABASE}/"
+                                         f"{table}', '{{replica}}')", local, count=1)
+                out.append(local)
+                out.append(f"CREATE TABLE IF NOT EXISTS {DATABASE}.{table} {on} AS {DATABASE}.{table}_local "
+                           f"ENGINE = Distributed('{cluster}', '{DATABASE}', '{table}_local', cityHash64(host))")
+            elif match := re.match(rf"CREATE MATERIALIZED VIEW IF NOT EXISTS {DATABASE}\.(\w+) TO {DATABASE}\.(\w+) AS",
+                                   statement):
+                view = re.sub(rf"{DATABASE}\.(\w+)", lambda m: m[0] if m[1] == match[1] else f"{m[0]}_local", statement)
+                out.append(view.replace(f"{DATABASE}.{match[1]} TO", f"{DATABASE}.{match[1]} {on} TO", 1))
+            elif match := re.match(rf"ALTER TABLE {DATABASE}\.(\w+) (.*)", statement, re.S):
+                out.append(f"ALTER TABLE {DATABASE}.{match[1]}_local {on} {match[2]}")
+                out.append(f"ALTER TABLE {DATABASE}.{match[1]} {on} {match[2]}")
+            else:
+                raise ValueError(f"no cluster form for: {statement[:80]}")
+    return out

@@ -1,0 +1,313 @@
+-- jitterscope on a ClickHouse cluster: Replicated*MergeTree tables (<name>_local) on
+-- every node, Distributed tables sharded by cityHash64(host), views on the local tables.
+-- Generated from schemas/clickhouse/*.sql by: jitterscope schema --cluster ''
+-- (uses the {cluster}, {shard} and {replica} macros of each server's config).
+
+CREATE DATABASE IF NOT EXISTS jitterscope ON CLUSTER '{cluster}';
+
+CREATE TABLE IF NOT EXISTS jitterscope.runq_events_local ON CLUSTER '{cluster}' (
+    host LowCardinality(String),
+    boot_id LowCardinality(String),
+    seq UInt64,
+    ts DateTime64(9) CODEC(Delta, ZSTD(1)),
+    pid UInt32,
+    tid UInt32,
+    comm LowCardinality(String),
+    cpu UInt16,
+    wait_ns UInt64 CODEC(T64, ZSTD(1)),
+    suspect_pid UInt32,
+    suspect_tid UInt32,
+    suspect_comm LowCardinality(String)
+) ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/jitterscope/runq_events', '{replica}')
+PARTITION BY toDate(ts)
+ORDER BY (host, boot_id, seq);
+
+CREATE TABLE IF NOT EXISTS jitterscope.runq_events ON CLUSTER '{cluster}' AS jitterscope.runq_events_local ENGINE = Distributed('{cluster}', 'jitterscope', 'runq_events_local', cityHash64(host));
+
+CREATE TABLE IF NOT EXISTS jitterscope.latency_histograms_local ON CLUSTER '{cluster}' (
+    host LowCardinality(String),
+    boot_id LowCardinality(String),
+    seq UInt64,
+    ts DateTime64(9) CODEC(Delta, ZSTD(1)),
+    probe LowCardinality(String),
+    interval_ns UInt64,
+    pid UInt32,
+    comm LowCardinality(String),
+    slots Array(UInt8),
+    counts Array(UInt64)
+) ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/jitterscope/latency_histograms', '{replica}')
+PARTITION BY toDate(ts)
+ORDER BY (host, boot_id, seq);
+
+CREATE TABLE IF NOT EXISTS jitterscope.latency_histograms ON CLUSTER '{cluster}' AS jitterscope.latency_histograms_local ENGINE = Distributed('{cluster}', 'jitterscope', 'latency_histograms_local', cityHash64(host));
+
+CREATE TABLE IF NOT EXISTS jitterscope.topology_local ON CLUSTER '{cluster}' (
+    host LowCardinality(String),
+    boot_id LowCardinality(String),
+    seq UInt64,
+    ts DateTime64(9),
+    cpus Array(UInt16),
+    numa_nodes Array(Tuple(node UInt16, cpus Array(UInt16), memory_bytes UInt64, pfn_ranges Array(Array(UInt64)))),
+    cpu_info Array(Tuple(cpu UInt16, node Int16, socket Int16, core Int32, siblings Array(UInt16))),
+    pci Array(Tuple(address String, kind String, vendor UInt32, device UInt32, class_code UInt32,
+                    numa_node Int16, upstream Array(String), name String, link_gen UInt8, link_width UInt8))
+) ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/jitterscope/topology', '{replica}')
+ORDER BY (host, boot_id, seq);
+
+CREATE TABLE IF NOT EXISTS jitterscope.topology ON CLUSTER '{cluster}' AS jitterscope.topology_local ENGINE = Distributed('{cluster}', 'jitterscope', 'topology_local', cityHash64(host));
+
+CREATE TABLE IF NOT EXISTS jitterscope.processes_local ON CLUSTER '{cluster}' (
+    host LowCardinality(String),
+    boot_id LowCardinality(String),
+    seq UInt64,
+    ts DateTime64(9),
+    pid UInt32,
+    comm LowCardinality(String),
+    cmdline String CODEC(ZSTD(3)),
+    cgroup String CODEC(ZSTD(3)),
+    cpus_allowed Array(UInt16),
+    gpus Array(String),
+    cuda_visible_devices String
+) ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/jitterscope/processes', '{replica}')
+ORDER BY (host, boot_id, seq);
+
+CREATE TABLE IF NOT EXISTS jitterscope.processes ON CLUSTER '{cluster}' AS jitterscope.processes_local ENGINE = Distributed('{cluster}', 'jitterscope', 'processes_local', cityHash64(host));
+
+CREATE TABLE IF NOT EXISTS jitterscope.collector_stats_local ON CLUSTER '{cluster}' (
+    host LowCardinality(String),
+    boot_id LowCardinality(String),
+    seq UInt64,
+    ts DateTime64(9),
+    started_ns UInt64,
+    ringbuf_drops UInt64,
+    events_read UInt64,
+    records_sent UInt64,
+    delivery_errors UInt64
+) ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/jitterscope/collector_stats', '{replica}')
+ORDER BY (host, boot_id, seq);
+
+CREATE TABLE IF NOT EXISTS jitterscope.collector_stats ON CLUSTER '{cluster}' AS jitterscope.collector_stats_local ENGINE = Distributed('{cluster}', 'jitterscope', 'collector_stats_local', cityHash64(host));
+
+CREATE TABLE IF NOT EXISTS jitterscope.alerts_local ON CLUSTER '{cluster}' (
+    host LowCardinality(String),
+    boot_id LowCardinality(String),
+    seq UInt64,
+    ts DateTime64(9),
+    raised DateTime64(9),
+    kind LowCardinality(String),
+    severity LowCardinality(String),
+    pid UInt32,
+    tid UInt32,
+    comm LowCardinality(String),
+    cpu UInt16,
+    wait_ns UInt64,
+    suspect_pid UInt32,
+    suspect_comm LowCardinality(String),
+    cpus_allowed Array(UInt16),
+    summary String,
+    remedy String
+) ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/jitterscope/alerts', '{replica}')
+PARTITION BY toDate(ts)
+ORDER BY (host, kind, boot_id, seq);
+
+CREATE TABLE IF NOT EXISTS jitterscope.alerts ON CLUSTER '{cluster}' AS jitterscope.alerts_local ENGINE = Distributed('{cluster}', 'jitterscope', 'alerts_local', cityHash64(host));
+
+CREATE TABLE IF NOT EXISTS jitterscope.deadletter_local ON CLUSTER '{cluster}' (
+    ts DateTime64(9),
+    topic LowCardinality(String),
+    partition UInt32,
+    offset UInt64,
+    line UInt32,
+    reason String,
+    payload String CODEC(ZSTD(3))
+) ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/jitterscope/deadletter', '{replica}')
+ORDER BY (topic, partition, offset, line);
+
+CREATE TABLE IF NOT EXISTS jitterscope.deadletter ON CLUSTER '{cluster}' AS jitterscope.deadletter_local ENGINE = Distributed('{cluster}', 'jitterscope', 'deadletter_local', cityHash64(host));
+
+CREATE TABLE IF NOT EXISTS jitterscope.requests_local ON CLUSTER '{cluster}' (
+    host LowCardinality(String),
+    boot_id LowCardinality(String),
+    seq UInt64,
+    ts DateTime64(9) CODEC(Delta, ZSTD(1)),
+    request_id String,
+    trace_id String,
+    span_id String,
+    name LowCardinality(String),
+    pid UInt32,
+    start_ns UInt64,
+    end_ns UInt64,
+    status LowCardinality(String),
+    queue_ns UInt64,
+    prefill_ns UInt64,
+    decode_ns UInt64,
+    ttft_ns UInt64,
+    INDEX request_id_idx request_id TYPE bloom_filter(0.01) GRANULARITY 4
+) ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/jitterscope/requests', '{replica}')
+PARTITION BY toDate(ts)
+ORDER BY (host, boot_id, seq);
+
+CREATE TABLE IF NOT EXISTS jitterscope.requests ON CLUSTER '{cluster}' AS jitterscope.requests_local ENGINE = Distributed('{cluster}', 'jitterscope', 'requests_local', cityHash64(host));
+
+CREATE TABLE IF NOT EXISTS jitterscope.request_attribution_local ON CLUSTER '{cluster}' (
+    host LowCardinality(String),
+    boot_id LowCardinality(String),
+    seq UInt64,
+    ts DateTime64(9) CODEC(Delta, ZSTD(1)),
+    request_id String,
+    trace_id String,
+    name LowCardinality(String),
+    pid UInt32,
+    start_ns UInt64,
+    end_ns UInt64,
+    duration_ns UInt64 CODEC(T64, ZSTD(1)),
+    baseline_ns UInt64,
+    excess_ns UInt64,
+    status LowCardinality(String),
+    runq_wait_ns UInt64,
+    runq_wait_max_ns UInt64,
+    runq_waits UInt32,
+    suspects Array(Tuple(pid UInt32, comm String, wait_ns UInt64)),
+    cause LowCardinality(String),
+    explained Float32,
+    slo_ns UInt64,
+    slo_breached Bool,
+    INDEX request_id_idx request_id TYPE bloom_filter(0.01) GRANULARITY 4
+) ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/jitterscope/request_attribution', '{replica}')
+PARTITION BY toDate(ts)
+ORDER BY (host, boot_id, seq);
+
+CREATE TABLE IF NOT EXISTS jitterscope.request_attribution ON CLUSTER '{cluster}' AS jitterscope.request_attribution_local ENGINE = Distributed('{cluster}', 'jitterscope', 'request_attribution_local', cityHash64(host));
+
+ALTER TABLE jitterscope.alerts_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS request_id String DEFAULT '';
+
+ALTER TABLE jitterscope.alerts ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS request_id String DEFAULT '';
+
+ALTER TABLE jitterscope.alerts_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS evidence Map(String, String);
+
+ALTER TABLE jitterscope.alerts ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS evidence Map(String, String);
+
+CREATE TABLE IF NOT EXISTS jitterscope.gpu_ioctls_local ON CLUSTER '{cluster}' (
+    host LowCardinality(String),
+    boot_id LowCardinality(String),
+    seq UInt64,
+    ts DateTime64(9) CODEC(Delta, ZSTD(1)),
+    pid UInt32,
+    tid UInt32,
+    comm LowCardinality(String),
+    fd Int32,
+    request UInt64,
+    latency_ns UInt64 CODEC(T64, ZSTD(1)),
+    device LowCardinality(String)
+) ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/jitterscope/gpu_ioctls', '{replica}')
+PARTITION BY toDate(ts)
+ORDER BY (host, boot_id, seq);
+
+CREATE TABLE IF NOT EXISTS jitterscope.gpu_ioctls ON CLUSTER '{cluster}' AS jitterscope.gpu_ioctls_local ENGINE = Distributed('{cluster}', 'jitterscope', 'gpu_ioctls_local', cityHash64(host));
+
+CREATE TABLE IF NOT EXISTS jitterscope.migrations_local ON CLUSTER '{cluster}' (
+    host LowCardinality(String),
+    boot_id LowCardinality(String),
+    seq UInt64,
+    ts DateTime64(9) CODEC(Delta, ZSTD(1)),
+    pid UInt32,
+    tid UInt32,
+    comm LowCardinality(String),
+    interval_ns UInt64,
+    migrations UInt32,
+    cross_node UInt32,
+    last_cpu UInt16
+) ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/jitterscope/migrations', '{replica}')
+PARTITION BY toDate(ts)
+ORDER BY (host, boot_id, seq);
+
+CREATE TABLE IF NOT EXISTS jitterscope.migrations ON CLUSTER '{cluster}' AS jitterscope.migrations_local ENGINE = Distributed('{cluster}', 'jitterscope', 'migrations_local', cityHash64(host));
+
+CREATE TABLE IF NOT EXISTS jitterscope.page_placement_local ON CLUSTER '{cluster}' (
+    host LowCardinality(String),
+    boot_id LowCardinality(String),
+    seq UInt64,
+    ts DateTime64(9) CODEC(Delta, ZSTD(1)),
+    pid UInt32,
+    comm LowCardinality(String),
+    node Int16,
+    interval_ns UInt64,
+    page_cache_pages UInt64,
+    alloc_pages UInt64
+) ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/jitterscope/page_placement', '{replica}')
+PARTITION BY toDate(ts)
+ORDER BY (host, boot_id, seq);
+
+CREATE TABLE IF NOT EXISTS jitterscope.page_placement ON CLUSTER '{cluster}' AS jitterscope.page_placement_local ENGINE = Distributed('{cluster}', 'jitterscope', 'page_placement_local', cityHash64(host));
+
+CREATE TABLE IF NOT EXISTS jitterscope.device_io_local ON CLUSTER '{cluster}' (
+    host LowCardinality(String),
+    boot_id LowCardinality(String),
+    seq UInt64,
+    ts DateTime64(9) CODEC(Delta, ZSTD(1)),
+    device LowCardinality(String),
+    kind LowCardinality(String),
+    pci LowCardinality(String),
+    interval_ns UInt64,
+    ios UInt64,
+    bytes UInt64,
+    latency_max_ns UInt64,
+    latency_sum_ns UInt64
+) ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/jitterscope/device_io', '{replica}')
+PARTITION BY toDate(ts)
+ORDER BY (host, boot_id, seq);
+
+CREATE TABLE IF NOT EXISTS jitterscope.device_io ON CLUSTER '{cluster}' AS jitterscope.device_io_local ENGINE = Distributed('{cluster}', 'jitterscope', 'device_io_local', cityHash64(host));
+
+ALTER TABLE jitterscope.request_attribution_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS gpu_ioctl_ns UInt64;
+
+ALTER TABLE jitterscope.request_attribution ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS gpu_ioctl_ns UInt64;
+
+ALTER TABLE jitterscope.request_attribution_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS gpu_ioctl_max_ns UInt64;
+
+ALTER TABLE jitterscope.request_attribution ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS gpu_ioctl_max_ns UInt64;
+
+ALTER TABLE jitterscope.request_attribution_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS gpu_ioctls UInt32;
+
+ALTER TABLE jitterscope.request_attribution ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS gpu_ioctls UInt32;
+
+CREATE TABLE IF NOT EXISTS jitterscope.latency_minute_local ON CLUSTER '{cluster}' (
+    host LowCardinality(String),
+    probe LowCardinality(String),
+    minute DateTime CODEC(Delta, ZSTD(1)),
+    quantiles AggregateFunction(quantilesTDigestWeighted(0.5, 0.99, 0.999), Float64, UInt64),
+    observations SimpleAggregateFunction(sum, UInt64)
+) ENGINE = ReplicatedAggregatingMergeTree('/clickhouse/tables/{shard}/jitterscope/latency_minute', '{replica}')
+PARTITION BY toDate(minute)
+ORDER BY (probe, host, minute);
+
+CREATE TABLE IF NOT EXISTS jitterscope.latency_minute ON CLUSTER '{cluster}' AS jitterscope.latency_minute_local ENGINE = Distributed('{cluster}', 'jitterscope', 'latency_minute_local', cityHash64(host));
+
+CREATE MATERIALIZED VIEW IF NOT EXISTS jitterscope.latency_minute_mv ON CLUSTER '{cluster}' TO jitterscope.latency_minute_local AS
+SELECT host, probe, toStartOfMinute(ts) AS minute,
+       quantilesTDigestWeightedState(0.5, 0.99, 0.999)(pow(2, slot) * 1.5, count) AS quantiles,
+       sum(count) AS observations
+FROM jitterscope.latency_histograms_local
+ARRAY JOIN slots AS slot, counts AS count
+GROUP BY host, probe, minute;
+
+CREATE TABLE IF NOT EXISTS jitterscope.attribution_minute_local ON CLUSTER '{cluster}' (
+    host LowCardinality(String),
+    cause LowCardinality(String),
+    minute DateTime CODEC(Delta, ZSTD(1)),
+    requests SimpleAggregateFunction(sum, UInt64),
+    over_slo SimpleAggregateFunction(sum, UInt64),
+    excess_ns SimpleAggregateFunction(sum, UInt64),
+    duration_quantiles AggregateFunction(quantiles(0.5, 0.99, 0.999), UInt64)
+) ENGINE = ReplicatedAggregatingMergeTree('/clickhouse/tables/{shard}/jitterscope/attribution_minute', '{replica}')
+PARTITION BY toDate(minute)
+ORDER BY (cause, host, minute);
+
+CREATE TABLE IF NOT EXISTS jitterscope.attribution_minute ON CLUSTER '{cluster}' AS jitterscope.attribution_minute_local ENGINE = Distributed('{cluster}', 'jitterscope', 'attribution_minute_local', cityHash64(host));
+
+CREATE MATERIALIZED VIEW IF NOT EXISTS jitterscope.attribution_minute_mv ON CLUSTER '{cluster}' TO jitterscope.attribution_minute_local AS
+SELECT host, cause, toStartOfMinute(ts) AS minute, count() AS requests,
+       countIf(slo_breached) AS over_slo, sum(excess_ns) AS excess_ns,
+       quantilesState(0.5, 0.99, 0.999)(duration_ns) AS duration_quantiles
+FROM jitterscope.request_attribution_local
+GROUP BY host, cause, minute;
