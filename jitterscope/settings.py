@@ -82,6 +82,9 @@ class Settings(BaseSettings):
     request_slo_factor: float = Field(5.0, gt=1, description="SLO as a multiple of the host's rolling median")
     baseline_min_samples: int = Field(20, ge=1, description="requests seen before the rolling median is trusted")
 
+    retention_days: dict[str, int] = Field(
+        default_factory=dict,
+        description='days each table keeps, e.g. {"runq_events": 30, "latency_minute": 400}; unset = forever')
     streams_web_port: int = Field(6066, ge=0, description="streams worker web port: /metrics, /query")
     sink_batch_rows: int = Field(5000, ge=1, description="rows per ClickHouse insert at most")
     sink_flush_s: float = Field(1.0, gt=0, description="ClickHouse inserts happen at least this often")

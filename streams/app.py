@@ -149,6 +149,7 @@ class StreamsWorker:
         self.settings = settings
         self.client = clickhouse.connect_with_retry(settings.clickhouse_url, settings.data_dir)
         clickhouse.migrate(self.client)
+        clickhouse.apply_retention(self.client, settings.retention_days)
         self.reader = clickhouse.connect(settings.clickhouse_url, settings.data_dir, readonly=True)
         self.sink = ClickHouseSink(self.client)
         self.state = HostState()

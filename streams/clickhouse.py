@@ -176,3 +176,24 @@ def cluster_ddl(cluster: str = "{cluster}") -> list[str]:
             else:
                 raise ValueError(f"no cluster form for: {statement[:80]}")
     return out
+
+
+#: tables whose rows age out by ``ts`` (day-partitioned time series)
+RETAINABLE = ("runq_events", "latency_histograms", "requests", "request_attribution", "alerts", "deadletter",
+              "gpu_ioctls", "migrations", "page_placement", "device_io", "collector_stats", "processes", "topology")
+
+
+def apply_retention(client, retention_days: dict[str, int]) -> None:
+    """Per-table TTL from settings (``retention_days``), idempotently: N > 0
+    keeps N days, 0 keeps rows forever. Rollups are tables too
+    (latency_minute, attribution_minute: by ``minute``)."""
+    for table, days in sorted(retention_days.items()):
+        column = "minute" if table in ("latency_minute", "attribution_minute") else "ts"
+        if table not in RETAINABLE and column == "ts":
+            raise errors.BadConfig(f"retention_days: no table {table!r}; one of {', '.join(RETAINABLE)}, "
+                                   "latency_minute, attribution_minute")
+        if int(days) > 0:
+            client.command(f"ALTER TABLE {DATABASE}.{table} MODIFY TTL toDateTime({column}) + "
+                           f"INTERVAL {int(days)} DAY")
+        else:
+            client.command(f"ALTER TABLE {DATABASE}.{table} REMOVE TTL")

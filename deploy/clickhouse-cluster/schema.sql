@@ -20,7 +20,7 @@ CREATE TABLE IF NOT EXISTS jitterscope.runq_events_local ON CLUSTER '{cluster}' 
     suspect_comm LowCardinality(String)
 ) ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/jitterscope/runq_events', '{replica}')
 PARTITION BY toDate(ts)
-ORDER BY (host, boot_id, seq);
+ORDER BY (host, ts, boot_id, seq);
 
 CREATE TABLE IF NOT EXISTS jitterscope.runq_events ON CLUSTER '{cluster}' AS jitterscope.runq_events_local ENGINE = Distributed('{cluster}', 'jitterscope', 'runq_events_local', cityHash64(host));
 
@@ -37,7 +37,7 @@ CREATE TABLE IF NOT EXISTS jitterscope.latency_histograms_local ON CLUSTER '{clu
     counts Array(UInt64)
 ) ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/jitterscope/latency_histograms', '{replica}')
 PARTITION BY toDate(ts)
-ORDER BY (host, boot_id, seq);
+ORDER BY (host, ts, boot_id, seq);
 
 CREATE TABLE IF NOT EXISTS jitterscope.latency_histograms ON CLUSTER '{cluster}' AS jitterscope.latency_histograms_local ENGINE = Distributed('{cluster}', 'jitterscope', 'latency_histograms_local', cityHash64(host));
 
@@ -145,7 +145,7 @@ CREATE TABLE IF NOT EXISTS jitterscope.requests_local ON CLUSTER '{cluster}' (
     INDEX request_id_idx request_id TYPE bloom_filter(0.01) GRANULARITY 4
 ) ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/jitterscope/requests', '{replica}')
 PARTITION BY toDate(ts)
-ORDER BY (host, boot_id, seq);
+ORDER BY (host, ts, boot_id, seq);
 
 CREATE TABLE IF NOT EXISTS jitterscope.requests ON CLUSTER '{cluster}' AS jitterscope.requests_local ENGINE = Distributed('{cluster}', 'jitterscope', 'requests_local', cityHash64(host));
 
@@ -175,7 +175,7 @@ CREATE TABLE IF NOT EXISTS jitterscope.request_attribution_local ON CLUSTER '{cl
     INDEX request_id_idx request_id TYPE bloom_filter(0.01) GRANULARITY 4
 ) ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/jitterscope/request_attribution', '{replica}')
 PARTITION BY toDate(ts)
-ORDER BY (host, boot_id, seq);
+ORDER BY (host, ts, boot_id, seq);
 
 CREATE TABLE IF NOT EXISTS jitterscope.request_attribution ON CLUSTER '{cluster}' AS jitterscope.request_attribution_local ENGINE = Distributed('{cluster}', 'jitterscope', 'request_attribution_local', cityHash64(host));
 
@@ -201,7 +201,7 @@ CREATE TABLE IF NOT EXISTS jitterscope.gpu_ioctls_local ON CLUSTER '{cluster}' (
     device LowCardinality(String)
 ) ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/jitterscope/gpu_ioctls', '{replica}')
 PARTITION BY toDate(ts)
-ORDER BY (host, boot_id, seq);
+ORDER BY (host, ts, boot_id, seq);
 
 CREATE TABLE IF NOT EXISTS jitterscope.gpu_ioctls ON CLUSTER '{cluster}' AS jitterscope.gpu_ioctls_local ENGINE = Distributed('{cluster}', 'jitterscope', 'gpu_ioctls_local', cityHash64(host));
 
@@ -219,7 +219,7 @@ CREATE TABLE IF NOT EXISTS jitterscope.migrations_local ON CLUSTER '{cluster}' (
     last_cpu UInt16
 ) ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/jitterscope/migrations', '{replica}')
 PARTITION BY toDate(ts)
-ORDER BY (host, boot_id, seq);
+ORDER BY (host, ts, boot_id, seq);
 
 CREATE TABLE IF NOT EXISTS jitterscope.migrations ON CLUSTER '{cluster}' AS jitterscope.migrations_local ENGINE = Distributed('{cluster}', 'jitterscope', 'migrations_local', cityHash64(host));
 
@@ -236,7 +236,7 @@ CREATE TABLE IF NOT EXISTS jitterscope.page_placement_local ON CLUSTER '{cluster
     alloc_pages UInt64
 ) ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/jitterscope/page_placement', '{replica}')
 PARTITION BY toDate(ts)
-ORDER BY (host, boot_id, seq);
+ORDER BY (host, ts, boot_id, seq);
 
 CREATE TABLE IF NOT EXISTS jitterscope.page_placement ON CLUSTER '{cluster}' AS jitterscope.page_placement_local ENGINE = Distributed('{cluster}', 'jitterscope', 'page_placement_local', cityHash64(host));
 
@@ -255,7 +255,7 @@ CREATE TABLE IF NOT EXISTS jitterscope.device_io_local ON CLUSTER '{cluster}' (
     latency_sum_ns UInt64
 ) ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/jitterscope/device_io', '{replica}')
 PARTITION BY toDate(ts)
-ORDER BY (host, boot_id, seq);
+ORDER BY (host, ts, boot_id, seq);
 
 CREATE TABLE IF NOT EXISTS jitterscope.device_io ON CLUSTER '{cluster}' AS jitterscope.device_io_local ENGINE = Distributed('{cluster}', 'jitterscope', 'device_io_local', cityHash64(host));
 

@@ -1,7 +1,10 @@
 -- 001: the walking skeleton's tables. Every record table is a
--- ReplacingMergeTree on (host, boot_id, seq): Kafka delivers at least once,
--- and a redelivered record collapses into the one already stored (query with
--- FINAL where exact counts matter). Times are epoch ns in DateTime64(9).
+-- ReplacingMergeTree whose key ends in (boot_id, seq): Kafka delivers at
+-- least once, and a redelivered record (same host, ts, boot_id, seq)
+-- collapses into the one already stored (query with FINAL where exact counts
+-- matter). Time-series tables sort by (host, ts, ...) for the common
+-- question "this host, this period", partitioned by day so retention drops
+-- whole parts. Times are epoch ns in DateTime64(9).
 
 CREATE TABLE IF NOT EXISTS jitterscope.runq_events (
     host LowCardinality(String),
@@ -18,7 +21,7 @@ CREATE TABLE IF NOT EXISTS jitterscope.runq_events (
     suspect_comm LowCardinality(String)
 ) ENGINE = ReplacingMergeTree
 PARTITION BY toDate(ts)
-ORDER BY (host, boot_id, seq);
+ORDER BY (host, ts, boot_id, seq);
 
 CREATE TABLE IF NOT EXISTS jitterscope.latency_histograms (
     host LowCardinality(String),
@@ -33,7 +36,7 @@ CREATE TABLE IF NOT EXISTS jitterscope.latency_histograms (
     counts Array(UInt64)
 ) ENGINE = ReplacingMergeTree
 PARTITION BY toDate(ts)
-ORDER BY (host, boot_id, seq);
+ORDER BY (host, ts, boot_id, seq);
 
 CREATE TABLE IF NOT EXISTS jitterscope.topology (
     host LowCardinality(String),

@@ -20,7 +20,7 @@ CREATE TABLE IF NOT EXISTS jitterscope.requests (
     INDEX request_id_idx request_id TYPE bloom_filter(0.01) GRANULARITY 4
 ) ENGINE = ReplacingMergeTree
 PARTITION BY toDate(ts)
-ORDER BY (host, boot_id, seq);
+ORDER BY (host, ts, boot_id, seq);
 
 -- One row per request: keyed by its span's record key, so re-attribution
 -- (a worker restart) replaces the row. Looked up by request_id through the
@@ -51,6 +51,6 @@ CREATE TABLE IF NOT EXISTS jitterscope.request_attribution (
     INDEX request_id_idx request_id TYPE bloom_filter(0.01) GRANULARITY 4
 ) ENGINE = ReplacingMergeTree
 PARTITION BY toDate(ts)
-ORDER BY (host, boot_id, seq);
+ORDER BY (host, ts, boot_id, seq);
 
 ALTER TABLE jitterscope.alerts ADD COLUMN IF NOT EXISTS request_id String DEFAULT '';

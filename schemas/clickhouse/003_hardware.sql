@@ -16,7 +16,7 @@ CREATE TABLE IF NOT EXISTS jitterscope.gpu_ioctls (
     device LowCardinality(String)
 ) ENGINE = ReplacingMergeTree
 PARTITION BY toDate(ts)
-ORDER BY (host, boot_id, seq);
+ORDER BY (host, ts, boot_id, seq);
 
 CREATE TABLE IF NOT EXISTS jitterscope.migrations (
     host LowCardinality(String),
@@ -32,7 +32,7 @@ CREATE TABLE IF NOT EXISTS jitterscope.migrations (
     last_cpu UInt16
 ) ENGINE = ReplacingMergeTree
 PARTITION BY toDate(ts)
-ORDER BY (host, boot_id, seq);
+ORDER BY (host, ts, boot_id, seq);
 
 CREATE TABLE IF NOT EXISTS jitterscope.page_placement (
     host LowCardinality(String),
@@ -47,7 +47,7 @@ CREATE TABLE IF NOT EXISTS jitterscope.page_placement (
     alloc_pages UInt64
 ) ENGINE = ReplacingMergeTree
 PARTITION BY toDate(ts)
-ORDER BY (host, boot_id, seq);
+ORDER BY (host, ts, boot_id, seq);
 
 CREATE TABLE IF NOT EXISTS jitterscope.device_io (
     host LowCardinality(String),
@@ -64,7 +64,7 @@ CREATE TABLE IF NOT EXISTS jitterscope.device_io (
     latency_sum_ns UInt64
 ) ENGINE = ReplacingMergeTree
 PARTITION BY toDate(ts)
-ORDER BY (host, boot_id, seq);
+ORDER BY (host, ts, boot_id, seq);
 
 ALTER TABLE jitterscope.request_attribution ADD COLUMN IF NOT EXISTS gpu_ioctl_ns UInt64;
 ALTER TABLE jitterscope.request_attribution ADD COLUMN IF NOT EXISTS gpu_ioctl_max_ns UInt64;

@@ -45,3 +45,31 @@ def test_every_cluster_statement_parses():
                             text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert json.loads(result.stdout) == []
+
+
+RETENTION = """
+import tempfile, time
+from pathlib import Path
+from jitterscope.schemas.events import RunqEvent
+from jitterscope.streams import clickhouse
+client = clickhouse.connect(None, Path(tempfile.mkdtemp()))
+clickhouse.migrate(client)
+clickhouse.apply_retention(client, {"runq_events": 2, "latency_minute": 30})
+clickhouse.apply_retention(client, {"runq_events": 2})  # idempotent
+now = time.time_ns()
+rows = [RunqEvent(host="h", boot_id="b", seq=i, ts_ns=now - days * 86_400 * 10**9, pid=1, tid=1, comm="x",
+                  cpu=0, wait_ns=1, suspect_pid=0, suspect_tid=0, suspect_comm="") for i, days in enumerate((0, 1, 3, 9))]
+clickhouse.insert_records(client, "runq_events", rows)
+client.command("OPTIMIZE TABLE jitterscope.runq_events FINAL")
+print(sorted(r[0] for r in client.query("SELECT seq FROM jitterscope.runq_events").result_rows))
+try:
+    clickhouse.apply_retention(client, {"no_such_table": 3})
+except Exception as exc:
+    print(type(exc).__name__)
+"""
+
+
+def test_retention_is_configurable_per_table():
+    result = subprocess.run([sys.executable, "-c", RETENTION], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.splitlines() == ["[0, 1]", "BadConfig"]
