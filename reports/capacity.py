@@ -118,6 +118,12 @@ def behind(ctx: Context) -> str:
 
 
 def placement(ctx: Context) -> str:
+    inventory = _rows(ctx, f"""
+        SELECT host, pid, argMax(comm, ts), argMax(gpus, ts), argMax(cpus_allowed, ts), argMax(cuda_visible_devices, ts)
+        FROM {DB}.processes
+        WHERE notEmpty(gpus) AND ts > now64(9) - toIntervalSecond({{since:UInt32}})
+        GROUP BY host, pid ORDER BY host, pid LIMIT 500""")
+    inventory = [(h, p, c, ", ".join(g), _cpulist(cpus), cvd) for h, p, c, g, cpus, cvd in inventory]
     rows = _rows(ctx, f"""
         SELECT host, pid, any(comm), kind, any(evidence['gpu']), any(evidence['gpu_node']),
                any(evidence['remote_cpus']), count()
@@ -125,7 +131,16 @@ def placement(ctx: Context) -> str:
         WHERE kind IN ('numa_cpu_mismatch', 'numa_remote_memory', 'numa_node_filler')
           AND ts > now64(9) - toIntervalSecond({{since:UInt32}})
         GROUP BY host, pid, kind ORDER BY host, pid LIMIT 200""")
-    return _table(["host", "pid", "command", "finding", "GPU", "GPU node", "remote CPUs", "alerts"], rows)
+    return ("<h3>Processes using GPUs</h3>"
+            + _table(["host", "pid", "command", "GPUs", "allowed CPUs", "CUDA_VISIBLE_DEVICES"], inventory)
+            + "<h3>Placement findings</h3>"
+            + _table(["host", "pid", "command", "finding", "GPU", "GPU node", "remote CPUs", "alerts"], rows))
+
+
+def _cpulist(cpus) -> str:
+    from jitterscope.collector.topology import cpu_list
+
+    return cpu_list(list(cpus))
 
 
 def pressure(ctx: Context) -> str:

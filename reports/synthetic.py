@@ -84,6 +84,12 @@ SELECT if(number < 50, {{pcie_host:String}}, 'a100-251'), 'boot-1', 1000 + numbe
        map('gpu', '0000:83:00.0', 'switch', '0000:81:00.0',
            'neighbour', if(number < 50, {{pcie_neighbour:String}}, 'eth1'))
 FROM numbers(55)""",
+        # every host's inference process and the GPU it uses
+        f"""INSERT INTO {DB}.processes (host, boot_id, seq, ts, pid, comm, cmdline, cgroup, cpus_allowed, gpus,
+    cuda_visible_devices)
+SELECT {_host('number', hosts)}, 'boot-1', number, now64(9), 1000, 'vllm', 'vllm serve llama', '/inference',
+       range(64), ['0000:83:00.0'], '4'
+FROM numbers({hosts})""",
         f"""INSERT INTO {DB}.migrations
 SELECT {_host(h('number'), hosts)}, 'boot-1', number, now64(9) - toIntervalSecond(number % {span}),
        1000, 3000 + number % 50, 'vllm', 10000000000, cityHash64(number) % 100, 0, number % 64
