@@ -118,12 +118,16 @@ def behind(ctx: Context) -> str:
 
 
 def placement(ctx: Context) -> str:
+    # The inventory, condensed: how GPU-using processes are pinned, per host
+    # class (a fleet-wide table of every process would bury the pattern).
     inventory = _rows(ctx, f"""
-        SELECT host, pid, argMax(comm, ts), argMax(gpus, ts), argMax(cpus_allowed, ts), argMax(cuda_visible_devices, ts)
-        FROM {DB}.processes
-        WHERE notEmpty(gpus) AND ts > now64(9) - toIntervalSecond({{since:UInt32}})
-        GROUP BY host, pid ORDER BY host, pid LIMIT 500""")
-    inventory = [(h, p, c, ", ".join(g), _cpulist(cpus), cvd) for h, p, c, g, cpus, cvd in inventory]
+        SELECT {HOST_CLASS} AS class, cpus, count() AS processes, uniqExact(host) AS hosts,
+               arrayStringConcat(arraySort(groupUniqArray(3)(comm)), ', ') AS commands
+        FROM (SELECT host, pid, argMax(comm, ts) AS comm, argMax(cpus_allowed, ts) AS cpus
+              FROM {DB}.processes WHERE notEmpty(gpus) AND ts > now64(9) - toIntervalSecond({{since:UInt32}})
+              GROUP BY host, pid)
+        GROUP BY class, cpus ORDER BY class, processes DESC LIMIT 50""")
+    inventory = [(cls, _cpulist(cpus), n, hosts, commands) for cls, cpus, n, hosts, commands in inventory]
     rows = _rows(ctx, f"""
         SELECT host, pid, any(comm), kind, any(evidence['gpu']), any(evidence['gpu_node']),
                any(evidence['remote_cpus']), count()
@@ -132,7 +136,7 @@ def placement(ctx: Context) -> str:
           AND ts > now64(9) - toIntervalSecond({{since:UInt32}})
         GROUP BY host, pid, kind ORDER BY host, pid LIMIT 200""")
     return ("<h3>Processes using GPUs</h3>"
-            + _table(["host", "pid", "command", "GPUs", "allowed CPUs", "CUDA_VISIBLE_DEVICES"], inventory)
+            + _table(["host class", "allowed CPUs", "processes", "hosts", "commands"], inventory)
             + "<h3>Placement findings</h3>"
             + _table(["host", "pid", "command", "finding", "GPU", "GPU node", "remote CPUs", "alerts"], rows))
 
