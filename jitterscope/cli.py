@@ -44,12 +44,31 @@ AlertOpt = Annotated[Optional[float], typer.Option(
     "--alert-ms", help="run-queue wait that raises an alert (default 10)")]
 
 
-def _settings(config: Path | None, **flags):
+SetOpt = Annotated[Optional[list[str]], typer.Option(
+    "--set", help="any setting as NAME=VALUE (lists/maps as JSON), e.g. --set request_slo_ms=250 (repeatable)")]
+
+
+def _settings(config: Path | None, sets: list[str] | None = None, **flags):
+    """Settings from flags (named ones and --set NAME=VALUE), env and file."""
+    import json
+
+    for item in sets or []:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise errors.BadConfig(f"--set {item!r} is not NAME=VALUE")
+        try:
+            parsed = json.loads(value)
+        except ValueError:
+            parsed = value  # a plain string
+        key = name.strip().replace("-", "_")
+        if flags.get(key) in (None, []):  # a named flag, when given, wins
+            flags[key] = parsed
     return settings_mod.load(config, **flags)
 
 
 @app.command()
 def up(
+    sets: SetOpt = None,
     config: ConfigOpt = None,
     bootstrap_servers: BootstrapOpt = None,
     clickhouse_url: ClickHouseOpt = None,
@@ -65,7 +84,7 @@ def up(
     """Watch this host: embedded broker, collector, streams worker and ClickHouse; print alerts as they happen."""
     from jitterscope.stack import Stack
 
-    s = _settings(config, bootstrap_servers=bootstrap_servers, clickhouse_url=clickhouse_url, data_dir=data_dir,
+    s = _settings(config, sets, bootstrap_servers=bootstrap_servers, clickhouse_url=clickhouse_url, data_dir=data_dir,
                   host=host, target_pids=pid, target_comms=comm, runq_threshold_ms=threshold_ms,
                   runq_alert_ms=alert_ms, broker_port=broker_port)
     Stack(s, console).run(duration)
@@ -73,6 +92,7 @@ def up(
 
 @app.command()
 def collector(
+    sets: SetOpt = None,
     config: ConfigOpt = None,
     bootstrap_servers: BootstrapOpt = None,
     host: HostOpt = None,
@@ -86,7 +106,7 @@ def collector(
     from jitterscope import logs
     from jitterscope.collector.agent import Collector, install_signal_handlers
 
-    s = _settings(config, bootstrap_servers=bootstrap_servers, host=host, target_pids=pid, target_comms=comm,
+    s = _settings(config, sets, bootstrap_servers=bootstrap_servers, host=host, target_pids=pid, target_comms=comm,
                   runq_threshold_ms=threshold_ms, collector_metrics_port=metrics_port)
     _require_broker(s)
     logs.setup()
@@ -97,6 +117,7 @@ def collector(
 
 @app.command()
 def streams(
+    sets: SetOpt = None,
     config: ConfigOpt = None,
     bootstrap_servers: BootstrapOpt = None,
     clickhouse_url: ClickHouseOpt = None,
@@ -108,7 +129,7 @@ def streams(
     from jitterscope import logs
     from jitterscope.streams.app import StreamsWorker
 
-    s = _settings(config, bootstrap_servers=bootstrap_servers, clickhouse_url=clickhouse_url, data_dir=data_dir,
+    s = _settings(config, sets, bootstrap_servers=bootstrap_servers, clickhouse_url=clickhouse_url, data_dir=data_dir,
                   runq_alert_ms=alert_ms, streams_web_port=web_port)
     _require_broker(s)
     logs.setup()
@@ -146,6 +167,7 @@ def query(
     param: Annotated[Optional[list[str]], typer.Option(
         "--param", "-p", help="bind NAME=VALUE for {NAME:Type} placeholders (repeatable)")] = None,
     fmt: Annotated[str, typer.Option("--format", "-f", help="table, csv or json")] = "table",
+    sets: SetOpt = None,
     config: ConfigOpt = None,
     clickhouse_url: ClickHouseOpt = None,
     data_dir: DataDirOpt = None,
@@ -172,7 +194,7 @@ def query(
         parameters[name] = value
     if saved:
         sql, parameters = queries.bind(saved, parameters)
-    s = _settings(config, clickhouse_url=clickhouse_url, data_dir=data_dir)
+    s = _settings(config, sets, clickhouse_url=clickhouse_url, data_dir=data_dir)
     columns, rows = run_query(s, sql, parameters)
     if fmt == "json":
         print(json.dumps([dict(zip(columns, r)) for r in rows], default=str))
@@ -195,6 +217,7 @@ def query(
 
 @app.command()
 def doctor(
+    sets: SetOpt = None,
     config: ConfigOpt = None,
     bootstrap_servers: BootstrapOpt = None,
     clickhouse_url: ClickHouseOpt = None,
@@ -203,7 +226,7 @@ def doctor(
     """Check everything the collector and the pipeline need, and say how to fix what is missing."""
     from jitterscope.doctor import run_checks
 
-    s = _settings(config, bootstrap_servers=bootstrap_servers, clickhouse_url=clickhouse_url, data_dir=data_dir)
+    s = _settings(config, sets, bootstrap_servers=bootstrap_servers, clickhouse_url=clickhouse_url, data_dir=data_dir)
     failed = 0
     for check in run_checks(s):
         mark = "[green]ok[/]  " if check.ok else "[red]FAIL[/]"
@@ -237,6 +260,7 @@ def report(
     since: Annotated[str, typer.Option(help="period covered: 24h, 7d, ...")] = "7d",
     remediation_date: Annotated[Optional[str], typer.Option(
         help="compare before/after this moment (ISO 8601, UTC if no zone), e.g. 2026-11-29T12:00")] = None,
+    sets: SetOpt = None,
     config: ConfigOpt = None,
     clickhouse_url: ClickHouseOpt = None,
     data_dir: DataDirOpt = None,
@@ -247,7 +271,7 @@ def report(
     from jitterscope.query import run_query
     from jitterscope.reports import capacity, queries
 
-    s = _settings(config, clickhouse_url=clickhouse_url, data_dir=data_dir)
+    s = _settings(config, sets, clickhouse_url=clickhouse_url, data_dir=data_dir)
     remediation = None
     if remediation_date:
         try:
@@ -284,6 +308,7 @@ def synthetic_fleet(
     hosts: Annotated[int, typer.Option(help="how many hosts")] = 300,
     events: Annotated[int, typer.Option(help="how many run-queue events")] = 2_000_000,
     hours: Annotated[int, typer.Option(help="over how many past hours")] = 24,
+    sets: SetOpt = None,
     config: ConfigOpt = None,
     data_dir: DataDirOpt = None,
 ) -> None:
@@ -293,7 +318,7 @@ def synthetic_fleet(
     from jitterscope.reports import synthetic
     from jitterscope.streams import clickhouse
 
-    s = _settings(config, data_dir=data_dir)
+    s = _settings(config, sets, data_dir=data_dir)
     client = clickhouse.connect(None, s.data_dir)
     clickhouse.migrate(client)
     with Progress(console=console, transient=True) as progress:

@@ -1,6 +1,7 @@
-"""The one settings model. Every option is reachable by CLI flag, by
-environment variable (JITTERSCOPE_<NAME>, lists as JSON) and by a TOML config
-file (--config, or JITTERSCOPE_CONFIG). Precedence: flag > env > file > default.
+"""The one settings model. Every option is reachable by CLI flag (its own,
+or --set NAME=VALUE), by environment variable (JITTERSCOPE_<NAME>, lists and
+maps as JSON) and by a TOML config file (--config, or JITTERSCOPE_CONFIG).
+Precedence: flag > env > file > default.
 """
 
 from __future__ import annotations

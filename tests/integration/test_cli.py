@@ -102,3 +102,13 @@ def test_help_lists_every_command(tmp_path):
     result = run(["--help"], cli_env(tmp_path))
     for command in ("up", "collector", "streams", "query", "doctor", "broker", "demo"):
         assert command in result.stdout
+
+
+def test_any_setting_is_reachable_by_flag(tmp_path):
+    env = cli_env(tmp_path)
+    bad = run(["query", "--set", "request_slo_ms=-5", "SELECT 1"], env)
+    assert bad.returncode == 78 and "request_slo_ms" in bad.stderr
+    unknown = run(["doctor", "--set", "no_such_option=1"], env)
+    assert unknown.returncode == 78 and "no_such_option" in unknown.stderr
+    listed = run(["query", "--set", 'target_comms=["vllm*"]', "-f", "csv", "SELECT 1 AS one"], env)
+    assert listed.returncode == 0 and listed.stdout.splitlines() == ["one", "1"]
