@@ -112,6 +112,10 @@ class HardwareSources:
         if self.gpu:
             self._devices = gpu_fds(self.gpu_patterns, self.proc)
             self.gpu.set_watched(self._devices.keys())
+            # Every GPU user gets a process record (which GPUs, which CPUs),
+            # slow calls or not: the placement rules judge them from it.
+            for pid in sorted({pid for pid, _fd in self._devices}):
+                self._describe(pid)
         if self.migrate and targets is not None:
             self.migrate.set_targets(targets)
 
