@@ -76,9 +76,11 @@ class Stack:
             status.update("starting the collector (compiling BPF)")
             self._spawn("collector", ["collector"], bootstrap)
         target = "all processes" if not s.filters_targets else f"pids {s.target_pids} comms {s.target_comms}"
+        spans = f"request spans to http://{s.otlp_bind}:{s.otlp_port}/v1/traces; " if s.otlp_port else ""
         self.console.print(
-            f"jitterscope up: watching {target} on {s.host} for run-queue waits >= {s.runq_alert_ms:g} ms; "
-            f"Kafka {bootstrap}; logs in {s.data_dir}. Ctrl-C stops.")
+            f"jitterscope up: watching {target} on {s.host} for run-queue waits >= {s.runq_alert_ms:g} ms "
+            f"and {', '.join(s.hardware_probes) or 'no hardware sources'}; {spans}"
+            f"Kafka {bootstrap}; logs in {s.data_dir}. Ctrl-C stops.", soft_wrap=True)
         return bootstrap
 
     def _alert_consumer(self, bootstrap: str):
