@@ -156,12 +156,13 @@ class Collector:
                 self._comms.pop(pid, None)
 
     def _comm(self, pid: int) -> str:
-        if pid not in self._comms:
-            try:
-                self._comms[pid] = (self.proc / str(pid) / "comm").read_text().strip()
-            except (FileNotFoundError, ProcessLookupError):
-                return ""
-        return self._comms[pid]
+        """The process's name now (processes rename themselves after start,
+        so a cached name may be stale); the last one known if it has exited."""
+        try:
+            self._comms[pid] = (self.proc / str(pid) / "comm").read_text().strip()
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+        return self._comms.get(pid, "")
 
     def publish_stats(self) -> None:
         drops = (self.probe.drops() if self.probe else 0) + (self.hardware.drops() if self.hardware else 0)
