@@ -18,6 +18,7 @@ sees a host's events also sees its metadata.
 from __future__ import annotations
 
 import asyncio
+from collections import defaultdict
 import json
 import logging
 import os
@@ -67,15 +68,18 @@ class HostState:
     def __init__(self):
         self.topology: dict[str, events.Topology] = {}
         self.processes: dict[tuple[str, int], events.ProcessInfo] = {}
-        self.traffic: dict[tuple[str, str], events.DeviceIo] = {}  # (host, PCI address) -> latest
+        # per-host indexes, so per-event look-ups do not scan the whole fleet
+        self._host_processes: dict[str, dict[int, events.ProcessInfo]] = defaultdict(dict)
+        self._traffic: dict[str, dict[str, events.DeviceIo]] = defaultdict(dict)  # host -> PCI address -> latest
 
     def learn(self, record: events.Record) -> None:
         if isinstance(record, events.Topology):
             self.topology[record.host] = record
         elif isinstance(record, events.ProcessInfo):
             self.processes[(record.host, record.pid)] = record
+            self._host_processes[record.host][record.pid] = record
         elif isinstance(record, events.DeviceIo) and record.pci:
-            self.traffic[(record.host, record.pci)] = record
+            self._traffic[record.host][record.pci] = record
 
     def host_cpus(self, host: str) -> list[int] | None:
         topo = self.topology.get(host)
@@ -84,14 +88,13 @@ class HostState:
     def gpu_users(self, host: str) -> dict[str, list[str]]:
         """GPU address -> names of the processes that have it open."""
         users: dict[str, list[str]] = {}
-        for (h, _pid), process in self.processes.items():
-            if h == host:
-                for gpu in process.gpus:
-                    users.setdefault(gpu, []).append(process.comm)
+        for process in self._host_processes.get(host, {}).values():
+            for gpu in process.gpus:
+                users.setdefault(gpu, []).append(process.comm)
         return users
 
     def host_traffic(self, host: str) -> dict[str, events.DeviceIo]:
-        return {pci: io for (h, pci), io in self.traffic.items() if h == host}
+        return self._traffic.get(host, {})
 
     async def process(self, host: str, pid: int, wait_s: float = PROCESS_WAIT_S) -> events.ProcessInfo | None:
         """The process's metadata; waits briefly, since the collector's
