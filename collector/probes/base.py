@@ -123,6 +123,11 @@ def load(source_name: str):
         ) from exc
 
 
+def c_string(raw: bytes) -> str:
+    """A kernel char[] (NUL-padded, e.g. a comm) as text; bad bytes kept visible."""
+    return raw.split(b"\0", 1)[0].decode(errors="replace")
+
+
 class BccProbe:
     """A loaded BPF program: its ring buffer, its per-CPU ``drops`` counters
     (slot 0 unless a probe counts more), clean-up, and use as a context

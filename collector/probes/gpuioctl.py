@@ -40,10 +40,6 @@ class RawGpuIoctl:
     ret: int            # the syscall's return value (negative errno on failure)
 
 
-def _text(raw: bytes) -> str:
-    return raw.split(b"\0", 1)[0].decode(errors="replace")
-
-
 def gpu_fds(patterns: Iterable[str] = DEFAULT_PATTERNS, proc: Path = Path("/proc"),
             exclude: Iterable[str] = DEFAULT_EXCLUDE,
             pids: Iterable[int] | None = None) -> dict[tuple[int, int], str]:
@@ -115,7 +111,7 @@ class GpuIoctlProbe(base.BccProbe):
 
         def callback(_ctx, data, _size):
             e = table.event(data)
-            on_event(RawGpuIoctl(e.ts_ns, e.latency_ns, e.pid, e.tid, _text(bytes(e.comm)),
+            on_event(RawGpuIoctl(e.ts_ns, e.latency_ns, e.pid, e.tid, base.c_string(bytes(e.comm)),
                                  e.fd, e.request, e.ret))
 
         table.open_ring_buffer(callback)

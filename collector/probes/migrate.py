@@ -52,10 +52,6 @@ class RawCrossNode:
     to_node: int
 
 
-def _text(raw: bytes) -> str:
-    return raw.split(b"\0", 1)[0].decode(errors="replace")
-
-
 def _thread(tid: int, proc: Path) -> tuple[int, str]:
     """(tgid, comm) of a live thread from /proc, (0, "") when it is gone."""
     try:
@@ -137,7 +133,7 @@ class MigrationProbe(base.BccProbe):
 
         def callback(_ctx, data, _size):
             e = table.event(data)
-            event = RawCrossNode(e.ts_ns, e.pid, e.tid, _text(bytes(e.comm)),
+            event = RawCrossNode(e.ts_ns, e.pid, e.tid, base.c_string(bytes(e.comm)),
                                  e.from_cpu, e.to_cpu, e.from_node, e.to_node)
             if not event.pid:
                 pid, comm = _thread(e.tid, self._proc)
@@ -163,7 +159,7 @@ class MigrationProbe(base.BccProbe):
             else:
                 seen[tid] = (migrations, cross)
             if migrations > before_m:
-                pid, comm = c.pid, _text(bytes(c.comm))
+                pid, comm = c.pid, base.c_string(bytes(c.comm))
                 if not pid or not comm:
                     live_pid, live_comm = _thread(tid, self._proc)
                     pid, comm = pid or live_pid, comm or live_comm

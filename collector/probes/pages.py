@@ -31,10 +31,6 @@ class RawPagePlacement:
     alloc_pages: int       # pages allocated in its context
 
 
-def _text(raw: bytes) -> str:
-    return raw.split(b"\0", 1)[0].decode(errors="replace")
-
-
 def merge_ranges(pfn_ranges: Iterable[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
     """(node, start_pfn, end_pfn) ranges sorted, with touching or overlapping
     ranges of the same node merged (a node's zones are usually contiguous)."""
@@ -102,7 +98,7 @@ class PageProbe(base.BccProbe):
                 seen[ident] = (cache, alloc)
             if cache > before_cache or alloc > before_alloc:
                 if key.pid not in comms:
-                    comms[key.pid] = self._comm(key.pid) or _text(bytes(c.comm))
+                    comms[key.pid] = self._comm(key.pid) or base.c_string(bytes(c.comm))
                 result[ident] = RawPagePlacement(key.pid, key.node, comms[key.pid],
                                                  cache - before_cache, alloc - before_alloc)
         for key in stale:

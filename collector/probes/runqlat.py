@@ -30,10 +30,6 @@ class RawRunqEvent:
     suspect_comm: str
 
 
-def _text(raw: bytes) -> str:
-    return raw.split(b"\0", 1)[0].decode(errors="replace")
-
-
 class RunqProbe(base.BccProbe):
     source = "runqlat.bpf.c"
 
@@ -73,7 +69,7 @@ class RunqProbe(base.BccProbe):
             e = table.event(data)
             on_event(RawRunqEvent(
                 e.ts_ns, e.wait_ns, e.pid, e.tid, e.cpu, e.suspect_pid, e.suspect_tid,
-                _text(bytes(e.comm)), _text(bytes(e.suspect_comm)),
+                base.c_string(bytes(e.comm)), base.c_string(bytes(e.suspect_comm)),
             ))
 
         table.open_ring_buffer(callback)
