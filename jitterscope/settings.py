@@ -69,15 +69,29 @@ class Settings(BaseSettings):
     topology_interval_s: float = Field(60.0, gt=0, description="how often the topology is re-published")
     target_rescan_s: float = Field(2.0, gt=0, description="how often target_comms are matched against /proc")
     collector_metrics_port: int = Field(9464, ge=0, description="Prometheus /metrics of the collector (0 = off)")
+    collector_metrics_bind: str = Field(
+        "127.0.0.1", description="address the collector's /metrics listens on (0.0.0.0 for a remote Prometheus)")
+    kafka_max_message_bytes: int = Field(
+        900_000, ge=10_000, description="a Kafka message is split below this many bytes (brokers refuse > 1 MB)")
+    spool_max_mb: int = Field(
+        256, ge=0, description="on-disk spool for batches Kafka cannot take during an outage (0 = off); "
+                               "when full, batches are dropped and counted")
 
     otlp_port: int = Field(4318, ge=0, description="collector's OTLP/HTTP receiver for request spans (0 = off)")
     otlp_bind: str = Field("127.0.0.1", description="address the OTLP receiver listens on (0.0.0.0 for remote senders)")
+    otlp_max_connections: int = Field(64, ge=1, description="OTLP connections served at once; more wait")
+    otlp_read_timeout_s: float = Field(
+        10.0, gt=0, description="an OTLP client that does not send its whole request in this time gets 408")
     request_id_attributes: list[str] = Field(
         default_factory=lambda: ["gen_ai.request.id"],
         description="span attributes holding the request ID, first found wins (else the trace ID)")
     attribution_grace_s: float = Field(
         2.0, gt=0, description="wait this long after a request's span ends for late kernel evidence")
     evidence_horizon_s: float = Field(300.0, gt=0, description="how much kernel evidence per host is kept for attribution")
+    evidence_max_events: int = Field(
+        200_000, ge=1000, description="kernel events per host kept for attribution at most (oldest go first)")
+    pending_requests_max: int = Field(
+        100_000, ge=1000, description="requests per host waiting for attribution at most (oldest attributed first)")
     request_slo_ms: float | None = Field(
         None, gt=0, description="request latency objective; unset = request_slo_factor x the rolling median")
     request_slo_factor: float = Field(5.0, gt=1, description="SLO as a multiple of the host's rolling median")
@@ -87,6 +101,13 @@ class Settings(BaseSettings):
         default_factory=dict,
         description='days each table keeps, e.g. {"runq_events": 30, "latency_minute": 400}; unset = forever')
     streams_web_port: int = Field(6066, ge=0, description="streams worker web port: /metrics, /query")
+    streams_web_bind: str = Field(
+        "127.0.0.1", description="address the streams worker's web port listens on (/query always needs its token)")
+    loss_alert_events: int = Field(
+        1000, ge=1, description="events one host loses (kernel drops, spool drops) between two stats records "
+                                "that raise an event_loss alert")
+    drain_timeout_s: float = Field(
+        120.0, gt=0, description="on stop, `up` waits at most this long for the worker to store what was sent")
     sink_batch_rows: int = Field(5000, ge=1, description="rows per ClickHouse insert at most")
     sink_flush_s: float = Field(1.0, gt=0, description="ClickHouse inserts happen at least this often")
 

@@ -13,31 +13,46 @@ timestamps are epoch nanoseconds.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 
 SCHEMA_VERSION = 1
+
+# Integer ranges of the ClickHouse columns the fields land in. A value that
+# does not fit fails decoding here, per record, with a reason -- instead of
+# failing a whole ClickHouse insert later (one poisoned record must never stop
+# a topic).
+U8 = Annotated[int, msgspec.Meta(ge=0, le=2**8 - 1)]
+U16 = Annotated[int, msgspec.Meta(ge=0, le=2**16 - 1)]
+U32 = Annotated[int, msgspec.Meta(ge=0, le=2**32 - 1)]
+# msgspec bounds stop at int64; no field of ours comes near 2^63 legitimately
+U64 = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
+I16 = Annotated[int, msgspec.Meta(ge=-(2**15), le=2**15 - 1)]
+I32 = Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31 - 1)]
+#: epoch ns that DateTime64(9) holds: 1970 up to 2262-04-11
+MAX_EPOCH_NS = 2**63 - 1
+EpochNs = Annotated[int, msgspec.Meta(ge=0, le=MAX_EPOCH_NS)]
 
 
 class Record(msgspec.Struct, kw_only=True, frozen=True):
     v: Literal[1] = SCHEMA_VERSION
     host: str
     boot_id: str
-    seq: int
-    ts_ns: int
+    seq: U64
+    ts_ns: EpochNs
 
 
 class RunqEvent(Record, frozen=True):
     """A thread waited at least the probe threshold for a CPU."""
 
-    pid: int
-    tid: int
+    pid: U32
+    tid: U32
     comm: str
-    cpu: int
-    wait_ns: int
-    suspect_pid: int  # the task that held the CPU when the waiter got it
-    suspect_tid: int
+    cpu: U16
+    wait_ns: U64
+    suspect_pid: U32  # the task that held the CPU when the waiter got it
+    suspect_tid: U32
     suspect_comm: str
 
 
@@ -49,26 +64,26 @@ class LatencyHistogram(Record, frozen=True):
     a CPU) or "gpu_ioctl" (GPU driver call)."""
 
     probe: str
-    interval_ns: int
-    pid: int
+    interval_ns: U64
+    pid: U32
     comm: str
-    slots: list[int]
-    counts: list[int]
+    slots: list[U8]
+    counts: list[U64]
 
 
 class NumaNode(msgspec.Struct, frozen=True):
-    node: int
-    cpus: list[int]
-    memory_bytes: int = 0
-    pfn_ranges: list[list[int]] = []  # [start, end) page-frame ranges of the node's zones
+    node: U16
+    cpus: list[U16]
+    memory_bytes: U64 = 0
+    pfn_ranges: list[list[U64]] = []  # [start, end) page-frame ranges of the node's zones
 
 
 class Cpu(msgspec.Struct, frozen=True):
-    cpu: int
-    node: int
-    socket: int
-    core: int
-    siblings: list[int]  # SMT threads of the same core, itself included
+    cpu: U16
+    node: I16
+    socket: I16
+    core: I32
+    siblings: list[U16]  # SMT threads of the same core, itself included
 
 
 class PciDevice(msgspec.Struct, frozen=True):
@@ -81,21 +96,21 @@ class PciDevice(msgspec.Struct, frozen=True):
 
     address: str  # 0000:3b:00.0
     kind: str  # "gpu", "nvme", "nic" or "other"
-    vendor: int
-    device: int
-    class_code: int
-    numa_node: int  # -1 where the firmware does not say
+    vendor: U32
+    device: U32
+    class_code: U32
+    numa_node: I16  # -1 where the firmware does not say
     upstream: list[str]
     name: str = ""  # nvme0, eth0, or the GPU's NVML index as a string
-    link_gen: int = 0  # current PCIe generation (NVML or sysfs), 0 = unknown
-    link_width: int = 0
+    link_gen: U8 = 0  # current PCIe generation (NVML or sysfs), 0 = unknown
+    link_width: U8 = 0
 
 
 class Topology(Record, frozen=True):
     """The host's hardware: CPUs, NUMA nodes and the PCI devices that matter
     for inference (GPUs, NVMe, NICs) with the bridges they hang off."""
 
-    cpus: list[int]
+    cpus: list[U16]
     numa_nodes: list[NumaNode]
     cpu_info: list[Cpu] = []
     pci: list[PciDevice] = []
@@ -104,11 +119,11 @@ class Topology(Record, frozen=True):
 class ProcessInfo(Record, frozen=True):
     """Metadata of a process the collector reports on."""
 
-    pid: int
+    pid: U32
     comm: str
     cmdline: str
     cgroup: str
-    cpus_allowed: list[int]
+    cpus_allowed: list[U16]
     gpus: list[str] = []  # PCI addresses of the GPUs it has open (/dev/nvidiaN)
     cuda_visible_devices: str = ""
 
@@ -116,36 +131,36 @@ class ProcessInfo(Record, frozen=True):
 class GpuIoctl(Record, frozen=True):
     """A GPU driver ioctl that took at least the probe threshold."""
 
-    pid: int
-    tid: int
+    pid: U32
+    tid: U32
     comm: str
-    fd: int
-    request: int
-    latency_ns: int
+    fd: I32
+    request: U64
+    latency_ns: U64
     device: str  # the device path the fd was opened on
 
 
 class Migrations(Record, frozen=True):
     """CPU migrations of one watched thread over ``interval_ns``."""
 
-    pid: int
-    tid: int
+    pid: U32
+    tid: U32
     comm: str
-    interval_ns: int
-    migrations: int
-    cross_node: int  # of which moved it to another NUMA node
-    last_cpu: int
+    interval_ns: U64
+    migrations: U32
+    cross_node: U32  # of which moved it to another NUMA node
+    last_cpu: U16
 
 
 class PagePlacement(Record, frozen=True):
     """Pages one process put on one NUMA node over ``interval_ns``."""
 
-    pid: int
+    pid: U32
     comm: str
-    node: int
-    interval_ns: int
-    page_cache_pages: int  # file pages it added to the page cache
-    alloc_pages: int  # pages allocated in its context
+    node: I16
+    interval_ns: U64
+    page_cache_pages: U64  # file pages it added to the page cache
+    alloc_pages: U64  # pages allocated in its context
 
 
 class DeviceIo(Record, frozen=True):
@@ -154,21 +169,27 @@ class DeviceIo(Record, frozen=True):
     device: str  # nvme0n1, eth0
     kind: str  # "block" or "net"
     pci: str  # PCI address of the controller, "" when not on PCI
-    interval_ns: int
-    ios: int
-    bytes: int
-    latency_max_ns: int = 0  # block only
-    latency_sum_ns: int = 0
+    interval_ns: U64
+    ios: U64
+    bytes: U64
+    latency_max_ns: U64 = 0  # block only
+    latency_sum_ns: U64 = 0
 
 
 class CollectorStats(Record, frozen=True):
     """The collector's own counters, cumulative since it started."""
 
-    started_ns: int
-    ringbuf_drops: int
-    events_read: int
-    records_sent: int
-    delivery_errors: int
+    started_ns: EpochNs
+    ringbuf_drops: U64
+    events_read: U64
+    records_sent: U64
+    delivery_errors: U64
+    # loss ledger: every way a record can be lost on the host, counted
+    map_full_drops: U64 = 0  # in-kernel map updates that failed (map full)
+    spool_drops: U64 = 0  # records dropped because Kafka and the on-disk spool were both full
+    spooled: U64 = 0  # records waiting in the on-disk spool now
+    producer_restarts: U64 = 0  # fatal producer errors survived by recreating the producer
+    sent_by_topic: dict[str, U64] = {}  # records acknowledged by Kafka, per topic
 
 
 class Alert(Record, frozen=True):
@@ -180,17 +201,17 @@ class Alert(Record, frozen=True):
     delay).
     """
 
-    raised_ns: int
+    raised_ns: EpochNs
     kind: str
     severity: str
-    pid: int
-    tid: int
+    pid: U32
+    tid: U32
     comm: str
-    cpu: int
-    wait_ns: int
-    suspect_pid: int
+    cpu: U16
+    wait_ns: U64
+    suspect_pid: U32
     suspect_comm: str
-    cpus_allowed: list[int]
+    cpus_allowed: list[U16]
     summary: str
     remedy: str
     request_id: str = ""  # the request it is about, for request alerts
@@ -210,20 +231,20 @@ class RequestSpan(Record, frozen=True):
     trace_id: str  # hex
     span_id: str  # hex
     name: str
-    pid: int
-    start_ns: int
-    end_ns: int
+    pid: U32
+    start_ns: EpochNs
+    end_ns: EpochNs
     status: str  # "ok", "error" or "unset"
-    queue_ns: int = 0
-    prefill_ns: int = 0
-    decode_ns: int = 0
-    ttft_ns: int = 0
+    queue_ns: U64 = 0
+    prefill_ns: U64 = 0
+    decode_ns: U64 = 0
+    ttft_ns: U64 = 0
 
 
 class Suspect(msgspec.Struct, frozen=True):
-    pid: int
+    pid: U32
     comm: str
-    wait_ns: int  # run-queue wait of the request's threads while this task held the CPU
+    wait_ns: U64  # run-queue wait of the request's threads while this task held the CPU
 
 
 class RequestAttribution(Record, frozen=True):
@@ -239,33 +260,34 @@ class RequestAttribution(Record, frozen=True):
     request_id: str
     trace_id: str
     name: str
-    pid: int
-    start_ns: int
-    end_ns: int
-    duration_ns: int
-    baseline_ns: int
-    excess_ns: int
+    pid: U32
+    start_ns: EpochNs
+    end_ns: EpochNs
+    duration_ns: U64
+    baseline_ns: U64
+    excess_ns: U64
     status: str
-    runq_wait_ns: int
-    runq_wait_max_ns: int
-    runq_waits: int
+    runq_wait_ns: U64
+    runq_wait_max_ns: U64
+    runq_waits: U32
     suspects: list[Suspect]
     cause: str
     explained: float  # share of the excess the cause accounts for, 0..1
-    slo_ns: int
+    slo_ns: U64
     slo_breached: bool
-    gpu_ioctl_ns: int = 0  # time its process spent in slow GPU driver calls during it
-    gpu_ioctl_max_ns: int = 0
-    gpu_ioctls: int = 0
+    gpu_ioctl_ns: U64 = 0  # time its process spent in slow GPU driver calls during it
+    gpu_ioctl_max_ns: U64 = 0
+    gpu_ioctls: U32 = 0
 
 
 class DeadLetter(msgspec.Struct, kw_only=True, frozen=True):
-    """Input that could not be decoded, kept with the reason."""
+    """Input that could not be decoded or stored, kept with the reason."""
 
+    host: str = ""  # the message's key: the host that sent it
     topic: str
-    partition: int
-    offset: int
-    line: int  # 1-based line within the message; 0 = the whole message
+    partition: U32
+    offset: U64
+    line: U32  # 1-based line within the message; 0 = the whole message
     reason: str
     payload: str  # the offending bytes, decoded as UTF-8 with replacement
     ts_ns: int

@@ -28,13 +28,12 @@ from typing import NamedTuple
 
 import faust
 import msgspec
-from faust.web import Request, Response, View
-from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, generate_latest
+from prometheus_client import Counter, Gauge
 
 from jitterscope import logs
 from jitterscope.schemas import events, topics
 from jitterscope.settings import Settings
-from jitterscope.streams import clickhouse
+from jitterscope.streams import clickhouse, web
 from jitterscope.streams.attribution import Attributor
 from jitterscope.streams.hardware import HardwareJudge
 from jitterscope.streams.hardware_rules import Thresholds
@@ -201,8 +200,8 @@ class StreamsWorker:
             producer_acks=-1,
             stream_wait_empty=False,
             web_enabled=bool(s.streams_web_port),
-            web_host="127.0.0.1",
-            web_bind="127.0.0.1",
+            web_host=s.streams_web_bind,
+            web_bind=s.streams_web_bind,
             web_port=s.streams_web_port or 6066,
             datadir=str(s.data_dir / "faust"),
         )
@@ -215,7 +214,7 @@ class StreamsWorker:
         self.deadletter_topic = raw_topic(topics.DEADLETTER)
         for name, record_type in topics.INPUT_TOPICS.items():
             self._add_agent(app, raw_topic(name), name, record_type)
-        self._add_web(app)
+        web.add_routes(app, self)
 
         self.attribution_topic = raw_topic(topics.ATTRIBUTION)
 
@@ -342,28 +341,6 @@ class StreamsWorker:
                         letter.offset, letter.line, letter.reason)
             await self.deadletter_topic.send(key=letter.topic.encode(), value=msgspec.json.encode(letter))
         await self.sink.write("deadletter", dead)
-
-    def _add_web(self, app: faust.App) -> None:
-        worker = self
-
-        @app.page("/query")
-        class Query(View):
-            """POST {"sql": "...", "parameters": {...}} -> {"columns": [...], "rows": [...]}
-            Runs on a read-only client: user SQL cannot change the store."""
-
-            async def post(self, request: Request) -> Response:
-                body = await request.json()
-                try:
-                    result = await worker.sink.run(
-                        lambda: worker.reader.query(body["sql"], parameters=body.get("parameters") or None))
-                except Exception as exc:
-                    return self.json({"error": str(exc)}, status=400)
-                rows = json.loads(json.dumps(result.result_rows, default=str))
-                return self.json({"columns": list(result.column_names), "rows": rows})
-
-        @app.page("/metrics")
-        async def metrics(web, request: Request) -> Response:
-            return web.bytes(generate_latest(), content_type=CONTENT_TYPE_LATEST.split(";")[0])
 
     def run(self) -> None:
         """Run the worker until SIGINT/SIGTERM."""
