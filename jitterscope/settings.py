@@ -91,7 +91,7 @@ class Settings(BaseSettings):
     evidence_max_events: int = Field(
         200_000, ge=1000, description="kernel events per host kept for attribution at most (oldest go first)")
     pending_requests_max: int = Field(
-        100_000, ge=1000, description="requests per host waiting for attribution at most (oldest attributed first)")
+        100_000, ge=1000, description="requests waiting for attribution at most (beyond it the oldest are attributed early)")
     request_slo_ms: float | None = Field(
         None, gt=0, description="request latency objective; unset = request_slo_factor x the rolling median")
     request_slo_factor: float = Field(5.0, gt=1, description="SLO as a multiple of the host's rolling median")

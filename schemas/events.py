@@ -308,6 +308,23 @@ def encode_batch(records: list[Record], encoder: msgspec.json.Encoder = msgspec.
     return bytes(buf)
 
 
+def encode_batches(records: list[Record], max_bytes: int,
+                   encoder: msgspec.json.Encoder = msgspec.json.Encoder()) -> list[bytes]:
+    """NDJSON messages of at most ``max_bytes`` each, in record order, so no
+    message exceeds the broker's limit (a single larger record goes alone)."""
+    messages: list[bytes] = []
+    buf = bytearray()
+    for record in records:
+        line = encoder.encode(record) + b"\n"
+        if buf and len(buf) + len(line) > max_bytes:
+            messages.append(bytes(buf))
+            buf.clear()
+        buf.extend(line)
+    if buf:
+        messages.append(bytes(buf))
+    return messages
+
+
 class BatchDecoder:
     """Decodes NDJSON batches of one record type, keeping bad lines apart.
 

@@ -37,12 +37,15 @@ from jitterscope.streams import clickhouse, web
 from jitterscope.streams.attribution import Attributor
 from jitterscope.streams.hardware import HardwareJudge
 from jitterscope.streams.hardware_rules import Thresholds
-from jitterscope.streams.rules import request_slo, runq_starvation
+from jitterscope.streams.rules import LossWatch, request_slo, runq_starvation
 from jitterscope.streams.sink import ClickHouseSink
 
 log = logging.getLogger("jitterscope.streams")
 
 RECORDS_IN = Counter("jitterscope_streams_records_total", "records decoded", ["topic"])
+RECORDS_ACCOUNTED = Counter(
+    "jitterscope_streams_records_accounted_total",
+    "records of an input topic that are safe: stored in ClickHouse or dead-lettered", ["topic"])
 DEAD_LETTERS = Counter("jitterscope_streams_deadletters_total", "input lines sent to the dead-letter topic", ["topic"])
 ALERTS = Counter("jitterscope_streams_alerts_total", "alerts raised", ["kind"])
 
@@ -139,11 +142,15 @@ def _cap_fetch_wait(max_wait_ms: int) -> None:
 
 class Decoded(NamedTuple):
     """One Kafka message after decoding: what flows from the per-message
-    processor to the batched store step."""
+    processor to the batched store step. ``partition``/``offset`` travel with
+    it so that a record ClickHouse refuses is dead-lettered with its origin."""
 
     records: list[events.Record]
     dead: list[events.DeadLetter]
     alerts: list[events.Alert]
+    partition: int = 0
+    offset: int = 0
+    host: str = ""
 
 
 class StreamsWorker:
@@ -159,10 +166,12 @@ class StreamsWorker:
         self.hardware = HardwareJudge(self.state, Thresholds(
             gpu_ioctl_ns=int(settings.gpu_ioctl_alert_ms * 1e6), migrations_per_s=settings.migration_storm_per_s))
         self.alert_ns = int(settings.runq_alert_ms * 1_000_000)
+        self.losses = LossWatch(settings.loss_alert_events)
         self.attributor = Attributor(
             grace_ns=int(settings.attribution_grace_s * 1e9), horizon_ns=int(settings.evidence_horizon_s * 1e9),
             slo_ns=int(settings.request_slo_ms * 1e6) if settings.request_slo_ms else None,
-            slo_factor=settings.request_slo_factor, min_samples=settings.baseline_min_samples)
+            slo_factor=settings.request_slo_factor, min_samples=settings.baseline_min_samples,
+            max_events_per_host=settings.evidence_max_events, max_pending=settings.pending_requests_max)
         self.prime_attribution()
         self.app = self._build_app(bootstrap_servers)
 
@@ -220,7 +229,10 @@ class StreamsWorker:
 
         @app.timer(interval=ATTRIBUTION_TICK_S)
         async def attribute() -> None:
-            await self.attribute_due(time.time_ns())
+            try:
+                await self.attribute_due(time.time_ns())
+            except Exception:  # the timer must keep running: the next tick retries what is pending
+                log.exception("attribution tick failed")
 
         @app.task
         async def announce() -> None:
@@ -250,12 +262,24 @@ class StreamsWorker:
         app.agent(topic, name=consume.__name__)(consume)
 
     async def receive(self, topic: str, decoder: events.BatchDecoder, value, message) -> "Decoded":
+        if isinstance(value, Decoded):  # a processor added twice (agent restart) must not decode twice
+            return value
+        host = message.key.decode(errors="replace") if isinstance(message.key, bytes) else ""
         good, bad = decoder.decode(value if isinstance(value, bytes) else b"")
         dead = [events.DeadLetter(
-            topic=topic, partition=message.partition, offset=message.offset, line=b.line,
+            host=host, topic=topic, partition=message.partition, offset=message.offset, line=b.line,
             reason=b.reason, payload=b.payload.decode(errors="replace"), ts_ns=time.time_ns(),
         ) for b in bad]
         RECORDS_IN.labels(topic).inc(len(good))
+        try:
+            alerts = await self.judge(topic, good)
+        except Exception:  # a rule's bug must not cost the records: they are still stored
+            log.exception("rules failed on %s[%d]@%d; records are stored without alerts",
+                          topic, message.partition, message.offset)
+            alerts = []
+        return Decoded(good, dead, alerts, message.partition, message.offset, host)
+
+    async def judge(self, topic: str, good: list[events.Record]) -> list[events.Alert]:
         for record in good:
             self.state.learn(record)
         if topic in (topics.RUNQ, topics.GPU_IOCTL):
@@ -266,29 +290,54 @@ class StreamsWorker:
                 self.attributor.add_request(span)
         if topic == topics.RUNQ:
             alerts = await self.evaluate(good)
+        elif topic == topics.COLLECTOR_STATS:
+            alerts = [a for a in map(self.losses.judge, good) if a]
         else:
             alerts = self.hardware.judge(topic, good, time.time_ns())
         for alert in alerts:
             ALERTS.labels(alert.kind).inc()
         if alerts:
             await self.publish(self.alerts_topic, alerts)
-        return Decoded(good, dead, alerts)
+        return alerts
 
     async def store(self, topic: str, table: str, batch: list["Decoded"]) -> None:
-        """Write a batch; returns only when it is stored (or dead-lettered),
-        after which Faust may commit its offsets."""
+        """Write a batch; returns only when every record is stored or
+        dead-lettered, after which Faust may commit its offsets. It never
+        raises: a record ClickHouse refuses is found by bisecting the batch
+        and dead-lettered with its partition and offset; an unreachable
+        ClickHouse is waited for (the offsets stay uncommitted meanwhile)."""
         dead = [letter for d in batch for letter in d.dead]
-        for name, rows in ((table, [r for d in batch for r in d.records]),
-                           ("alerts", [a for d in batch for a in d.alerts])):
-            try:
-                await self.sink.write(name, rows)
-            except Exception as exc:  # the data itself is unstorable: keep it, with why
-                dead.extend(events.DeadLetter(
-                    topic=topic, partition=-1, offset=-1, line=0,
-                    reason=f"ClickHouse rejected the batch for {name}: {exc}",
-                    payload=msgspec.json.encode(r).decode(), ts_ns=time.time_ns()) for r in rows)
+        for name, part in ((table, lambda d: d.records), ("alerts", lambda d: d.alerts)):
+            rows = [(d, record) for d in batch for record in part(d)]
+            step = self.settings.sink_batch_rows
+            for start in range(0, len(rows), step):
+                dead.extend(await self._store_isolating(topic, name, rows[start:start + step]))
         if dead:
             await self.dead_letter(dead)
+        if topic in topics.INPUT_TOPICS:
+            RECORDS_ACCOUNTED.labels(topic).inc(sum(len(d.records) for d in batch))
+
+    async def _store_isolating(self, topic: str, table: str,
+                               rows: list[tuple["Decoded", events.Record]]) -> list[events.DeadLetter]:
+        """Insert records (each with the message it came in); when ClickHouse
+        refuses, insert each half on its own, down to the single records it
+        refuses, and return those as dead letters: a few bad records cost
+        O(bad x log n) inserts and the good ones around them are stored."""
+        try:
+            await self.sink.write(table, [record for _, record in rows])
+            return []
+        except Exception as exc:
+            if len(rows) == 1:
+                origin, record = rows[0]
+                return [events.DeadLetter(
+                    host=origin.host or getattr(record, "host", ""), topic=topic, partition=origin.partition,
+                    offset=origin.offset, line=0, reason=f"ClickHouse refused the record for {table}: {exc}"[:2000],
+                    payload=msgspec.json.encode(record).decode(), ts_ns=time.time_ns())]
+            log.warning("ClickHouse refused %d rows for %s (%s); isolating the bad ones", len(rows), table,
+                        str(exc)[:200])
+        half = len(rows) // 2
+        return [*await self._store_isolating(topic, table, rows[:half]),
+                *await self._store_isolating(topic, table, rows[half:])]
 
     async def attribute_due(self, now_ns: int) -> None:
         """Attribute the requests whose grace period is over; publish, store
@@ -327,20 +376,25 @@ class StreamsWorker:
         return alerts
 
     async def publish(self, topic, records: list[events.Record]) -> None:
-        """One NDJSON message per host, keyed by host."""
+        """NDJSON messages keyed by host, each below the broker's size limit."""
         by_host: dict[str, list[events.Record]] = {}
         for record in records:
             by_host.setdefault(record.host, []).append(record)
         for host, group in by_host.items():
-            await topic.send(key=host.encode(), value=events.encode_batch(group))
+            for payload in events.encode_batches(group, self.settings.kafka_max_message_bytes):
+                await topic.send(key=host.encode(), value=payload)
 
     async def dead_letter(self, dead: list[events.DeadLetter]) -> None:
         for letter in dead:
             DEAD_LETTERS.labels(letter.topic).inc()
             log.warning("dead-lettered %s[%d]@%d line %d: %s", letter.topic, letter.partition,
-                        letter.offset, letter.line, letter.reason)
+                        letter.offset, letter.line, letter.reason[:300])
             await self.deadletter_topic.send(key=letter.topic.encode(), value=msgspec.json.encode(letter))
-        await self.sink.write("deadletter", dead)
+        try:
+            await self.sink.write("deadletter", dead)
+        except Exception:  # they are on the dead-letter topic already
+            log.exception("could not store %d dead letters in ClickHouse; they are on %s",
+                          len(dead), topics.DEADLETTER)
 
     def run(self) -> None:
         """Run the worker until SIGINT/SIGTERM."""

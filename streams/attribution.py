@@ -34,6 +34,7 @@ NO_EXCESS_NS = 1_000_000
 NO_EXCESS_SHARE = 0.25
 DOMINANT_SHARE = 0.5  # a cause must explain at least half the excess to be named
 MAX_WAITS_PER_PROCESS = 200_000  # memory bound per process, whatever the horizon
+REMEMBERED_KEYS = 1_000_000  # attributed span keys kept, to skip redelivered spans
 
 
 @dataclass
@@ -75,7 +76,8 @@ def overlap_ns(event: Evidence, start_ns: int, end_ns: int) -> int:
 class Attributor:
     def __init__(self, grace_ns: int = 2_000_000_000, horizon_ns: int = 300_000_000_000,
                  slo_ns: int | None = None, slo_factor: float = 5.0, min_samples: int = 20,
-                 baseline_window: int = 500):
+                 baseline_window: int = 500, max_events_per_host: int = 200_000,
+                 max_pending: int = 100_000):
         self.grace_ns = grace_ns
         self.horizon_ns = horizon_ns
         self.slo_ns = slo_ns
@@ -87,31 +89,57 @@ class Attributor:
         self._pending: list[RequestSpan] = []
         self._durations: dict[tuple[str, str], deque[int]] = defaultdict(lambda: deque(maxlen=baseline_window))
         self._attributed_until: dict[str, int] = {}
+        self._events_per_host: dict[str, int] = defaultdict(int)
+        self.max_events_per_host = max_events_per_host
+        self.max_pending = max_pending
+        # keys of attributed spans, oldest first: a span Kafka redelivers (or
+        # a restart re-reads) is not attributed, stored and counted twice
+        self._attributed: dict[tuple[str, str, int], None] = {}
         self.late_evidence = 0
+        self.evidence_evicted = 0  # kept out of the window by the count bound, not by age
 
     # -- input -------------------------------------------------------------
     def add_evidence(self, event: Evidence) -> None:
         if event.ts_ns - duration_ns(event) < self._attributed_until.get(event.host, 0):
             self.late_evidence += 1  # some request it overlapped may already be out
         self._evidence[event.host][(event.pid, type(event))].add(event)
+        self._events_per_host[event.host] += 1
         if event.ts_ns > self._newest[event.host] + self.horizon_ns // 10:
             # expire in steps of a tenth of the horizon, not on every event
             self._newest[event.host] = event.ts_ns
-            self._expire(event.host)
+            self._expire(event.host, self._newest[event.host] - self.horizon_ns)
+        if self._events_per_host[event.host] > self.max_events_per_host:
+            self._shed(event.host)
 
     def remember(self, done: RequestAttribution) -> None:
         """Count an earlier attribution into the baseline (priming after a restart)."""
         self._durations[(done.host, done.name)].append(done.duration_ns)
+        self._mark_attributed(done)
 
     def add_request(self, span: RequestSpan) -> None:
-        self._pending.append(span)
+        if (span.host, span.boot_id, span.seq) not in self._attributed:
+            self._pending.append(span)
 
-    def _expire(self, host: str) -> None:
+    def _mark_attributed(self, record: RequestSpan | RequestAttribution) -> None:
+        self._attributed[(record.host, record.boot_id, record.seq)] = None
+        if len(self._attributed) > REMEMBERED_KEYS:
+            del self._attributed[next(iter(self._attributed))]
+
+    def _expire(self, host: str, before_ns: int) -> None:
         processes = self._evidence[host]
         for key, evidence in list(processes.items()):
-            evidence.expire(self._newest[host] - self.horizon_ns)
+            evidence.expire(before_ns)
             if not evidence.events:
                 del processes[key]
+        self._events_per_host[host] = sum(len(e.events) for e in processes.values())
+
+    def _shed(self, host: str) -> None:
+        """Over the count bound (a storm): drop the oldest tenth of the host's
+        evidence in one go, so memory stays bounded whatever the rate."""
+        before = self._events_per_host[host]
+        starts = sorted(start for e in self._evidence[host].values() for start in e.starts)
+        self._expire(host, starts[min(len(starts) - 1, before // 10)])
+        self.evidence_evicted += before - self._events_per_host[host]
 
     @property
     def pending(self) -> int:
@@ -121,12 +149,22 @@ class Attributor:
     def due(self, now_ns: int) -> list[RequestAttribution]:
         """Attribute every request whose span ended at least grace_ns ago."""
         ready = [s for s in self._pending if s.end_ns + self.grace_ns <= now_ns]
+        waiting = [s for s in self._pending if s.end_ns + self.grace_ns > now_ns]
+        if len(waiting) > self.max_pending:  # memory bound: the oldest go now, with what evidence there is
+            waiting.sort(key=lambda s: s.end_ns)
+            ready.extend(waiting[:len(waiting) - self.max_pending])
+            waiting = waiting[len(waiting) - self.max_pending:]
         if not ready:
             return []
-        self._pending = [s for s in self._pending if s.end_ns + self.grace_ns > now_ns]
+        self._pending = waiting
         ready.sort(key=lambda s: s.end_ns)
-        out = [self.attribute(span) for span in ready]
+        out = []
         for span in ready:
+            key = (span.host, span.boot_id, span.seq)
+            if key in self._attributed:  # the same span twice in the backlog
+                continue
+            out.append(self.attribute(span))
+            self._mark_attributed(span)
             self._attributed_until[span.host] = max(self._attributed_until.get(span.host, 0), span.end_ns)
         return out
 

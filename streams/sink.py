@@ -3,6 +3,12 @@
 Agents hand a whole take_events() batch to ``write`` and only return (and so
 let Faust commit the offsets) once it is stored: a crash replays the batch, and
 the ReplacingMergeTree key (host, boot_id, seq) collapses the replay.
+
+Materialized views see every insert, FINAL or not, so rows bound for a table
+that feeds a rollup are inserted only if their key is not stored yet: a
+redelivered batch (worker crash, rebalance, re-attribution after a restart)
+is dropped before the views fire and the rollups stay exact. One worker owns
+a host's partition, so the check and the insert do not race for a host.
 """
 
 from __future__ import annotations
@@ -22,34 +28,66 @@ ROWS_WRITTEN = Counter("jitterscope_streams_rows_written_total", "rows inserted 
 INSERT_FAILURES = Counter("jitterscope_streams_insert_failures_total", "ClickHouse inserts that failed and were retried", ["table"])
 
 
+#: tables that feed materialized views (schemas/clickhouse/004_rollups.sql)
+ROLLUP_SOURCES = frozenset({"latency_histograms", "request_attribution"})
+
+
+def unseen(records: list, known: set[tuple[str, str, int]]) -> list:
+    """Records whose (host, boot_id, seq) is neither stored nor earlier in the batch."""
+    fresh, seen = [], set(known)
+    for record in records:
+        key = (record.host, record.boot_id, record.seq)
+        if key not in seen:
+            seen.add(key)
+            fresh.append(record)
+    return fresh
+
+
+def stored_keys(client, table: str, records: list) -> set[tuple[str, str, int]]:
+    """Keys of ``records`` already in ``table``: read by the sort key's
+    leading (host, ts) columns, so it touches only the batch's time range."""
+    result = client.query(
+        f"SELECT host, boot_id, seq FROM {clickhouse.DATABASE}.{table} WHERE host IN {{hosts:Array(String)}} "
+        "AND ts BETWEEN fromUnixTimestamp64Nano({lo:Int64}) AND fromUnixTimestamp64Nano({hi:Int64})",
+        parameters={"hosts": sorted({r.host for r in records}), "lo": min(r.ts_ns for r in records),
+                    "hi": max(r.ts_ns for r in records)})
+    return {(host, boot_id, int(seq)) for host, boot_id, seq in result.result_rows}
+
+
+def insert_new(client, table: str, records: list) -> int:
+    """Insert, skipping already-stored keys for rollup sources; returns rows inserted."""
+    if table in ROLLUP_SOURCES:
+        records = unseen(records, stored_keys(client, table, records))
+    clickhouse.insert_records(client, table, records)
+    return len(records)
+
+
 class ClickHouseSink:
-    def __init__(self, client, retry_delay_s: float = 1.0, max_attempts: int = 3):
+    def __init__(self, client, retry_delay_s: float = 1.0):
         self.client = client
-        self.max_attempts = max_attempts
         self.retry_delay_s = retry_delay_s
         # chDB serialises calls per client; one thread keeps inserts ordered.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clickhouse")
 
     async def write(self, table: str, records: list) -> None:
         """Insert. An unreachable server is retried until it answers (the
-        batch waits, uncommitted); any other error is retried a few times and
-        then raised, so the caller can dead-letter the batch with the reason."""
+        batch waits, uncommitted); any other error is the data's and is raised
+        at once, so the caller can isolate the bad records and dead-letter them."""
         if not records:
             return
         loop = asyncio.get_running_loop()
-        attempt = 0
         while True:
             try:
-                await loop.run_in_executor(self._executor, clickhouse.insert_records, self.client, table, records)
-                ROWS_WRITTEN.labels(table).inc(len(records))
+                inserted = await loop.run_in_executor(self._executor, insert_new, self.client, table, records)
+                ROWS_WRITTEN.labels(table).inc(inserted)
                 return
-            except Exception as exc:
+            except OperationalError as exc:
                 INSERT_FAILURES.labels(table).inc()
-                attempt += 1
-                if not isinstance(exc, OperationalError) and attempt >= self.max_attempts:
-                    raise
-                log.warning("insert into %s failed (%s); retrying in %.0fs", table, exc, self.retry_delay_s)
+                log.warning("ClickHouse unreachable for %s (%s); retrying in %.0fs", table, exc, self.retry_delay_s)
                 await asyncio.sleep(self.retry_delay_s)
+            except Exception:
+                INSERT_FAILURES.labels(table).inc()
+                raise
 
     async def run(self, fn, *args):
         """Run a blocking client call (e.g. a query) on the sink's thread."""

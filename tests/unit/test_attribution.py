@@ -3,6 +3,8 @@ arrival order, and naming the dominant cause."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from jitterscope.schemas.events import RequestSpan, RunqEvent
@@ -13,9 +15,13 @@ T0 = 1_800_000_000_000_000_000  # epoch ns
 GRACE = 2_000 * MS
 
 
-def span(request_id: str, start_ms: float, end_ms: float, pid: int = 100, seq: int = 0, host: str = "h1",
+_SEQ = itertools.count(1)
+
+
+def span(request_id: str, start_ms: float, end_ms: float, pid: int = 100, seq: int | None = None, host: str = "h1",
          name: str = "llm_request") -> RequestSpan:
-    return RequestSpan(host=host, boot_id="b", seq=seq, ts_ns=T0 + int(end_ms * MS), request_id=request_id,
+    """A request span; each gets its own record key unless ``seq`` is given."""
+    return RequestSpan(host=host, boot_id="b", seq=next(_SEQ) if seq is None else seq, ts_ns=T0 + int(end_ms * MS), request_id=request_id,
                        trace_id="ab" * 16, span_id="cd" * 8, name=name, pid=pid, start_ns=T0 + int(start_ms * MS),
                        end_ns=T0 + int(end_ms * MS), status="ok")
 
@@ -191,3 +197,45 @@ def test_gpu_driver_stall_is_named_when_it_explains_most():
     assert result.cause == "gpu_ioctl_stall" and result.gpu_ioctl_ns == 70 * MS and result.gpu_ioctls == 1
     assert result.runq_wait_ns == 5 * MS
     assert result.explained == pytest.approx(70 / 90, abs=1e-3)
+
+
+def test_a_redelivered_span_is_not_attributed_twice():
+    attributor = Attributor(grace_ns=GRACE)
+    first = span("r1", 0, 50, seq=7)
+    attributor.add_request(first)
+    assert [a.request_id for a in due_after(attributor, 50)] == ["r1"]
+    attributor.add_request(first)  # Kafka redelivers it
+    attributor.add_request(first)
+    assert due_after(attributor, 50) == []
+
+
+def test_a_restart_remembers_attributed_spans():
+    earlier = Attributor(grace_ns=GRACE)
+    earlier.add_request(span("r1", 0, 50, seq=8))
+    (done,) = due_after(earlier, 50)
+    restarted = Attributor(grace_ns=GRACE)
+    restarted.remember(done)
+    restarted.add_request(span("r1", 0, 50, seq=8))
+    assert due_after(restarted, 50) == []
+
+
+def test_evidence_is_bounded_by_count_in_a_storm():
+    attributor = Attributor(grace_ns=GRACE, max_events_per_host=1000)
+    for i in range(5000):  # all within the time horizon
+        attributor.add_evidence(wait(on_cpu_ms=i, wait_ms=0.5, pid=100 + i % 7, seq=i))
+    kept = sum(len(e.events) for e in attributor._evidence["h1"].values())
+    assert 800 <= kept <= 1000
+    assert attributor.evidence_evicted == 5000 - kept
+    # the newest evidence is what stays
+    attributor.add_request(span("late", 4990, 4999, pid=100 + 4995 % 7))
+    (late,) = due_after(attributor, 4999)
+    assert late.runq_waits >= 1
+
+
+def test_pending_requests_are_bounded_by_count():
+    attributor = Attributor(grace_ns=GRACE, max_pending=1000)
+    for i in range(1500):
+        attributor.add_request(span(f"r{i}", i, i + 1))
+    early = attributor.due(T0)  # none is due by time yet
+    assert [a.request_id for a in early] == [f"r{i}" for i in range(500)]
+    assert attributor.pending == 1000
