@@ -9,6 +9,12 @@ that feeds a rollup are inserted only if their key is not stored yet: a
 redelivered batch (worker crash, rebalance, re-attribution after a restart)
 is dropped before the views fire and the rollups stay exact. One worker owns
 a host's partition, so the check and the insert do not race for a host.
+
+An insert and the views it fires are not one transaction: a worker killed
+between the two leaves rows the rollup never saw. So when a worker first
+stores rows of a host (after a start or a rebalance, i.e. when it takes the
+host over), it rebuilds that host's last minutes of each rollup from the
+deduplicated source, with the view's own SELECT.
 """
 
 from __future__ import annotations
@@ -62,10 +68,39 @@ def insert_new(client, table: str, records: list) -> int:
     return len(records)
 
 
+#: how far back a taken-over host's rollups are rebuilt, before its newest stored row
+REBUILD_WINDOW_S = 600
+
+
+def rebuild_rollups(client, source: str, host: str) -> None:
+    """Recompute ``host``'s rollup minutes fed by ``source`` from the window
+    before its newest stored row: delete them, then insert the view's SELECT
+    over the FINAL source rows of that window."""
+    db = clickhouse.DATABASE
+    newest = client.query(f"SELECT max(ts) FROM {db}.{source} WHERE host = {{h:String}}",
+                          parameters={"h": host}).result_rows[0][0]
+    if newest is None or newest.year < 1971:  # nothing stored for it yet
+        return
+    views = client.query(
+        "SELECT name, as_select FROM system.tables WHERE database = {db:String} AND engine = 'MaterializedView' "
+        "AND name IN (SELECT arrayJoin(dependencies_table) FROM system.tables WHERE database = {db:String} "
+        "AND name = {source:String})", parameters={"db": db, "source": source}).result_rows
+    window = {"h": host, "newest": newest, "window": REBUILD_WINDOW_S}
+    since = "toStartOfMinute({newest:DateTime64(9)} - toIntervalSecond({window:UInt32}))"
+    for view, select in views:
+        rollup = view.removesuffix("_mv")  # naming rule of 004_rollups.sql: <rollup>_mv feeds <rollup>
+        client.command(f"ALTER TABLE {db}.{rollup} DELETE WHERE host = {{h:String}} AND minute >= {since}",
+                       parameters=window, settings={"mutations_sync": 2})
+        filtered = f"(SELECT * FROM {db}.{source} FINAL WHERE host = {{h:String}} AND ts >= {since})"
+        client.command(f"INSERT INTO {db}.{rollup} " + select.replace(f"FROM {db}.{source}", f"FROM {filtered}", 1),
+                       parameters=window)
+
+
 class ClickHouseSink:
     def __init__(self, client, retry_delay_s: float = 1.0):
         self.client = client
         self.retry_delay_s = retry_delay_s
+        self._taken_over: set[tuple[str, str]] = set()  # (table, host) whose rollups were rebuilt
         # chDB serialises calls per client; one thread keeps inserts ordered.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clickhouse")
 
@@ -78,7 +113,7 @@ class ClickHouseSink:
         loop = asyncio.get_running_loop()
         while True:
             try:
-                inserted = await loop.run_in_executor(self._executor, insert_new, self.client, table, records)
+                inserted = await loop.run_in_executor(self._executor, self._insert, table, records)
                 ROWS_WRITTEN.labels(table).inc(inserted)
                 return
             except OperationalError as exc:
@@ -88,6 +123,14 @@ class ClickHouseSink:
             except Exception:
                 INSERT_FAILURES.labels(table).inc()
                 raise
+
+    def _insert(self, table: str, records: list) -> int:
+        if table in ROLLUP_SOURCES:
+            for host in sorted({r.host for r in records}):
+                if (table, host) not in self._taken_over:
+                    rebuild_rollups(self.client, table, host)
+                    self._taken_over.add((table, host))
+        return insert_new(self.client, table, records)
 
     async def run(self, fn, *args):
         """Run a blocking client call (e.g. a query) on the sink's thread."""

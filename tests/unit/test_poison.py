@@ -70,3 +70,36 @@ def test_loss_watch_ignores_redelivered_older_records():
     assert watch.judge(stats(10, ringbuf=500)) is not None
     assert watch.judge(stats(5, ringbuf=200)) is None
     assert watch.judge(stats(20, ringbuf=550)) is None
+
+
+class RefusingSink:
+    """Stands in for ClickHouse: refuses any insert holding a record with a
+    refused seq, like a server refusing a whole block for one bad row."""
+
+    def __init__(self, refused: set[int]):
+        self.refused = refused
+        self.stored: list[int] = []
+        self.inserts = 0
+
+    async def write(self, table, records):
+        self.inserts += 1
+        if any(r.seq in self.refused for r in records):
+            raise ValueError("Cannot parse input")
+        self.stored.extend(r.seq for r in records)
+
+
+def test_a_refused_batch_is_bisected_down_to_its_bad_records():
+    import asyncio
+
+    from jitterscope.streams.app import Decoded, StreamsWorker
+
+    worker = StreamsWorker.__new__(StreamsWorker)  # the isolation logic needs only a sink
+    worker.sink = RefusingSink({17, 600})
+    messages = [Decoded([events.RunqEvent(**{k: v for k, v in runq(seq=m * 100 + i).items() if k != "v"})
+                         for i in range(100)], [], [], partition=2, offset=40 + m, host="h") for m in range(10)]
+    rows = [(d, r) for d in messages for r in d.records]
+    dead = asyncio.run(worker._store_isolating("jitterscope.runq", "runq_events", rows))
+    assert sorted(worker.sink.stored) == [s for s in range(1000) if s not in (17, 600)]
+    assert [(d.offset, d.partition, d.host, '"seq":17' in d.payload or '"seq":600' in d.payload) for d in dead] == \
+        [(40, 2, "h", True), (46, 2, "h", True)]
+    assert worker.sink.inserts < 60  # O(bad x log n), not one insert per record
