@@ -58,7 +58,8 @@ def bench_pipeline(n: int = 200_000) -> str:
     from confluent_kafka import Producer
 
     from jitterscope.broker import EmbeddedBroker, free_port
-    from jitterscope.query import query_worker
+    from jitterscope.query import query_worker, running_worker
+    from jitterscope.settings import load
 
     with EmbeddedBroker() as broker, tempfile.TemporaryDirectory() as data:
         port = free_port()
@@ -69,7 +70,9 @@ def bench_pipeline(n: int = 200_000) -> str:
         worker = subprocess.Popen([sys.executable, "-m", "jitterscope.cli", "streams"], env=env,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            count = lambda: query_worker(port, "SELECT count() FROM jitterscope.runq_events", {})[1][0][0]
+            settings = load(data_dir=Path(data))
+            count = lambda: query_worker(running_worker(settings), "SELECT count() FROM jitterscope.runq_events",
+                                         {})[1][0][0]
             deadline = time.monotonic() + 90
             while True:
                 try:

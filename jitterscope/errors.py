@@ -38,3 +38,9 @@ class ClickHouseUnavailable(JitterscopeError):
 
 class BadConfig(JitterscopeError):
     exit_code = 78
+
+
+class UnsafeQuery(JitterscopeError):
+    """User SQL that could do more than read the store."""
+
+    exit_code = 65  # EX_DATAERR

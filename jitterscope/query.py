@@ -3,6 +3,10 @@
 chDB allows one process per data directory, so while a streams worker runs it
 answers for it over its local web port; otherwise the store is opened here,
 read-only. A ClickHouse server is queried directly.
+
+User SQL passes the read-only guard (streams/readonly_sql.py) before it goes
+anywhere. The worker's /query page wants the token the worker wrote into its
+state file (mode 0600), so only users who may read the store may query it.
 """
 
 from __future__ import annotations
@@ -11,42 +15,87 @@ import json
 import os
 import urllib.error
 import urllib.request
+from pathlib import Path
+from typing import NamedTuple
 
 from jitterscope import errors
 from jitterscope.settings import Settings
-from jitterscope.streams import clickhouse
+from jitterscope.streams import clickhouse, readonly_sql
 from jitterscope.streams.app import state_file
 
 
-def running_worker_port(s: Settings) -> int | None:
+class Worker(NamedTuple):
+    """How to reach a running streams worker's /query page."""
+
+    port: int
+    token: str
+
+
+def _not_yours(path: Path) -> errors.NotPrivileged:
+    return errors.NotPrivileged(f"you cannot read {path}: run as the user that owns the store (root?)")
+
+
+def running_worker(s: Settings) -> Worker | None:
+    path = state_file(s.data_dir)
     try:
-        info = json.loads(state_file(s.data_dir).read_text())
-        os.kill(info["pid"], 0)
-    except (FileNotFoundError, ValueError, KeyError, ProcessLookupError, PermissionError):
+        info = json.loads(path.read_text())
+        pid, port, token = int(info["pid"]), int(info["port"]), str(info.get("token", ""))
+    except FileNotFoundError:
         return None
-    return int(info["port"])
+    except PermissionError as exc:
+        raise _not_yours(path) from exc
+    except (ValueError, KeyError, TypeError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None  # left behind by a worker that died
+    except PermissionError:
+        pass  # alive, run by another user
+    return Worker(port, token)
 
 
-def query_worker(port: int, sql: str, parameters: dict) -> tuple[list[str], list[list]]:
+def running_worker_port(s: Settings) -> int | None:
+    worker = running_worker(s)
+    return worker.port if worker else None
+
+
+def query_worker(worker: Worker, sql: str, parameters: dict) -> tuple[list[str], list[list]]:
     request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/query", data=json.dumps({"sql": sql, "parameters": parameters}).encode(),
-        headers={"Content-Type": "application/json"}, method="POST")
+        f"http://127.0.0.1:{worker.port}/query",
+        data=json.dumps({"sql": sql, "parameters": parameters}).encode(),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {worker.token}"}, method="POST")
     try:
         with urllib.request.urlopen(request, timeout=120) as response:
             body = json.loads(response.read())
     except urllib.error.HTTPError as exc:
-        body = json.loads(exc.read() or b"{}")
-        raise errors.JitterscopeError(f"query failed: {body.get('error', exc)}") from exc
+        try:
+            error = json.loads(exc.read() or b"{}").get("error", exc)
+        except ValueError:
+            error = exc
+        if exc.code in (401, 403):
+            raise errors.NotPrivileged(
+                f"the streams worker on port {worker.port} refused the query token: {error}") from exc
+        raise errors.JitterscopeError(f"query failed: {error}") from exc
     except urllib.error.URLError as exc:
         raise errors.ClickHouseUnavailable(
-            f"the streams worker on port {port} did not answer ({exc.reason}); is it still starting?") from exc
+            f"the streams worker on port {worker.port} did not answer ({exc.reason}); is it still starting?") from exc
     return body["columns"], body["rows"]
 
 
 def run_query(s: Settings, sql: str, parameters: dict | None = None) -> tuple[list[str], list[list]]:
     parameters = parameters or {}
-    if s.clickhouse_url is None and (port := running_worker_port(s)):
-        return query_worker(port, sql, parameters)
+    readonly_sql.check(sql, parameters)
+    if s.clickhouse_url is None:
+        if worker := running_worker(s):
+            return query_worker(worker, sql, parameters)
+        store = s.data_dir / "clickhouse"
+        try:
+            os.listdir(store)
+        except FileNotFoundError:
+            pass
+        except PermissionError as exc:  # say so, rather than chDB's "cannot lock"
+            raise _not_yours(store) from exc
     client = clickhouse.connect(s.clickhouse_url, s.data_dir, readonly=True)
     try:
         result = client.query(sql, parameters=parameters or None)

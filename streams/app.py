@@ -237,8 +237,20 @@ class StreamsWorker:
         @app.task
         async def announce() -> None:
             if s.streams_web_port:
+                # /query wants this token; the port is open to every local
+                # user, the state file only to the store's owner. The file is
+                # created 0600 before anything is written to it, then renamed
+                # into place, so it is never readable by others or half-written.
+                import secrets
+
+                self.query_token = secrets.token_urlsafe(32)
                 path = state_file(s.data_dir)
-                path.write_text(json.dumps({"pid": os.getpid(), "port": s.streams_web_port}))
+                tmp = path.with_name(f".{path.name}.{os.getpid()}")
+                tmp.unlink(missing_ok=True)
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "w") as out:
+                    json.dump({"pid": os.getpid(), "port": s.streams_web_port, "token": self.query_token}, out)
+                os.replace(tmp, path)
             log.info("streams worker ready")
 
         return app

@@ -42,18 +42,30 @@ READONLY_SETTINGS = {"max_execution_time": 60, "max_result_rows": 1_000_000, "re
 
 
 def connect(clickhouse_url: str | None, data_dir: Path, readonly: bool = False):
+    import os
+
     import clickhouse_connect
 
     settings = dict(READONLY_SETTINGS) if readonly else {}
     try:
         if clickhouse_url is None:
+            # The store holds process command lines (secrets, at times):
+            # only its owner may read it. mkdir's mode applies to the last
+            # directory only; a store made before this rule is tightened by
+            # its owner's writer.
             path = data_dir / "clickhouse"
-            path.mkdir(parents=True, exist_ok=True)
+            data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            path.mkdir(mode=0o700, exist_ok=True)
+            if not readonly and path.stat().st_uid == os.geteuid():
+                path.chmod(0o700)
             return clickhouse_connect.get_client(interface="chdb", path=str(path), settings=settings)
         url = urlparse(clickhouse_url)
         return clickhouse_connect.get_client(
             host=url.hostname or "localhost", port=url.port or 8123, username=url.username or "default",
             password=url.password or "", secure=url.scheme == "https", settings=settings)
+    except PermissionError as exc:
+        raise errors.NotPrivileged(f"you cannot use {exc.filename or data_dir}: run as the user that owns "
+                                   "the store (root?)") from exc
     except Exception as exc:
         where = clickhouse_url or f"embedded chDB at {data_dir / 'clickhouse'}"
         hint = ("another process (a running streams worker?) holds it; query through "

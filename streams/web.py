@@ -1,26 +1,57 @@
 """The streams worker's web pages: /metrics for Prometheus and /query, which
-answers `jitterscope query` while this process holds the embedded store."""
+answers `jitterscope query` while this process holds the embedded store.
+
+/query runs user SQL, so it asks for two things: the bearer token the worker
+wrote into its state file (mode 0600: only the store's owner can read it,
+while the port is open to every local user), and SQL that passes the
+read-only guard. /metrics stays open."""
 
 from __future__ import annotations
 
+import hmac
 import json
 
 import faust
 from faust.web import Request, Response, View
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from jitterscope.errors import UnsafeQuery
+from jitterscope.streams import readonly_sql
+
+
+def authorization_error(header: str | None, token: str | None) -> tuple[int, str] | None:
+    """(status, why) when ``header`` does not carry the worker's query token."""
+    if not token:
+        return 503, "the worker has not written its query token yet"
+    scheme, _, given = (header or "").partition(" ")
+    if scheme.lower() != "bearer" or not given.strip():
+        return 401, "the query token is missing: use `jitterscope query` as the user that owns the store"
+    if not hmac.compare_digest(given.strip().encode(), token.encode()):
+        return 403, "wrong query token"
+    return None
+
 
 def add_routes(app: faust.App, worker) -> None:
     @app.page("/query")
     class Query(View):
-        """POST {"sql": "...", "parameters": {...}} -> {"columns": [...], "rows": [...]}
-        Runs on a read-only client: user SQL cannot change the store."""
+        """POST {"sql": "...", "parameters": {...}} with `Authorization:
+        Bearer <token>` -> {"columns": [...], "rows": [...]}. Runs on a
+        read-only client, after the read-only guard."""
 
         async def post(self, request: Request) -> Response:
-            body = await request.json()
+            refused = authorization_error(request.headers.get("Authorization"), getattr(worker, "query_token", None))
+            if refused:
+                return self.json({"error": refused[1]}, status=refused[0])
             try:
-                result = await worker.sink.run(
-                    lambda: worker.reader.query(body["sql"], parameters=body.get("parameters") or None))
+                body = await request.json()
+                sql, parameters = body["sql"], body.get("parameters") or {}
+                readonly_sql.check(sql, parameters)
+            except UnsafeQuery as exc:
+                return self.json({"error": str(exc)}, status=400)
+            except Exception as exc:  # not JSON, or no "sql"
+                return self.json({"error": f"bad request: {exc!r}"}, status=400)
+            try:
+                result = await worker.sink.run(lambda: worker.reader.query(sql, parameters=parameters or None))
             except Exception as exc:
                 return self.json({"error": str(exc)}, status=400)
             rows = json.loads(json.dumps(result.result_rows, default=str))

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from jitterscope.broker import EmbeddedBroker, free_port
-from jitterscope.query import query_worker, run_query, running_worker_port
+from jitterscope.query import query_worker, run_query, running_worker
 from jitterscope.settings import load
 
 
@@ -96,9 +96,9 @@ class Stack:
     def query_ok(self) -> bool:
         """The worker itself answers (never open the store from the test
         process: chDB admits one process per data directory)."""
-        port = running_worker_port(load(data_dir=self.data_dir))
         try:
-            return bool(port) and query_worker(port, "SELECT 1", {})[1] == [[1]]
+            worker = running_worker(load(data_dir=self.data_dir))
+            return bool(worker) and query_worker(worker, "SELECT 1", {})[1] == [[1]]
         except Exception:
             return False
 

@@ -1,8 +1,3 @@
--- jitterscope on a ClickHouse cluster: Replicated*MergeTree tables (<name>_local) on
--- every node, Distributed tables sharded by cityHash64(host), views on the local tables.
--- Generated from schemas/clickhouse/*.sql by: jitterscope schema --cluster ''
--- (uses the {cluster}, {shard} and {replica} macros of each server's config).
-
 CREATE DATABASE IF NOT EXISTS jitterscope ON CLUSTER '{cluster}';
 
 CREATE TABLE IF NOT EXISTS jitterscope.runq_events_local ON CLUSTER '{cluster}' (
@@ -311,3 +306,27 @@ SELECT host, cause, toStartOfMinute(ts) AS minute, count() AS requests,
        quantilesState(0.5, 0.99, 0.999)(duration_ns) AS duration_quantiles
 FROM jitterscope.request_attribution_local
 GROUP BY host, cause, minute;
+
+ALTER TABLE jitterscope.collector_stats_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS map_full_drops UInt64;
+
+ALTER TABLE jitterscope.collector_stats ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS map_full_drops UInt64;
+
+ALTER TABLE jitterscope.collector_stats_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS spool_drops UInt64;
+
+ALTER TABLE jitterscope.collector_stats ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS spool_drops UInt64;
+
+ALTER TABLE jitterscope.collector_stats_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS spooled UInt64;
+
+ALTER TABLE jitterscope.collector_stats ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS spooled UInt64;
+
+ALTER TABLE jitterscope.collector_stats_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS producer_restarts UInt64;
+
+ALTER TABLE jitterscope.collector_stats ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS producer_restarts UInt64;
+
+ALTER TABLE jitterscope.collector_stats_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS sent_by_topic Map(String, UInt64);
+
+ALTER TABLE jitterscope.collector_stats ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS sent_by_topic Map(String, UInt64);
+
+ALTER TABLE jitterscope.deadletter_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS host LowCardinality(String) DEFAULT '';
+
+ALTER TABLE jitterscope.deadletter ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS host LowCardinality(String) DEFAULT '';

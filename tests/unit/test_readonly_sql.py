@@ -1,0 +1,213 @@
+"""The read-only guard for user SQL: one test per attack, and the ordinary
+queries it must let through."""
+
+from __future__ import annotations
+
+import pytest
+
+from jitterscope.errors import JitterscopeError, UnsafeQuery
+from jitterscope.streams import readonly_sql
+from jitterscope.streams.readonly_sql import check
+
+
+def refused(sql: str, parameters: dict | None = None) -> str:
+    with pytest.raises(UnsafeQuery) as info:
+        check(sql, parameters)
+    message = str(info.value)
+    assert "\n" not in message and message.startswith("refused: ")
+    return message
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT 'x' INTO OUTFILE '/root/secret/new'",
+    "SELECT 'x' INTO OUTFILE '/root/victim' APPEND",
+    "SELECT 'x' INTO OUTFILE '/root/victim' TRUNCATE",
+    "SELECT 'x' INTO OUTFILE '/root/victim' AND STDOUT",
+    "sEleCt 'x' /* */ into/**/outfile '/tmp/f'",
+    "select 1 INTO -- comment\n OUTFILE '/tmp/f'",
+    "SHOW TABLES INTO OUTFILE '/tmp/f'",
+    "EXPLAIN PIPELINE SELECT 1 INTO OUTFILE '/tmp/f'",
+    "WITH t AS (SELECT 1) SELECT * FROM t INTO OUTFILE '/tmp/f'",
+    "(SELECT 1) INTO OUTFILE '/tmp/f'",
+])
+def test_into_outfile_is_refused(sql):
+    assert "INTO OUTFILE" in refused(sql)
+
+
+@pytest.mark.parametrize("sql, name", [
+    ("SELECT * FROM file('/etc/shadow', 'LineAsString')", "file"),
+    ("SELECT file('/etc/shadow')", "file"),  # the scalar file() reads any file under readonly=1
+    ("SELECT * FROM url('http://169.254.169.254/', 'LineAsString')", "url"),
+    ("SELECT * FROM s3('http://127.0.0.1/b/x.csv', 'CSV', 'a String')", "s3"),
+    ("SELECT * FROM executable('id', 'LineAsString', 'a String')", "executable"),
+    ("SELECT * FROM remote('127.0.0.1:9000', system.one)", "remote"),
+    ("SELECT * FROM sqlite('/root/new.db', 't')", "sqlite"),
+    ("SELECT * FROM mysql('h:3306', 'd', 't', 'u', 'p')", "mysql"),
+    ("SELECT * FROM postgresql('h:5432', 'd', 't', 'u', 'p')", "postgresql"),
+    ("SELECT * FROM hdfs('hdfs://h/x', 'CSV', 'a String')", "hdfs"),
+    ("SELECT * FROM azureBlobStorage('x')", "azureBlobStorage"),
+    ("SELECT * FROM icebergLocal('/var/lib')", "icebergLocal"),
+    ("SELECT * FROM deltaLake('http://h/x')", "deltaLake"),
+    ("SELECT * FROM clusterAllReplicas('c', system.one)", "clusterAllReplicas"),
+    ("SELECT * FROM dictionary('d')", "dictionary"),
+    ("SELECT * FROM python(df)", "python"),
+    ("SELECT * FROM FILE('/etc/shadow', 'LineAsString')", "FILE"),
+    ("SELECT * FROM file /* gap */ ('/etc/shadow', 'LineAsString')", "file"),
+    ("SELECT count() FROM (SELECT * FROM jitterscope.processes WHERE pid IN "
+     "(SELECT toUInt32(line) FROM file('/tmp/pids', 'LineAsString')))", "file"),
+    ("DESCRIBE TABLE file('/etc/shadow', 'LineAsString')", "file"),
+    ("SELECT * FROM loop(url('http://h/', 'CSV', 'a String')) LIMIT 1", "url"),
+])
+def test_functions_that_reach_outside_are_refused(sql, name):
+    assert f"{name}()" in refused(sql)
+
+
+def test_quoted_function_names_are_refused():
+    refused("SELECT * FROM `file`('/etc/shadow', 'LineAsString')")
+    refused('SELECT * FROM "fi\\x6ce"(\'/etc/shadow\')')
+
+
+@pytest.mark.parametrize("sql", [
+    "INSERT INTO FUNCTION file('/tmp/f', 'CSV') SELECT 1",
+    "INSERT INTO jitterscope.alerts SELECT * FROM jitterscope.alerts",
+    "CREATE TABLE t (a Int8) ENGINE = File(CSV, '/tmp/f')",
+    "ALTER TABLE jitterscope.processes DELETE WHERE 1",
+    "DROP TABLE jitterscope.processes",
+    "TRUNCATE TABLE jitterscope.processes",
+    "DELETE FROM jitterscope.processes WHERE 1",
+    "SYSTEM FLUSH LOGS",
+    "KILL QUERY WHERE 1",
+    "SET readonly = 0",
+    "GRANT ALL ON *.* TO default",
+    "BACKUP DATABASE jitterscope TO File('/tmp/b')",
+    "OPTIMIZE TABLE jitterscope.processes FINAL",
+    "USE system",
+    "(INSERT INTO t VALUES (1))",
+    "(SHOW TABLES)",
+    "WITH 1 AS x INSERT INTO FUNCTION file('/tmp/f', 'CSV') SELECT x",
+])
+def test_statements_that_write_are_refused(sql):
+    refused(sql)
+
+
+@pytest.mark.parametrize("sql", [
+    "EXPLAIN PIPELINE INSERT INTO FUNCTION file('/tmp/f', 'CSV') SELECT 1",  # creates the file in chDB
+    "EXPLAIN AST CREATE TABLE t (a Int8) ENGINE = Memory",
+    "EXPLAIN SYSTEM FLUSH LOGS",
+])
+def test_explain_only_of_a_select(sql):
+    refused(sql)
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT 1; SELECT 2",
+    "SELECT 1; INSERT INTO FUNCTION file('/tmp/f', 'CSV') SELECT 1",
+    "SELECT 1 ;; SELECT 2",
+    "SELECT ';' ; DROP TABLE t",
+])
+def test_more_than_one_statement_is_refused(sql):
+    refused(sql)
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT 1 SETTINGS readonly = 0",
+    "SELECT 1 SETTINGS readonly=0",
+    "select 1 settings max_execution_time = 100000, readonly = 2",
+    "SELECT 1 SETTINGS `readonly` = 0",
+    "SELECT * FROM jitterscope.processes SETTINGS /* c */ max_result_rows = 0",
+])
+def test_settings_clauses_are_refused(sql):
+    assert "SETTINGS" in refused(sql)
+
+
+@pytest.mark.parametrize("sql", [
+    # ClickHouse nests /* */ comments: '/* /* */' alone would leave the
+    # second half of the comment looking like code and the quote like a string
+    "SELECT 1 /* /* */ ' */ INTO OUTFILE '/tmp/f' -- '",
+    # a -- comment ends at \n only, not at \r (checked in chDB)
+    "SELECT 1 -- \r' \n INTO OUTFILE '/tmp/f' --'",
+    # escaped and doubled quotes do not end a string
+    "SELECT 'a\\' INTO OUTFILE ' INTO OUTFILE '/tmp/f'",
+    "SELECT 'a'' b' INTO OUTFILE '/tmp/f'",
+])
+def test_comment_and_quote_tricks_do_not_hide_anything(sql):
+    refused(sql)
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT 1 # ' \n INTO OUTFILE '/tmp/f' -- '",  # '# ' is a comment in ClickHouse
+    "SELECT $$ ' $$ INTO OUTFILE '/tmp/f' -- '",  # heredoc string
+    "SELECT 1 /* unterminated",
+    "SELECT 'unterminated",
+    "SELECT 1 \\ 2",
+    "SELECT 1\u00a0+ 1",  # non-ASCII outside quotes
+    "SELECT 1\0 INTO OUTFILE '/tmp/f'",
+])
+def test_syntax_the_guard_does_not_model_is_refused(sql):
+    refused(sql)
+
+
+def test_parameters_are_checked_as_bound():
+    # clickhouse-connect fills %(x)s in by text, so a value inside a literal
+    # closes it: this binds to SELECT 1, ''INTO OUTFILE'/tmp/f' (checked in chDB)
+    assert "INTO OUTFILE" in refused("SELECT 1, '%(x)s/tmp/f'", {"x": "INTO OUTFILE"})
+    refused("SELECT {x:String}", {"x": ["not", "a", "scalar"]})
+    refused("SELECT 1, '%(x)s'", {"x": "it's"})  # the same break-out, caught as a stray backslash
+    check("SELECT 1, %(x)s", {"x": "it's fine"})
+    check("SELECT {host:String}, {n:UInt32}", {"host": "h' INTO OUTFILE '/tmp/f", "n": "3"})  # sent typed
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT 1",
+    "select 1;",
+    "SELECT 'INTO OUTFILE', 'file(', 'SETTINGS readonly=0' -- into outfile\n",
+    "SELECT \"into\", `outfile` FROM jitterscope.processes /* INTO OUTFILE '/x' */",
+    "SELECT file_name, url_path, remote_addr FROM t WHERE file_name LIKE '%.so'",
+    "SELECT host, count() AS n FROM jitterscope.runq_events WHERE ts > now() - INTERVAL 1 HOUR "
+    "GROUP BY host ORDER BY n DESC LIMIT 10",
+    "WITH recent AS (SELECT * FROM jitterscope.alerts WHERE raised > now() - INTERVAL 1 DAY) "
+    "SELECT kind, count() FROM recent GROUP BY kind",
+    "(SELECT 1) UNION ALL (SELECT 2)",
+    "SHOW TABLES FROM jitterscope",
+    "SHOW CREATE TABLE jitterscope.processes",
+    "DESCRIBE TABLE jitterscope.processes",
+    "DESC jitterscope.processes",
+    "EXISTS TABLE jitterscope.processes",
+    "EXPLAIN SELECT 1",
+    "EXPLAIN PLAN header = 1, actions = 1 SELECT 1",
+    "EXPLAIN QUERY TREE (SELECT 1)",
+    "SELECT * FROM numbers(10) WHERE number % 2 = 0",
+    "SELECT Settings FROM system.query_log LIMIT 1",  # a column named like the clause
+    "SELECT 'a\\'b', 'c''d', 1 AS a$b",
+    "SELECT count() FROM system.tables",
+    "SELECT * FROM jitterscope.processes FINAL WHERE host = {host:String} AND comm = 'x' FORMAT Native",
+    "SELECT 'ünïcode ✓' AS s",
+])
+def test_ordinary_reads_pass(sql):
+    check(sql)
+
+
+def test_refusals_are_jitterscope_errors_with_one_line():
+    assert issubclass(UnsafeQuery, JitterscopeError)
+    assert "\n" not in refused("SELECT 1;\nSELECT 2")
+
+
+def test_system_tables_with_credentials_are_refused():
+    refused("SELECT * FROM system.named_collections")
+    refused("SELECT * FROM `system`.`named_collections`")
+
+
+def test_every_table_function_of_this_chdb_is_classified(tmp_path):
+    """A chDB upgrade that adds a table function fails here until someone
+    decides whether it is safe."""
+    import clickhouse_connect
+
+    client = clickhouse_connect.get_client(interface="chdb", path=str(tmp_path / "ch"))
+    try:
+        names = {row[0] for row in client.query("SELECT name FROM system.table_functions").result_rows}
+    finally:
+        client.close()
+    unclassified = {n for n in names if n.lower() not in readonly_sql.DENIED_FUNCTIONS
+                    and n not in readonly_sql.SAFE_TABLE_FUNCTIONS}
+    assert not unclassified, f"classify these table functions in streams/readonly_sql.py: {sorted(unclassified)}"
+    assert not {n.lower() for n in readonly_sql.SAFE_TABLE_FUNCTIONS} & readonly_sql.DENIED_FUNCTIONS
