@@ -12,9 +12,30 @@
  * Nothing leaves the kernel one by one.
  */
 #include "blockio.h"
+#include "drops.h"
 
+BPF_PERCPU_ARRAY(drops, u64, DROP_SLOTS);   /* loss counters, see drops.h */
+
+static __always_inline void count_drop(int why)
+{
+    u64 *dropped = drops.lookup(&why);
+    if (dropped)
+        (*dropped)++;
+}
+
+/* A map update's return value, counted when it failed (map full). */
+static __always_inline void check_update(int ret)
+{
+    if (ret < 0)
+        count_drop(DROP_MAP_FULL);
+}
+
+#ifndef MAX_IN_FLIGHT  /* -DMAX_IN_FLIGHT=... shrinks it (tests) */
 #define MAX_IN_FLIGHT 16384
+#endif
+#ifndef MAX_DEVICES  /* -DMAX_DEVICES=... shrinks it (tests) */
 #define MAX_DEVICES 1024
+#endif
 #define SECTOR_SHIFT 9
 
 BPF_ARRAY(config, struct blockio_config, 1);
@@ -22,7 +43,6 @@ BPF_ARRAY(config, struct blockio_config, 1);
  * was never traced must not fill the table. */
 BPF_TABLE("lru_hash", struct rq_key, struct rq_start, in_flight, MAX_IN_FLIGHT);
 BPF_PERCPU_HASH(stats, u32, struct dev_stats, MAX_DEVICES);
-BPF_PERCPU_ARRAY(drops, u64, 1);        /* completions not counted: `stats` full */
 
 TRACEPOINT_PROBE(block, block_rq_issue)
 {
@@ -32,7 +52,7 @@ TRACEPOINT_PROBE(block, block_rq_issue)
         return 0;
     struct rq_key key = {.dev = args->dev, ._pad = 0, .sector = args->sector};
     struct rq_start start = {.ts_ns = bpf_ktime_get_ns(), .bytes = args->bytes};
-    in_flight.update(&key, &start);
+    check_update(in_flight.update(&key, &start));
     return 0;
 }
 
@@ -51,7 +71,7 @@ TRACEPOINT_PROBE(block, block_rq_complete)
     if (done > 0 && done < left && args->error == 0) {  /* a part: wait for the rest */
         struct rq_key next = {.dev = key.dev, ._pad = 0, .sector = key.sector + nr_sector};
         struct rq_start rest = {.ts_ns = issued, .bytes = left - done};
-        in_flight.update(&next, &rest);
+        check_update(in_flight.update(&next, &rest));
     }
 
     int zero = 0;
@@ -65,9 +85,7 @@ TRACEPOINT_PROBE(block, block_rq_complete)
         stats.insert(&dev, &fresh);
         s = stats.lookup(&dev);
         if (!s) {
-            u64 *dropped = drops.lookup(&zero);
-            if (dropped)
-                (*dropped)++;
+            count_drop(DROP_MAP_FULL);  /* a completion not counted: `stats` full */
             return 0;
         }
     }

@@ -12,10 +12,33 @@
  * above config.threshold_ns also leave as one ring-buffer event each.
  */
 #include "gpuioctl.h"
+#include "drops.h"
 
+BPF_PERCPU_ARRAY(drops, u64, DROP_SLOTS);   /* loss counters, see drops.h */
+
+static __always_inline void count_drop(int why)
+{
+    u64 *dropped = drops.lookup(&why);
+    if (dropped)
+        (*dropped)++;
+}
+
+/* A map update's return value, counted when it failed (map full). */
+static __always_inline void check_update(int ret)
+{
+    if (ret < 0)
+        count_drop(DROP_MAP_FULL);
+}
+
+#ifndef MAX_WATCHED  /* -DMAX_WATCHED=... shrinks it (tests) */
 #define MAX_WATCHED 16384
+#endif
+#ifndef MAX_IN_FLIGHT  /* -DMAX_IN_FLIGHT=... shrinks it (tests) */
 #define MAX_IN_FLIGHT 16384
+#endif
+#ifndef MAX_HIST_KEYS  /* -DMAX_HIST_KEYS=... shrinks it (tests) */
 #define MAX_HIST_KEYS 16384
+#endif
 
 BPF_HASH(watched, struct gpu_fd, u8, MAX_WATCHED);
 /* tid -> the call it is in. LRU: a thread killed in the middle of a call
@@ -23,7 +46,6 @@ BPF_HASH(watched, struct gpu_fd, u8, MAX_WATCHED);
 BPF_TABLE("lru_hash", u32, struct ioctl_start, in_flight, MAX_IN_FLIGHT);
 BPF_ARRAY(config, struct gpuioctl_config, 1);
 BPF_HASH(hist, struct gpu_hist_key, u64, MAX_HIST_KEYS);
-BPF_PERCPU_ARRAY(drops, u64, 1);                    /* ring-buffer reserve failures */
 BPF_RINGBUF_OUTPUT(events, 16);                     /* 16 pages = 64 KiB */
 
 TRACEPOINT_PROBE(syscalls, sys_enter_ioctl)
@@ -36,7 +58,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_ioctl)
     struct ioctl_start start = {
         .ts_ns = bpf_ktime_get_ns(), .request = (u32)args->cmd, .fd = key.fd, ._pad = 0,
     };
-    in_flight.update(&tid, &start);
+    check_update(in_flight.update(&tid, &start));
     return 0;
 }
 
@@ -74,14 +96,14 @@ TRACEPOINT_PROBE(syscalls, sys_exit_ioctl)
     u64 *count = hist.lookup_or_try_init(&hkey, &none);
     if (count)
         __sync_fetch_and_add(count, 1);
+    else
+        count_drop(DROP_MAP_FULL);
 
     if (latency_ns < cfg->threshold_ns)
         return 0;
     struct gpu_ioctl_event *ev = events.ringbuf_reserve(sizeof(*ev));
     if (!ev) {
-        u64 *dropped = drops.lookup(&zero);
-        if (dropped)
-            (*dropped)++;
+        count_drop(DROP_RINGBUF);
         return 0;
     }
     ev->ts_ns = now;

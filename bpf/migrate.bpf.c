@@ -22,12 +22,35 @@
  * as cross-node and leaves as one ring-buffer event.
  */
 #include "migrate.h"
+#include "drops.h"
+
+BPF_PERCPU_ARRAY(drops, u64, DROP_SLOTS);   /* loss counters, see drops.h */
+
+static __always_inline void count_drop(int why)
+{
+    u64 *dropped = drops.lookup(&why);
+    if (dropped)
+        (*dropped)++;
+}
+
+/* A map update's return value, counted when it failed (map full). */
+static __always_inline void check_update(int ret)
+{
+    if (ret < 0)
+        count_drop(DROP_MAP_FULL);
+}
 
 #define CLONE_THREAD 0x00010000
 
+#ifndef MAX_THREADS  /* -DMAX_THREADS=... shrinks it (tests) */
 #define MAX_THREADS 65536
+#endif
+#ifndef MAX_TARGETS  /* -DMAX_TARGETS=... shrinks it (tests) */
 #define MAX_TARGETS 4096
+#endif
+#ifndef MAX_CPUS  /* -DMAX_CPUS=... shrinks it (tests) */
 #define MAX_CPUS 8192
+#endif
 
 BPF_TABLE("lru_hash", u32, struct task_info, tasks, MAX_THREADS); /* tid -> tgid, comm */
 BPF_HASH(counts, u32, struct migrate_counts, MAX_THREADS);         /* tid -> counts */
@@ -36,16 +59,7 @@ BPF_HASH(targets, u32, u8, MAX_TARGETS);                           /* tgids to w
  * out reads as unknown (never cross-node) rather than as node 0 */
 BPF_HASH(cpu_node, u32, u32, MAX_CPUS);
 BPF_ARRAY(config, struct migrate_config, 1);
-/* [0] ring-buffer reserve failures, [1] threads not counted: `counts` full */
-BPF_PERCPU_ARRAY(drops, u64, 2);
 BPF_RINGBUF_OUTPUT(events, 16);                                    /* 16 pages = 64 KiB */
-
-static __always_inline void count_drop(int why)
-{
-    u64 *dropped = drops.lookup(&why);
-    if (dropped)
-        (*dropped)++;
-}
 
 static __always_inline u32 node_of(u32 cpu)
 {
@@ -60,7 +74,7 @@ TRACEPOINT_PROBE(task, task_newtask)
         .pid = (args->clone_flags & CLONE_THREAD) ? bpf_get_current_pid_tgid() >> 32 : tid,
     };
     __builtin_memcpy(info.comm, args->comm, TASK_COMM_LEN);
-    tasks.update(&tid, &info);
+    check_update(tasks.update(&tid, &info));
     return 0;
 }
 
@@ -74,7 +88,7 @@ TRACEPOINT_PROBE(task, task_rename)
     } else if ((u32)pid_tgid == tid) {  /* renaming itself: current says its tgid */
         struct task_info info = {.pid = pid_tgid >> 32};
         __builtin_memcpy(info.comm, args->newcomm, TASK_COMM_LEN);
-        tasks.update(&tid, &info);
+        check_update(tasks.update(&tid, &info));
     }
     return 0;
 }
@@ -113,7 +127,7 @@ TRACEPOINT_PROBE(sched, sched_migrate_task)
         counts.insert(&tid, &fresh);  /* fails harmlessly if another CPU just did it */
         c = counts.lookup(&tid);
         if (!c) {
-            count_drop(1);
+            count_drop(DROP_MAP_FULL);  /* a migration not counted: `counts` full */
             return 0;
         }
     }
@@ -130,7 +144,7 @@ TRACEPOINT_PROBE(sched, sched_migrate_task)
         return 0;
     struct migrate_event *ev = events.ringbuf_reserve(sizeof(*ev));
     if (!ev) {
-        count_drop(0);
+        count_drop(DROP_RINGBUF);
         return 0;
     }
     ev->ts_ns = bpf_ktime_get_ns();

@@ -17,15 +17,35 @@
  * A process's entries are freed after its exit has been read (`exited`).
  */
 #include "pages.h"
+#include "drops.h"
 
+BPF_PERCPU_ARRAY(drops, u64, DROP_SLOTS);   /* loss counters, see drops.h */
+
+static __always_inline void count_drop(int why)
+{
+    u64 *dropped = drops.lookup(&why);
+    if (dropped)
+        (*dropped)++;
+}
+
+/* A map update's return value, counted when it failed (map full). */
+static __always_inline void check_update(int ret)
+{
+    if (ret < 0)
+        count_drop(DROP_MAP_FULL);
+}
+
+#ifndef MAX_KEYS  /* -DMAX_KEYS=... shrinks it (tests) */
 #define MAX_KEYS 16384
+#endif
+#ifndef MAX_EXITED  /* -DMAX_EXITED=... shrinks it (tests) */
 #define MAX_EXITED 4096
+#endif
 #define NO_PAGE (~0UL)  /* mm_page_alloc's pfn when the allocation failed */
 
 BPF_ARRAY(config, struct pages_config, 1);
 BPF_HASH(counts, struct page_key, struct page_counts, MAX_KEYS);
 BPF_HASH(exited, u32, u8, MAX_EXITED);  /* tgids gone since the collector's last read */
-BPF_PERCPU_ARRAY(drops, u64, 1);        /* pages not counted: `counts` full */
 
 static __always_inline void count_pages(u64 pfn, u32 order, int page_cache)
 {
@@ -51,9 +71,7 @@ static __always_inline void count_pages(u64 pfn, u32 order, int page_cache)
         counts.insert(&key, &fresh);  /* fails harmlessly if another CPU just did it */
         c = counts.lookup(&key);
         if (!c) {
-            u64 *dropped = drops.lookup(&zero);
-            if (dropped)
-                (*dropped)++;
+            count_drop(DROP_MAP_FULL);  /* pages not counted: `counts` full */
             return;
         }
     }
@@ -84,6 +102,7 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
         return 0;
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
     u8 one = 1;
-    exited.update(&tgid, &one);
+    /* full: its counters stay until the collector's forget() (a slower path) */
+    check_update(exited.update(&tgid, &one));
     return 0;
 }

@@ -11,15 +11,38 @@
  * a kernel thread that woke for a moment; blaming it would hide the hog.)
  */
 #include "runqlat.h"
+#include "drops.h"
+
+BPF_PERCPU_ARRAY(drops, u64, DROP_SLOTS);   /* loss counters, see drops.h */
+
+static __always_inline void count_drop(int why)
+{
+    u64 *dropped = drops.lookup(&why);
+    if (dropped)
+        (*dropped)++;
+}
+
+/* A map update's return value, counted when it failed (map full). */
+static __always_inline void check_update(int ret)
+{
+    if (ret < 0)
+        count_drop(DROP_MAP_FULL);
+}
 
 /* sched_switch reports a preempted, still-runnable task with this bit
  * (TASK_REPORT_MAX) in prev_state; a voluntary sleep sets a state bit. */
 #define PREEMPT_STATE_BIT 0x100
 #define CLONE_THREAD 0x00010000
 
+#ifndef MAX_THREADS  /* -DMAX_THREADS=... shrinks it (tests) */
 #define MAX_THREADS 65536
+#endif
+#ifndef MAX_TARGETS  /* -DMAX_TARGETS=... shrinks it (tests) */
 #define MAX_TARGETS 4096
+#endif
+#ifndef MAX_HIST_KEYS  /* -DMAX_HIST_KEYS=... shrinks it (tests) */
 #define MAX_HIST_KEYS 16384
+#endif
 
 BPF_HASH(enqueued_at, u32, u64, MAX_THREADS);      /* tid -> when it became runnable */
 BPF_TABLE("lru_hash", u32, u32, tid_tgid, MAX_THREADS); /* learned tid -> tgid */
@@ -30,7 +53,6 @@ BPF_HASH(targets, u32, u64, MAX_TARGETS);
 BPF_ARRAY(config, struct runq_config, 1);
 BPF_HASH(hist, struct runq_hist_key, u64, MAX_HIST_KEYS);
 BPF_PERCPU_ARRAY(recent, struct cpu_runs, 1);       /* per-CPU run history */
-BPF_PERCPU_ARRAY(drops, u64, 1);                    /* ring-buffer reserve failures */
 BPF_RINGBUF_OUTPUT(events, 64);                     /* 64 pages = 256 KiB */
 
 static __always_inline u32 tgid_of(u32 tid)
@@ -61,7 +83,7 @@ static __always_inline void mark_runnable(u32 tid, u64 now)
     /* the tid -> tgid look-up is only paid for when filtering */
     if (cfg->filter_targets && !is_target(tgid_of(tid)))
         return;
-    enqueued_at.update(&tid, &now);
+    check_update(enqueued_at.update(&tid, &now));
 }
 
 TRACEPOINT_PROBE(task, task_newtask)
@@ -69,7 +91,7 @@ TRACEPOINT_PROBE(task, task_newtask)
     /* Runs in the parent: a new thread shares its tgid, a new process has its own. */
     u32 tid = args->pid;
     u32 tgid = (args->clone_flags & CLONE_THREAD) ? bpf_get_current_pid_tgid() >> 32 : tid;
-    tid_tgid.update(&tid, &tgid);
+    check_update(tid_tgid.update(&tid, &tgid));
     return 0;
 }
 
@@ -115,13 +137,13 @@ TRACEPOINT_PROBE(sched, sched_switch)
     if (prev_tid != 0) {
         u32 *known = tid_tgid.lookup(&prev_tid);
         if (!known || *known != prev_tgid)
-            tid_tgid.update(&prev_tid, &prev_tgid);
+            check_update(tid_tgid.update(&prev_tid, &prev_tgid));
         /* Preempted: it waits again. A task going to sleep keeps any stale
          * entry: its next wakeup overwrites it before it can run again, and
          * sched_process_exit removes it; deleting here would cost a map
          * operation on every switch. */
         if ((args->prev_state & ~(long)PREEMPT_STATE_BIT) == 0 && is_target(prev_tgid))
-            enqueued_at.update(&prev_tid, &now);
+            check_update(enqueued_at.update(&prev_tid, &now));
     }
 
     u32 tid = args->next_pid;
@@ -137,12 +159,13 @@ TRACEPOINT_PROBE(sched, sched_switch)
     if (!is_target(tgid))   /* targets may have changed since it was queued */
         return 0;
     struct runq_hist_key key = {.pid = tgid, .slot = bpf_log2l(wait_ns / 1000)};
-    u64 one = 1;
-    u64 *count = hist.lookup(&key);
+    u64 none = 0;
+    /* insert-if-absent, then add: two CPUs creating the same key both count */
+    u64 *count = hist.lookup_or_try_init(&key, &none);
     if (count)
         __sync_fetch_and_add(count, 1);
     else
-        hist.update(&key, &one);
+        count_drop(DROP_MAP_FULL);
 
     struct runq_config *cfg = config.lookup(&zero);
     if (!cfg)
@@ -158,9 +181,7 @@ TRACEPOINT_PROBE(sched, sched_switch)
 
     struct runq_event *ev = events.ringbuf_reserve(sizeof(*ev));
     if (!ev) {
-        u64 *dropped = drops.lookup(&zero);
-        if (dropped)
-            (*dropped)++;
+        count_drop(DROP_RINGBUF);
         return 0;
     }
     ev->ts_ns = now;

@@ -161,7 +161,12 @@ class HardwareSources:
             self.pages.forget(pids)
 
     def drops(self) -> int:
+        """Events lost to full ring buffers."""
         return sum(p.drops() for p in (self.gpu, self.migrate, self.pages, self.blockio) if p)
+
+    def map_full_drops(self) -> int:
+        """In-kernel map updates that failed (map full), over all probes."""
+        return sum(p.map_full_drops() for p in (self.gpu, self.migrate, self.pages, self.blockio) if p)
 
     def close(self) -> None:
         for probe in (self.gpu, self.migrate, self.pages, self.blockio):

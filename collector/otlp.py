@@ -21,11 +21,30 @@ Bodies are untrusted: sizes are capped before reading and after gunzip, parse
 errors answer 400, attribute strings are kept verbatim as data (truncated),
 and nothing a sender does makes a handler raise. Frequent events are
 counters (``jitterscope_otlp_*``), not log lines.
+
+Spans whose ids or times are impossible are *rejected* one by one, never the
+whole export: the others are kept, and the answer is an OTLP partial success
+(``rejected_spans`` and a message). Times must fit the store's DateTime64(9)
+(epoch ns below 2^63, see ``schemas.events.EpochNs``): a value at or past that
+would fail a whole ClickHouse insert later. Beyond that, a span that starts
+at 0, ends before it starts, or ends more than ``MAX_FUTURE_NS`` (a day)
+after the receiver's clock is a broken clock, not a request. There is no floor
+on how old a span may be: spans and kernel events share the host's clock, so
+an old-looking clock still joins.
+
+Senders are untrusted too: at most ``max_connections`` connections are served
+at once (more wait in the kernel's accept backlog, served as slots free up),
+and each request, headers and body, must arrive within ``read_timeout_s``
+from when the receiver starts reading it. A client that sent part of a
+request by then gets 408 and is disconnected; one that sent nothing (an idle
+keep-alive connection) is disconnected quietly. So a slowloris holds a slot
+for ``read_timeout_s`` at most.
 """
 
 from __future__ import annotations
 
 import base64
+import io
 import ipaddress
 import json
 import logging
@@ -34,10 +53,11 @@ import os
 import socket
 import sys
 import threading
+import time
 import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, NamedTuple
 from urllib.parse import urlsplit
 
 from google.protobuf import json_format
@@ -52,6 +72,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 from prometheus_client import Counter
 
 from jitterscope.errors import JitterscopeError
+from jitterscope.schemas.events import MAX_EPOCH_NS
 
 log = logging.getLogger("jitterscope.collector.otlp")
 
@@ -60,9 +81,14 @@ PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
 DEFAULT_REQUEST_ID_ATTRIBUTES: tuple[str, ...] = ("gen_ai.request.id",)
 DEFAULT_MAX_BODY_BYTES = 4 << 20
+DEFAULT_MAX_CONNECTIONS = 64
+DEFAULT_READ_TIMEOUT_S = 10.0
 MAX_STRING_CHARS = 256  # request IDs and span names longer than this are truncated
 MAX_PHASE_S = 86_400.0  # a phase longer than a day is a broken clock, not a slow request
-PID_MAX_LIMIT = 1 << 22  # the kernel's ceiling for pid_max
+PID_MAX_LIMIT = 1 << 22  # the kernel's ceiling for pid_max (so any pid fits RequestSpan.pid, a U32)
+# A span ending later than this after our clock is a broken sender clock; a
+# day leaves room for skew between hosts when spans are relayed.
+MAX_FUTURE_NS = 86_400 * 10**9
 
 # vLLM's per-request latency attributes (seconds, as doubles) -> RequestSpan fields.
 PHASE_ATTRIBUTES = {
@@ -77,10 +103,15 @@ _STATUS = {Status.STATUS_CODE_OK: "ok", Status.STATUS_CODE_ERROR: "error"}
 HTTP_REQUESTS = Counter("jitterscope_otlp_http_requests_total", "OTLP HTTP requests answered, by status", ["code"])
 SPANS_RECEIVED = Counter("jitterscope_otlp_spans_received_total", "spans in accepted OTLP export requests")
 SPANS_SKIPPED = Counter("jitterscope_otlp_spans_skipped_total",
-                        "spans that did not become requests (child spans, bad ids or times)")
+                        "valid spans that are not requests (a request's child spans)")
+SPANS_REJECTED = Counter("jitterscope_otlp_spans_rejected_total",
+                         "invalid spans refused (answered as an OTLP partial success), by reason", ["reason"])
 REQUESTS_PRODUCED = Counter("jitterscope_otlp_request_records_total", "request records produced from spans")
 CONNECTION_ERRORS = Counter("jitterscope_otlp_connection_errors_total",
                             "connections that failed before a request could be answered")
+TIMEOUTS = Counter("jitterscope_otlp_timeouts_total",
+                   "connections closed because a request did not arrive in time, by whether "
+                   "part of it had (answered 408) or none (idle, closed quietly)", ["partial"])
 
 
 class OtlpError(Exception):
@@ -163,25 +194,54 @@ def _snake(camel: str) -> str:
 
 # -- spans to requests -----------------------------------------------------
 
+class Converted(NamedTuple):
+    records: list[dict]  # RequestSpan fields, less the Record stamps
+    skipped: int  # valid spans that are not requests (children)
+    rejected: dict[str, int]  # invalid spans, by reason (see `_Rejected`)
+
+    def rejection_message(self) -> str:
+        """The partial-success error message: counts by reason."""
+        reasons = ", ".join(f"{n} {reason.replace('_', ' ')}" for reason, n in sorted(self.rejected.items()))
+        return f"{sum(self.rejected.values())} spans rejected: {reasons}" if self.rejected else ""
+
+
+class _Rejected(Exception):
+    """An invalid span; ``reason`` is a short fixed word (a metric label)."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
 def spans_to_requests(request: ExportTraceServiceRequest,
                       request_id_attributes: Iterable[str] = DEFAULT_REQUEST_ID_ATTRIBUTES,
-                      peer_pid: int | None = None) -> tuple[list[dict], int]:
+                      peer_pid: int | None = None, now_ns: int | None = None) -> Converted:
     """The RequestSpan fields (less the Record stamps) of every request span in
-    ``request``, and how many spans were skipped. ``peer_pid`` is the sending
-    process, used where a resource has no ``process.pid``."""
+    ``request``, how many valid spans were not requests, and how many invalid
+    ones were rejected, by reason. ``peer_pid`` is the sending process, used
+    where a resource has no ``process.pid``; ``now_ns`` the clock for the
+    future bound (default: now)."""
     request_id_attributes = tuple(request_id_attributes)
+    latest_end_ns = min((time.time_ns() if now_ns is None else now_ns) + MAX_FUTURE_NS, MAX_EPOCH_NS)
     records: list[dict] = []
     skipped = 0
+    rejected: dict[str, int] = {}
     for resource_spans in request.resource_spans:
         pid = resource_pid(resource_spans.resource) or peer_pid or 0
+        if not 0 <= pid <= PID_MAX_LIMIT:
+            pid = 0  # a pid that cannot be one (the column is a U32): host level
         for scope_spans in resource_spans.scope_spans:
             for span in scope_spans.spans:
-                record = _span_to_request(span, pid, request_id_attributes)
+                try:
+                    record = _span_to_request(span, pid, request_id_attributes, latest_end_ns)
+                except _Rejected as exc:
+                    rejected[exc.reason] = rejected.get(exc.reason, 0) + 1
+                    continue
                 if record is None:
                     skipped += 1
                 else:
                     records.append(record)
-    return records, skipped
+    return Converted(records, skipped, rejected)
 
 
 def resource_pid(resource: Resource) -> int | None:
@@ -195,13 +255,23 @@ def resource_pid(resource: Resource) -> int | None:
     return None
 
 
-def _span_to_request(span: Span, pid: int, request_id_attributes: tuple[str, ...]) -> dict | None:
+def _span_to_request(span: Span, pid: int, request_id_attributes: tuple[str, ...],
+                     latest_end_ns: int) -> dict | None:
+    """A request's fields; None for a valid span that is not a request;
+    `_Rejected` for an invalid one."""
     # Ids of the wrong length (or all zero) are invalid in OTLP; a record
     # keyed by them would join nothing.
     if len(span.trace_id) != 16 or len(span.span_id) != 8 or not any(span.trace_id):
-        return None
-    if span.start_time_unix_nano == 0 or span.end_time_unix_nano < span.start_time_unix_nano:
-        return None
+        raise _Rejected("bad_ids")
+    start, end = span.start_time_unix_nano, span.end_time_unix_nano  # fixed64: 0 .. 2^64-1
+    if start == 0:
+        raise _Rejected("no_start_time")
+    if end < start:
+        raise _Rejected("end_before_start")
+    if end > MAX_EPOCH_NS:  # past 2262: does not fit DateTime64(9), would poison the store
+        raise _Rejected("time_out_of_range")
+    if end > latest_end_ns:
+        raise _Rejected("time_in_future")
     attributes: dict[str, AnyValue] = {}
     for kv in span.attributes:
         attributes.setdefault(kv.key, kv.value)  # duplicate keys are invalid; the first wins
@@ -334,7 +404,7 @@ def _pid_holding(proc: Path, target: str) -> int | None:
 # -- HTTP ------------------------------------------------------------------
 
 # gRPC status codes for the google.rpc.Status body OTLP/HTTP asks for on errors.
-_GRPC_CODE = {400: 3, 404: 5, 405: 12, 411: 3, 413: 8, 415: 3, 500: 13}
+_GRPC_CODE = {400: 3, 404: 5, 405: 12, 408: 4, 411: 3, 413: 8, 415: 3, 500: 13}
 
 
 def _rpc_status(code: int, message: str) -> bytes:
@@ -376,16 +446,81 @@ def _decode_content(body: bytes, encoding: str, max_bytes: int) -> bytes:
     return bytes(out)
 
 
+class _DeadlineReader(socket.SocketIO):
+    """A connection's reading end under one deadline per request.
+
+    A per-recv socket timeout alone does not stop a slowloris: a byte every
+    few seconds resets it forever. Here every recv waits only for what is left
+    of ``limit_s`` since `start` (called as the receiver starts reading each
+    request). ``received`` says whether any of the request had arrived."""
+
+    def __init__(self, sock: socket.socket, limit_s: float):
+        super().__init__(sock, "rb")
+        self.limit_s = limit_s
+        self.deadline = time.monotonic() + limit_s
+        self.received = False
+        self.timed_out = False
+
+    def start(self) -> None:
+        self.deadline = time.monotonic() + self.limit_s
+        self.received = self.timed_out = False
+
+    def readinto(self, buffer) -> int:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            self.timed_out = True
+            raise TimeoutError("request not received in time")
+        self._sock.settimeout(left)
+        try:
+            n = super().readinto(buffer)
+        except TimeoutError:
+            self.timed_out = True
+            raise
+        finally:
+            self._sock.settimeout(self.limit_s)  # for writes: a client that never reads its answer
+        self.received = self.received or bool(n)
+        return n
+
+
 class _Handler(BaseHTTPRequestHandler):
     # HTTP/1.1 keeps the SDK exporters' connections open between exports; each
     # connection gets its own handler instance, which is where the sending
     # process is cached.
     protocol_version = "HTTP/1.1"
-    timeout = 30  # seconds a client may take to send a request (slow senders hold a thread)
+    # Headers and body go out in two writes: with Nagle on, the second waits
+    # for the client's delayed ACK, ~40 ms per export on a kept-alive connection.
+    disable_nagle_algorithm = True
     server: "_Server"
 
     def log_message(self, format, *args):  # noqa: A002 - per-request stderr lines; counters instead
         pass
+
+    def setup(self):
+        self.timeout = self.server.receiver.read_timeout_s
+        super().setup()
+        self._reader = _DeadlineReader(self.connection, self.timeout)
+        self.rfile.close()  # the plain one StreamRequestHandler made
+        self.rfile = io.BufferedReader(self._reader)
+
+    def handle_one_request(self):
+        self._reader.start()
+        self._answered = False
+        super().handle_one_request()  # a timeout there closes the connection
+        if self._reader.timed_out and not self._answered:
+            TIMEOUTS.labels(partial=str(self._reader.received).lower()).inc()
+            if self._reader.received:  # an idle keep-alive connection just goes
+                self._send_timeout()
+
+    def _send_timeout(self) -> None:
+        """408 for a request cut off while its headers were arriving. Written
+        raw: the handler's request state (version, request line) may not exist."""
+        HTTP_REQUESTS.labels(code="408").inc()
+        text = f"request not received within {self.timeout:g} s\n".encode()
+        try:
+            self.wfile.write(b"HTTP/1.1 408 Request Timeout\r\nContent-Type: text/plain; charset=utf-8\r\n"
+                             b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(text), text))
+        except OSError:
+            pass  # the client left
 
     def do_POST(self):
         self._answer(self._export)
@@ -403,6 +538,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _answer(self, work: Callable[[], bytes]) -> None:
         """Runs ``work`` and answers for it; never raises."""
         self._body_read = False
+        self._answered = True
         try:
             status, body = 200, work()
         except OtlpError as exc:
@@ -464,7 +600,11 @@ class _Handler(BaseHTTPRequestHandler):
             raise OtlpError(400, f"bad Content-Length {length}")
         if length > receiver.max_body_bytes:
             raise OtlpError(413, f"body of {length} bytes is over the {receiver.max_body_bytes}-byte limit")
-        body = self.rfile.read(length)
+        try:
+            body = self.rfile.read(length)
+        except TimeoutError:
+            TIMEOUTS.labels(partial="true").inc()
+            raise OtlpError(408, f"body not received within {self.timeout:g} s") from None
         if len(body) != length:
             raise OtlpError(400, "body shorter than Content-Length")
         self._body_read = True
@@ -473,15 +613,21 @@ class _Handler(BaseHTTPRequestHandler):
         peer_pid = None
         if any(resource_pid(rs.resource) is None for rs in request.resource_spans):
             peer_pid = self._peer_pid()
-        records, skipped = spans_to_requests(request, receiver.request_id_attributes, peer_pid)
+        converted = spans_to_requests(request, receiver.request_id_attributes, peer_pid)
         SPANS_RECEIVED.inc(sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans))
-        SPANS_SKIPPED.inc(skipped)
-        if records:
-            receiver.on_requests(records)
-            REQUESTS_PRODUCED.inc(len(records))
+        SPANS_SKIPPED.inc(converted.skipped)
+        for reason, n in converted.rejected.items():
+            SPANS_REJECTED.labels(reason=reason).inc(n)
+        if converted.records:
+            receiver.on_requests(converted.records)
+            REQUESTS_PRODUCED.inc(len(converted.records))
+        answer = ExportTraceServiceResponse()  # empty: full success
+        if converted.rejected:  # OTLP partial success: the sender must not retry the rest
+            answer.partial_success.rejected_spans = sum(converted.rejected.values())
+            answer.partial_success.error_message = converted.rejection_message()
         if kind == JSON:
-            return json_format.MessageToJson(ExportTraceServiceResponse()).encode()  # "{}"
-        return ExportTraceServiceResponse().SerializeToString()  # empty
+            return json_format.MessageToJson(answer, indent=None).encode()
+        return answer.SerializeToString()
 
     def _peer_pid(self) -> int | None:
         if not hasattr(self, "_cached_peer_pid"):
@@ -492,8 +638,35 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class _Server(ThreadingHTTPServer):
+    """One thread per connection, at most ``slots`` of them at once.
+
+    The accept loop waits for a free slot before accepting the next
+    connection, so connections over the cap wait in the kernel's listen
+    backlog (sized here well above the cap) instead of holding threads."""
+
     daemon_threads = True
+    request_queue_size = 1024
     receiver: "OtlpReceiver"
+    slots: threading.BoundedSemaphore
+    stopping = False
+
+    def process_request(self, request, client_address):
+        while not self.slots.acquire(timeout=0.1):
+            if self.stopping:  # stop() waits for this loop: do not hold it
+                self.shutdown_request(request)
+                return
+        try:
+            super().process_request(request, client_address)  # starts the thread
+        except BaseException:
+            self.slots.release()
+            self.shutdown_request(request)
+            raise
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
 
     def handle_error(self, request, client_address):
         # Resets and timeouts between requests: count, do not print tracebacks.
@@ -513,13 +686,20 @@ class OtlpReceiver:
     are some, **from the HTTP server's threads, possibly several at once**: it
     must be thread-safe (e.g. put on a queue the collector's loop drains). If
     it raises, the sender gets a 500. ``port=0`` picks a free port, readable
-    from ``.port`` after ``start()``.
+    from ``.port`` after ``start()``. ``max_connections`` connections are
+    served at once; each request must arrive within ``read_timeout_s``.
     """
 
     def __init__(self, host: str, port: int, on_requests: Callable[[list[dict]], None],
                  request_id_attributes: Iterable[str] = DEFAULT_REQUEST_ID_ATTRIBUTES,
-                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, proc: Path = Path("/proc")):
+                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, proc: Path = Path("/proc"),
+                 max_connections: int = DEFAULT_MAX_CONNECTIONS,
+                 read_timeout_s: float = DEFAULT_READ_TIMEOUT_S):
+        if max_connections < 1 or not read_timeout_s > 0:
+            raise ValueError("max_connections must be >= 1 and read_timeout_s > 0")
         self.host = host
+        self.max_connections = max_connections
+        self.read_timeout_s = read_timeout_s
         self._port = port
         self.on_requests = on_requests
         self.request_id_attributes = tuple(request_id_attributes)
@@ -541,6 +721,7 @@ class OtlpReceiver:
                 f"cannot listen for OTLP on {self.host}:{self._port} ({exc.strerror or exc}): "
                 "is another collector or OpenTelemetry Collector using the port? choose another OTLP port") from None
         self._server.receiver = self
+        self._server.slots = threading.BoundedSemaphore(self.max_connections)
         # A short poll interval: stop() waits for the serving loop to notice.
         self._thread = threading.Thread(target=self._server.serve_forever, args=(0.1,),
                                         name="otlp-receiver", daemon=True)
@@ -550,6 +731,7 @@ class OtlpReceiver:
     def stop(self) -> None:
         if self._server is None:
             return
+        self._server.stopping = True
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(5)

@@ -109,14 +109,16 @@ def bpf_source(name: str) -> Path:
     return Path(str(resources.files("jitterscope.bpf").joinpath(name)))
 
 
-def load(source_name: str):
-    """Compile and load ``bpf/<source_name>`` with BCC (tracepoints auto-attach)."""
+def load(source_name: str, defines: dict[str, int] | None = None):
+    """Compile and load ``bpf/<source_name>`` with BCC (tracepoints auto-attach).
+    ``defines`` become -D flags (the programs' MAX_* map sizes)."""
     require_loadable()
     from bcc import BPF
 
     source = bpf_source(source_name)
+    flags = [f"-I{source.parent}"] + [f"-D{name}={int(value)}" for name, value in (defines or {}).items()]
     try:
-        return BPF(src_file=str(source).encode(), cflags=[f"-I{source.parent}"])
+        return BPF(src_file=str(source).encode(), cflags=flags)
     except Exception as exc:  # BCC raises bare Exception on compile/load errors
         raise errors.ProbeLoadFailed(
             f"could not load {source_name}: {exc}; run 'jitterscope doctor' to check the host"
@@ -128,25 +130,37 @@ def c_string(raw: bytes) -> str:
     return raw.split(b"\0", 1)[0].decode(errors="replace")
 
 
+DROP_RINGBUF, DROP_MAP_FULL = 0, 1  # slots of every program's `drops` array (bpf/drops.h)
+
+
 class BccProbe:
-    """A loaded BPF program: its ring buffer, its per-CPU ``drops`` counters
-    (slot 0 unless a probe counts more), clean-up, and use as a context
-    manager. Subclasses name their ``source`` in bpf/."""
+    """A loaded BPF program: its ring buffer, its per-CPU loss counters
+    (bpf/drops.h), clean-up, and use as a context manager. Subclasses name
+    their ``source`` in bpf/; ``defines`` overrides its compile-time map
+    sizes (``{"MAX_HIST_KEYS": 4}``: a test can fill a map)."""
 
     source: str
-    drop_slots: int = 1
+    defines: dict[str, int] = {}
 
     def __init__(self):
-        self._bpf = load(self.source)
+        self._bpf = load(self.source, self.defines)
 
     def poll(self, timeout_ms: int) -> None:
         self._bpf.ring_buffer_poll(timeout_ms)
 
-    def drops(self) -> int:
+    def _lost(self, slot: int) -> int:
         import ctypes
 
-        table = self._bpf[b"drops"]
-        return sum(sum(table[ctypes.c_int(slot)]) for slot in range(self.drop_slots))
+        return sum(self._bpf[b"drops"][ctypes.c_int(slot)])  # summed over CPUs
+
+    def drops(self) -> int:
+        """Events lost in the kernel because the ring buffer was full."""
+        return self._lost(DROP_RINGBUF)
+
+    def map_full_drops(self) -> int:
+        """In-kernel map updates that failed (a bounded map full): state the
+        kernel could not keep -- a wait not timed, a count not made."""
+        return self._lost(DROP_MAP_FULL)
 
     def close(self) -> None:
         self._bpf.cleanup()

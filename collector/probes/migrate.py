@@ -71,7 +71,6 @@ def _check_nodes(cpu_node: dict[int, int]) -> None:
 
 class MigrationProbe(base.BccProbe):
     source = "migrate.bpf.c"
-    drop_slots = 2
 
     def __init__(self, cpu_node: dict[int, int], target_pids: set[int] | None = None,
                  proc: Path = Path("/proc")):

@@ -75,7 +75,7 @@ def test_counts_of_a_target_thread_and_cross_node_events():
             drain(probe)
             counts = probe.read_counts()
             again = probe.read_counts()
-            assert probe.drops() == 0
+            assert probe.drops() == 0 and probe.map_full_drops() == 0
 
     assert set(counts) == {tid}, "only the target process's threads are counted"
     c = counts[tid]

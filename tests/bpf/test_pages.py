@@ -87,7 +87,7 @@ def test_page_cache_pages_of_a_reader_land_on_its_node(tmp_path):
             reader.wait()
             probe.read()
             assert not any(pid == reader.pid for pid, _ in probe.read())
-            assert probe.drops() == 0 and nowhere.drops() == 0
+            assert probe.drops() == nowhere.drops() == probe.map_full_drops() == nowhere.map_full_drops() == 0
     finally:
         for popen in (reader, idler):
             popen.kill()

@@ -9,12 +9,16 @@ from __future__ import annotations
 import gzip
 import http.client
 import json
+import logging
 import math
 import os
+import select
 import shutil
 import socket
 import subprocess
 import sys
+import threading
+import time
 import zlib
 from pathlib import Path
 
@@ -275,17 +279,178 @@ def test_receiver_on_ipv6_loopback():
     assert got[0]["request_id"] == "v6" and got[0]["pid"] == os.getpid()  # found from the ::1 connection
 
 
+# -- slow and too many clients --------------------------------------------
+
+def wait_for(condition, timeout: float, interval: float = 0.02):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(interval)
+    return condition()
+
+
+def handler_threads() -> int:
+    return sum("process_request_thread" in t.name for t in threading.enumerate())
+
+
+class SlowClient(threading.Thread):
+    """Sends ``head`` at once, then one more byte of a never-ending header
+    every ``gap`` seconds until the receiver answers or hangs up; keeps what
+    came back and when."""
+
+    def __init__(self, port: int, head: bytes = b"POST /v1/traces HTTP/1.1\r\nHost: x\r\n", gap: float = 0.05,
+                 trickle: bytes = b"X-Slow: " + b"a" * 60_000):
+        super().__init__(daemon=True)
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.head, self.gap, self.trickle = head, gap, trickle
+        self.started = time.monotonic()
+        self.answer = b""
+        self.elapsed: float | None = None
+
+    def run(self):
+        try:
+            self.sock.sendall(self.head)
+            for i in range(len(self.trickle)):
+                if select.select([self.sock], [], [], self.gap)[0]:
+                    break  # an answer, or the end of the connection
+                if self.trickle:
+                    self.sock.sendall(self.trickle[i:i + 1])
+            self.sock.settimeout(5)
+            while chunk := self.sock.recv(4096):
+                self.answer += chunk
+        except OSError:
+            pass
+        finally:
+            self.elapsed = time.monotonic() - self.started
+            self.sock.close()
+
+
+def test_slow_headers_get_408_within_the_timeout():
+    before = metric("jitterscope_otlp_http_requests_total", code="408")
+    with OtlpReceiver("127.0.0.1", 0, lambda records: None, read_timeout_s=0.5) as r:
+        slow = SlowClient(r.port)
+        slow.start()
+        slow.join(10)
+        assert slow.answer.startswith(b"HTTP/1.1 408 ") and b"Connection: close" in slow.answer
+        assert 0.5 <= slow.elapsed < 0.5 + 1.0
+        assert metric("jitterscope_otlp_http_requests_total", code="408") == before + 1
+        assert post(r.port, export(with_id("after"), pid=1).SerializeToString())[0] == 200
+
+
+def test_slow_body_gets_408_not_500(caplog):
+    errors = [metric("jitterscope_otlp_http_requests_total", code="500"),
+              metric("jitterscope_otlp_connection_errors_total")]
+    got: list[dict] = []
+    with OtlpReceiver("127.0.0.1", 0, got.extend, read_timeout_s=0.5) as r:
+        body = export(with_id("slow"), pid=1).SerializeToString()
+        head = (f"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: {otlp.PROTOBUF}\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n").encode()
+        slow = SlowClient(r.port, head=head + body[:5], trickle=b"")
+        slow.start()  # the body's first 5 bytes, then nothing
+        slow.join(10)
+        trickled = SlowClient(r.port, head=head, gap=0.05, trickle=body)  # a byte every 50 ms: too slow
+        trickled.start()
+        trickled.join(10)
+        for client in (slow, trickled):
+            assert client.answer.startswith(b"HTTP/1.1 408 "), client.answer[:100]
+            assert client.answer.split(b"\r\n\r\n", 1)[1].startswith(b"\x08\x04\x12")  # DEADLINE_EXCEEDED
+            assert client.elapsed < 0.5 + 1.0
+        assert got == []
+    assert [metric("jitterscope_otlp_http_requests_total", code="500"),
+            metric("jitterscope_otlp_connection_errors_total")] == errors
+    assert not [rec for rec in caplog.records if rec.levelno >= logging.WARNING]
+
+
+def test_idle_connection_is_closed_quietly():
+    with OtlpReceiver("127.0.0.1", 0, lambda records: None, read_timeout_s=0.3) as r:
+        with socket.create_connection(("127.0.0.1", r.port)) as sock:
+            sock.settimeout(5)
+            started = time.monotonic()
+            assert sock.recv(100) == b""  # no 408 to a client that asked nothing
+            assert 0.3 <= time.monotonic() - started < 1.3
+
+
+def test_keep_alive_connection_outlives_the_timeout_between_quick_requests():
+    with OtlpReceiver("127.0.0.1", 0, lambda records: None, read_timeout_s=0.4) as r:
+        conn = http.client.HTTPConnection("127.0.0.1", r.port, timeout=10)
+        for _ in range(4):  # 4 x 0.2 s on one connection: the deadline is per request
+            conn.request("POST", "/v1/traces", body=export(with_id("k"), pid=1).SerializeToString(),
+                         headers={"Content-Type": otlp.PROTOBUF})
+            response = conn.getresponse()
+            assert (response.status, response.read()) == (200, b"")
+            time.sleep(0.2)
+        conn.close()
+
+
+def test_slowloris_cannot_hold_more_than_the_cap():
+    """2 x cap slow clients: never more than cap handler threads; each slow
+    one gets 408 after the timeout; a normal export queued behind them is
+    served once slots free (after about two timeouts: two waves ahead of it)."""
+    cap, timeout = 4, 1.0
+    got: list[dict] = []
+    with OtlpReceiver("127.0.0.1", 0, got.extend, max_connections=cap, read_timeout_s=timeout) as r:
+        base = handler_threads()
+        slow = [SlowClient(r.port) for _ in range(2 * cap)]
+        for client in slow:
+            client.start()
+        assert wait_for(lambda: handler_threads() - base == cap, 5)
+        most = 0
+        started = time.monotonic()
+        result: list = []
+        normal = threading.Thread(target=lambda: result.append(
+            post(r.port, export(with_id("patient"), pid=1).SerializeToString())))
+        normal.start()
+        while normal.is_alive() and time.monotonic() - started < 15:
+            most = max(most, handler_threads() - base)
+            time.sleep(0.01)
+        normal.join(1)
+        waited = time.monotonic() - started
+        assert result and result[0][0] == 200
+        assert [x["request_id"] for x in got] == ["patient"]
+        assert most <= cap
+        assert waited < 2 * timeout + 2.0, waited
+        for client in slow:
+            client.join(10)
+            assert client.answer.startswith(b"HTTP/1.1 408 ")
+            assert client.elapsed < 2 * timeout + 2.0
+        print(f"normal export waited {waited:.2f} s behind {2 * cap} slow clients (cap {cap}, timeout {timeout} s)")
+
+
+def test_stop_does_not_hang_with_clients_waiting_for_a_slot():
+    r = OtlpReceiver("127.0.0.1", 0, lambda records: None, max_connections=1, read_timeout_s=5).start()
+    clients = [SlowClient(r.port) for _ in range(3)]
+    for client in clients:
+        client.start()
+    assert wait_for(lambda: handler_threads() >= 1, 5)
+    started = time.monotonic()
+    r.stop()
+    assert time.monotonic() - started < 2
+    for client in clients:
+        client.sock.close()
+
+
+def test_bad_limits_are_refused():
+    with pytest.raises(ValueError):
+        OtlpReceiver("127.0.0.1", 0, lambda records: None, max_connections=0)
+    with pytest.raises(ValueError):
+        OtlpReceiver("127.0.0.1", 0, lambda records: None, read_timeout_s=0)
+
+
 # -- spans to requests ------------------------------------------------------
 
 def test_span_without_process_pid_gets_the_peer_pid():
-    records, _ = spans_to_requests(export(with_id("a")), peer_pid=777)
+    records, _, _ = spans_to_requests(export(with_id("a")), peer_pid=777)
     assert records[0]["pid"] == 777
-    records, _ = spans_to_requests(export(with_id("a"), pid=4242), peer_pid=777)
+    records, _, _ = spans_to_requests(export(with_id("a"), pid=4242), peer_pid=777)
     assert records[0]["pid"] == 4242  # the SDK's own word wins
-    records, _ = spans_to_requests(export(with_id("a")), peer_pid=None)
+    records, _, _ = spans_to_requests(export(with_id("a")), peer_pid=None)
     assert records[0]["pid"] == 0  # host level
-    records, _ = spans_to_requests(export(with_id("a"), pid=-5), peer_pid=777)
+    records, _, _ = spans_to_requests(export(with_id("a"), pid=-5), peer_pid=777)
     assert records[0]["pid"] == 777  # not a pid
+    records, _, _ = spans_to_requests(export(with_id("a"), pid=2**32), peer_pid=777)
+    assert records[0]["pid"] == 777  # would not fit the U32 column
 
 
 def test_root_span_without_request_id_is_named_by_its_trace():
@@ -293,34 +458,34 @@ def test_root_span_without_request_id_is_named_by_its_trace():
     server_child = span(span_id=b"\2" * 8, parent=SPAN_ID, kind=Span.SPAN_KIND_SERVER)
     child = span(span_id=b"\3" * 8, parent=SPAN_ID, kind=Span.SPAN_KIND_CLIENT)
     child_with_id = with_id("cmpl-9", span_id=b"\4" * 8, parent=SPAN_ID, kind=Span.SPAN_KIND_INTERNAL)
-    records, skipped = spans_to_requests(export(root, server_child, child, child_with_id))
+    records, skipped, rejected = spans_to_requests(export(root, server_child, child, child_with_id))
     assert [(r["request_id"], r["span_id"]) for r in records] == [
         (TRACE.hex(), SPAN_ID.hex()), (TRACE.hex(), "02" * 8), ("cmpl-9", "04" * 8)]
-    assert skipped == 1
+    assert (skipped, rejected) == (1, {})  # a child span is valid, just not a request
 
 
 def test_request_id_attributes_are_configurable():
     s = span()
     s.attributes.extend(attrs({"x-request-id": "from-header", "gen_ai.request.id": "from-vllm", "seq.no": 42}))
-    records, _ = spans_to_requests(export(s), ["x-request-id", "gen_ai.request.id"])
+    records, _, _ = spans_to_requests(export(s), ["x-request-id", "gen_ai.request.id"])
     assert records[0]["request_id"] == "from-header"
-    records, _ = spans_to_requests(export(s), ["missing", "seq.no"])
+    records, _, _ = spans_to_requests(export(s), ["missing", "seq.no"])
     assert records[0]["request_id"] == "42"  # an integer ID, as text
-    records, _ = spans_to_requests(export(with_id("")), ["gen_ai.request.id"])
+    records, _, _ = spans_to_requests(export(with_id("")), ["gen_ai.request.id"])
     assert records[0]["request_id"] == TRACE.hex()  # an empty ID is no ID
 
 
 def test_vllm_phases_in_seconds_become_ns():
     s = span(**{"gen_ai__latency__time_in_queue": 0.25, "gen_ai__latency__time_in_model_prefill": 1,
                 "gen_ai__latency__time_in_model_decode": 0.5e-3, "gen_ai__latency__time_to_first_token": 1.3})
-    (record,), _ = spans_to_requests(export(s))
+    (record,), _, _ = spans_to_requests(export(s))
     assert (record["queue_ns"], record["prefill_ns"], record["decode_ns"], record["ttft_ns"]) == (
         250_000_000, 1_000_000_000, 500_000, 1_300_000_000)
 
 
 @pytest.mark.parametrize("value", [-0.1, math.nan, math.inf, 1e12, "0.5", True])
 def test_implausible_phases_are_zero(value):
-    (record,), _ = spans_to_requests(export(span(**{"gen_ai__latency__time_in_queue": value})))
+    (record,), _, _ = spans_to_requests(export(span(**{"gen_ai__latency__time_in_queue": value})))
     assert record["queue_ns"] == 0
 
 
@@ -329,21 +494,98 @@ def test_implausible_phases_are_zero(value):
     (Status.STATUS_CODE_UNSET, "unset"), (7, "unset"),  # a code from the future
 ])
 def test_status(code, status):
-    (record,), _ = spans_to_requests(export(span(status=code)))
+    (record,), _, _ = spans_to_requests(export(span(status=code)))
     assert record["status"] == status
 
 
-@pytest.mark.parametrize("bad", [
-    dict(start=0), dict(start=10, end=9), dict(trace_id=b""), dict(trace_id=b"\0" * 16),
-    dict(trace_id=b"\1" * 17), dict(span_id=b"\1" * 7),
+NOW_NS = 1_700_000_000_000_000_000
+DAY_NS = 86_400 * 10**9
+
+BAD_SPANS = {  # id -> (span fields, the reason it is rejected for)
+    "no-start": (dict(start=0), "no_start_time"),
+    "both-zero": (dict(start=0, end=0), "no_start_time"),
+    "end-before-start": (dict(start=10, end=9), "end_before_start"),
+    "end-2^63": (dict(end=2**63), "time_out_of_range"),
+    "end-2^64-1": (dict(end=2**64 - 1), "time_out_of_range"),
+    "both-past-2262": (dict(start=2**63 + 1, end=2**63 + 2), "time_out_of_range"),
+    "end-a-week-ahead": (dict(end=NOW_NS + 7 * DAY_NS), "time_in_future"),
+    "no-trace-id": (dict(trace_id=b""), "bad_ids"),
+    "zero-trace-id": (dict(trace_id=b"\0" * 16), "bad_ids"),
+    "long-trace-id": (dict(trace_id=b"\1" * 17), "bad_ids"),
+    "short-span-id": (dict(span_id=b"\1" * 7), "bad_ids"),
+}
+
+
+@pytest.mark.parametrize("bad, reason", BAD_SPANS.values(), ids=BAD_SPANS.keys())
+def test_spans_with_bad_times_or_ids_are_rejected(bad, reason):
+    converted = spans_to_requests(export(with_id("r", **bad)), now_ns=NOW_NS)
+    assert converted == ([], 0, {reason: 1})
+    assert converted.rejection_message() == f"1 spans rejected: 1 {reason.replace('_', ' ')}"
+
+
+@pytest.mark.parametrize("start, end", [
+    (1, 1),  # an old clock still joins: spans and kernel events share it
+    (NOW_NS, NOW_NS),
+    (NOW_NS, NOW_NS + DAY_NS),  # up to a day of clock skew
 ])
-def test_spans_with_bad_times_or_ids_are_skipped(bad):
-    records, skipped = spans_to_requests(export(with_id("r", **bad)))
-    assert (records, skipped) == ([], 1)
+def test_edge_times_are_kept(start, end):
+    (record,), _, rejected = spans_to_requests(export(with_id("r", start=start, end=end)), now_ns=NOW_NS)
+    assert (record["start_ns"], record["end_ns"], rejected) == (start, end, {})
+
+
+def test_future_bound_is_capped_at_the_store_limit():
+    (_, _, rejected) = spans_to_requests(export(span(end=2**63)), now_ns=2**63 - 10)
+    assert rejected == {"time_out_of_range": 1}
+    (record,), _, _ = spans_to_requests(export(span(end=2**63 - 1)), now_ns=2**63 - 10)
+    assert record["end_ns"] == 2**63 - 1  # DateTime64(9)'s last nanosecond
+
+
+def test_every_bad_time_over_http_is_rejected_alone_and_counted(receiver):
+    """Each bad span among good ones: the good ones are kept, the answer is an
+    OTLP partial success naming the count, and the reason is counted."""
+    now = time.time_ns()
+    for i, (name, (bad, reason)) in enumerate(BAD_SPANS.items()):
+        if reason == "time_in_future":
+            bad = dict(start=now, end=now + 7 * DAY_NS)
+        before = metric("jitterscope_otlp_spans_rejected_total", reason=reason)
+        good = [with_id(f"{name}-good{j}", span_id=bytes([j + 1]) * 8) for j in range(2)]
+        body = export(good[0], with_id(f"{name}-bad", **bad), good[1], pid=1).SerializeToString()
+        status, content_type, answer = post(receiver.port, body)
+        assert (status, content_type) == (200, otlp.PROTOBUF), name
+        response = otlp.ExportTraceServiceResponse.FromString(answer)
+        assert response.partial_success.rejected_spans == 1, name
+        assert reason.replace("_", " ") in response.partial_success.error_message
+        assert metric("jitterscope_otlp_spans_rejected_total", reason=reason) == before + 1
+        assert [r["request_id"] for r in receiver.got[-2:]] == [f"{name}-good0", f"{name}-good1"]
+        assert len(receiver.got) == 2 * (i + 1)  # the bad one never reached the callback
+    for record in receiver.got:  # and what did fits the store
+        RequestSpan(host="h", boot_id="b", seq=1, ts_ns=record["end_ns"], **record)
+
+
+def test_rejected_spans_in_json_answer_partial_success(receiver):
+    document = {"resourceSpans": [{"scopeSpans": [{"spans": [
+        {"traceId": TRACE.hex(), "spanId": SPAN_ID.hex(), "name": "ok", "kind": 2,
+         "startTimeUnixNano": "1700000000000000000", "endTimeUnixNano": "1700000000075000000"},
+        {"traceId": TRACE.hex(), "spanId": "01" * 8, "name": "poison", "kind": 2,
+         "startTimeUnixNano": "1700000000000000000", "endTimeUnixNano": str(2**63)},
+        {"traceId": TRACE.hex(), "spanId": "02" * 8, "name": "backwards", "kind": 2,
+         "startTimeUnixNano": "1700000000000000000", "endTimeUnixNano": "1"},
+    ]}]}]}
+    status, content_type, answer = post(receiver.port, json.dumps(document).encode(), "application/json")
+    assert (status, content_type) == (200, otlp.JSON)
+    partial = json.loads(answer)["partialSuccess"]
+    assert partial["rejectedSpans"] == "2"  # int64 is a string in OTLP JSON
+    assert "1 end before start" in partial["errorMessage"] and "1 time out of range" in partial["errorMessage"]
+    assert [r["name"] for r in receiver.got] == ["ok"]
+
+
+def test_all_good_spans_answer_plain_success(receiver):
+    status, _, answer = post(receiver.port, export(with_id("fine"), pid=1).SerializeToString())
+    assert (status, answer) == (200, b"")  # no partial_success field at all
 
 
 def test_long_strings_are_truncated():
-    (record,), _ = spans_to_requests(export(with_id("i" * 10_000, name="n" * 10_000)))
+    (record,), _, _ = spans_to_requests(export(with_id("i" * 10_000, name="n" * 10_000)))
     assert record["request_id"] == "i" * otlp.MAX_STRING_CHARS and record["name"] == "n" * otlp.MAX_STRING_CHARS
 
 
