@@ -195,7 +195,12 @@ def query(
     if saved:
         sql, parameters = queries.bind(saved, parameters)
     s = _settings(config, sets, clickhouse_url=clickhouse_url, data_dir=data_dir)
-    columns, rows = run_query(s, sql, parameters)
+    _print_rows(*run_query(s, sql, parameters), fmt)
+
+
+def _print_rows(columns: list[str], rows: list[list], fmt: str) -> None:
+    """Query results as a table for people, or CSV/JSON for programs (those
+    keep values exact: JSON escapes control characters itself, CSV is data)."""
     if fmt == "json":
         print(json.dumps([dict(zip(columns, r)) for r in rows], default=str))
     elif fmt == "csv":
@@ -205,14 +210,39 @@ def query(
         writer.writerows(rows)
         print(out.getvalue(), end="")
     else:
+        from rich.markup import escape
         from rich.table import Table
 
-        from rich.markup import escape
+        from jitterscope.logs import printable
 
-        table = Table(*columns)
+        table = Table(*map(printable, columns))
         for row in rows:
-            table.add_row(*(escape(str(v)) for v in row))  # values are data, never rich markup
+            # values are data: never rich markup, never terminal escape sequences
+            table.add_row(*(escape(printable(str(v))) for v in row))
         console.print(table)
+
+
+@app.command()
+def ledger(
+    since: Annotated[str, typer.Option(help="boots active in this period: 30m, 24h, 7d, ...")] = "7d",
+    host: Annotated[Optional[str], typer.Option("--host", help="only this host (default: every host)")] = None,
+    limit: Annotated[int, typer.Option(help="rows at most")] = 1000,
+    fmt: Annotated[str, typer.Option("--format", "-f", help="table, csv or json")] = "table",
+    sets: SetOpt = None,
+    config: ConfigOpt = None,
+    clickhouse_url: ClickHouseOpt = None,
+    data_dir: DataDirOpt = None,
+) -> None:
+    """Account for every lost record, per host and boot: kernel drops, producer and spool failures,
+    dead letters, sequence gaps, and sent against stored (the saved query 'ledger')."""
+    from jitterscope.query import run_query
+    from jitterscope.reports import queries
+
+    if fmt not in ("table", "csv", "json"):
+        raise errors.BadConfig(f"unknown --format {fmt!r}: use table, csv or json")
+    sql, parameters = queries.bind("ledger", {"since": since, "host": host or "", "limit": str(limit)})
+    s = _settings(config, sets, clickhouse_url=clickhouse_url, data_dir=data_dir)
+    _print_rows(*run_query(s, sql, parameters), fmt)
 
 
 @app.command()

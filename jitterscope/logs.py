@@ -44,3 +44,18 @@ DICT_CONFIG = {
     "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "json", "stream": "ext://sys.stderr"}},
     "root": {"level": "INFO", "handlers": ["stderr"]},
 }
+
+
+# C0 (with tab and newline: a printed line must stay one line), DEL and C1
+# controls, and the bidirectional overrides/isolates that can make text read
+# differently from what it holds ("Trojan Source"). Everything else, printable
+# unicode included, passes unchanged.
+_UNPRINTABLE = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))}
+_UNPRINTABLE.update({c: f"\\u{c:04x}" for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))})
+
+
+def printable(text: str) -> str:
+    """``text`` safe for an operator's terminal: control characters become
+    visible escapes (``\\x1b``) instead of acting on the terminal. For every
+    untrusted string (process names, span attributes) printed to a console."""
+    return text.translate(_UNPRINTABLE)

@@ -3,35 +3,106 @@
 Starts the embedded broker (unless a Kafka is given), a streams worker and the
 collector as child processes, prints each alert as it arrives, and on Ctrl-C
 (or --duration) stops them in the order that loses nothing: the collector
-first (it flushes), then the worker once it has drained, then the broker.
+first (it flushes and writes what Kafka acknowledged, per topic, to
+collector-final.json), then the worker once its /metrics say it has stored
+(or dead-lettered) at least that many records of every topic -- or
+drain_timeout_s passed -- then the broker, which keeps data in memory only.
+Counts, not a fixed wait: a worker that lags under a storm needs minutes,
+an idle one none.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from datetime import datetime
+from pathlib import Path
 
 from rich.console import Console
 
 from jitterscope import errors
 from jitterscope.broker import EmbeddedBroker, create_topics, wait_for_port
+from jitterscope.logs import printable
 from jitterscope.schemas import events, topics
 from jitterscope.settings import Settings, default_data_dir, to_env
 
-DRAIN_S = 3.0  # time the worker gets after the collector stops, to store the last batches
+FINAL_FILE = "collector-final.json"  # the collector's last counts, written as it exits
+#: the worker's counter of records stored or dead-lettered, per input topic
+#: (the family name: its samples are named ..._total)
+ACCOUNTED = "jitterscope_streams_records_accounted"
+POLL_S = 0.5
+#: without the collector's final counts (it crashed), the worker is taken as
+#: done once its counts stood still this long: longer than a sink flush and
+#: an insert under load
+QUIET_S = 5.0
+#: the old fixed wait, for a worker that cannot say what it stored
+BLIND_DRAIN_S = 3.0
 
 
 def format_alert(alert: events.Alert) -> str:
     when = datetime.fromtimestamp(alert.ts_ns / 1e9).strftime("%H:%M:%S.%f")[:-3]
     if alert.kind != "runq_starvation":
-        return f"{when} {alert.host} [{alert.severity}] {alert.summary}"
-    held = f"{alert.suspect_comm} (pid {alert.suspect_pid})" if alert.suspect_pid else "idle/kernel"
-    return (f"{when} {alert.host} [{alert.severity}] {alert.comm} (pid {alert.pid}, tid {alert.tid}) "
-            f"waited {alert.wait_ns / 1e6:.1f} ms for CPU {alert.cpu}, held by {held}")
+        line = f"{when} {alert.host} [{alert.severity}] {alert.summary}"
+    else:
+        held = f"{alert.suspect_comm} (pid {alert.suspect_pid})" if alert.suspect_pid else "idle/kernel"
+        line = (f"{when} {alert.host} [{alert.severity}] {alert.comm} (pid {alert.pid}, tid {alert.tid}) "
+                f"waited {alert.wait_ns / 1e6:.1f} ms for CPU {alert.cpu}, held by {held}")
+    return printable(line)  # names come from the watched processes: no terminal escapes
+
+
+# -- drain on stop: pure parts ------------------------------------------------
+
+def read_final(path: Path) -> dict | None:
+    """The collector's final counts, or None when it left none (crashed,
+    killed) or they are unreadable."""
+    try:
+        final = json.loads(path.read_text())
+        return {**final, "sent_by_topic": {str(t): int(n) for t, n in final["sent_by_topic"].items()},
+                "undelivered": int(final.get("undelivered", 0)), "spooled": int(final.get("spooled", 0))}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def parse_accounted(metrics_text: str) -> dict[str, int] | None:
+    """topic -> records stored or dead-lettered, from the worker's /metrics
+    text; None when the worker does not export the counter at all."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    found = None
+    for family in text_string_to_metric_families(metrics_text):
+        if family.name == ACCOUNTED:
+            found = found or {}
+            for sample in family.samples:
+                if sample.name == ACCOUNTED + "_total":
+                    found[sample.labels.get("topic", "")] = int(sample.value)
+    return found
+
+
+def unstored(sent: dict[str, int], accounted: dict[str, int]) -> dict[str, int]:
+    """Per topic, records Kafka acknowledged that the worker has not stored
+    yet. ``>=`` is done: a shared Kafka may hold records of earlier runs."""
+    return {t: n - accounted.get(t, 0) for t, n in sorted(sent.items()) if accounted.get(t, 0) < n}
+
+
+class Quiet:
+    """Done when counts stood still for ``quiet_s`` (times passed in, for tests)."""
+
+    def __init__(self, quiet_s: float):
+        self.quiet_s = quiet_s
+        self.last: dict | None = None
+        self.since = 0.0
+
+    def settled(self, counts: dict, now: float) -> bool:
+        if counts != self.last:
+            self.last, self.since = dict(counts), now
+            return False
+        return now - self.since >= self.quiet_s
 
 
 class Stack:
@@ -55,11 +126,11 @@ class Stack:
                 tail = (self.settings.data_dir / f"{name}.log").read_text(errors="replace").strip().splitlines()[-5:]
                 raise errors.JitterscopeError(
                     f"{name} exited with status {proc.returncode}; last lines of "
-                    f"{self.settings.data_dir / (name + '.log')}:\n  " + "\n  ".join(tail))
+                    f"{self.settings.data_dir / (name + '.log')}:\n  " + "\n  ".join(map(printable, tail)))
 
     def start(self) -> str:
         s = self.settings
-        s.data_dir.mkdir(parents=True, exist_ok=True)
+        s.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # the store and the query token live here
         with self.console.status("starting jitterscope") as status:
             if s.bootstrap_servers:
                 bootstrap = s.bootstrap_servers
@@ -74,6 +145,8 @@ class Stack:
             if s.streams_web_port:
                 wait_for_port(s.streams_web_port, 60, self.children["streams"])
             status.update("starting the collector (compiling BPF)")
+            # an earlier run's counts would make the drain compare against them
+            (s.data_dir / FINAL_FILE).unlink(missing_ok=True)
             self._spawn("collector", ["collector"], bootstrap)
         target = "all processes" if not s.filters_targets else f"pids {s.target_pids} comms {s.target_comms}"
         spans = f"request spans to http://{s.otlp_bind}:{s.otlp_port}/v1/traces; " if s.otlp_port else ""
@@ -128,19 +201,85 @@ class Stack:
                            "\"SELECT count() FROM jitterscope.runq_events\"", soft_wrap=True)
 
     def stop(self) -> None:
-        with self.console.status("stopping"):
-            for name in ("collector", "streams"):
-                proc = self.children.get(name)
-                if proc is None:
-                    continue
-                if name == "streams" and "collector" in self.children:
-                    time.sleep(DRAIN_S)
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGTERM)
+        with self.console.status("stopping") as status:
+            collector, worker = self.children.get("collector"), self.children.get("streams")
+            if collector is not None:
+                status.update("stopping the collector (it sends what it holds)")
+                _terminate(collector)
+                if worker is not None:
                     try:
-                        proc.wait(30)
-                    except subprocess.TimeoutExpired:
-                        proc.kill()
-                        proc.wait()
+                        self._drain(status, worker)
+                    except KeyboardInterrupt:  # a second Ctrl-C: the operator wants out now
+                        self.console.print("drain interrupted: records not stored yet are lost", style="bold red")
+            if worker is not None:
+                status.update("stopping the streams worker")
+                _terminate(worker)
             if self.broker:
                 self.broker.stop()
+
+    def _accounted(self) -> dict[str, int] | None:
+        """The worker's accounted counts; {} while it does not answer (busy)."""
+        bind = self.settings.streams_web_bind
+        host = "127.0.0.1" if bind in ("", "0.0.0.0", "::") else f"[{bind}]" if ":" in bind else bind
+        try:
+            with urllib.request.urlopen(f"http://{host}:{self.settings.streams_web_port}/metrics", timeout=10) as r:
+                return parse_accounted(r.read().decode())
+        except (urllib.error.URLError, OSError, ValueError):
+            return {}
+
+    def _drain(self, status, worker: subprocess.Popen) -> None:
+        """Wait until the worker stored what the collector sent; print what it did not."""
+        s, say = self.settings, self.console.print
+        final = read_final(s.data_dir / FINAL_FILE)
+        if not s.streams_web_port or self._accounted() is None:
+            say(f"the streams worker does not report what it stored; giving it {BLIND_DRAIN_S:g} s", style="yellow")
+            time.sleep(BLIND_DRAIN_S)
+            return
+        if final is None:
+            say("the collector left no final counts (did it crash? see collector.log): waiting until the "
+                f"worker's stored counts stand still for {QUIET_S:g} s", style="yellow", soft_wrap=True)
+        sent = final["sent_by_topic"] if final else None
+        total = sum(sent.values()) if sent else 0
+        quiet, deadline, why = Quiet(QUIET_S), time.monotonic() + s.drain_timeout_s, None
+        accounted: dict[str, int] = {}
+        while why is None:
+            if worker.poll() is not None:
+                why = f"the streams worker exited with status {worker.returncode}"
+                break
+            accounted = self._accounted() or accounted
+            if sent is not None:
+                left = unstored(sent, accounted)
+                status.update(f"storing: {total - sum(left.values()):,} of {total:,} records")
+                if not left:
+                    say(f"stored all {total:,} records the collector sent")
+                    break
+            else:
+                status.update(f"storing: {sum(accounted.values()):,} records so far")
+                if quiet.settled(accounted, time.monotonic()):
+                    say(f"the worker stored {sum(accounted.values()):,} records; no more arrived "
+                        f"in {QUIET_S:g} s")
+                    break
+            if time.monotonic() >= deadline:
+                why = f"gave up after {s.drain_timeout_s:g} s (drain_timeout_s)"
+            else:
+                time.sleep(POLL_S)
+        if why and sent is not None:
+            for topic, n in unstored(sent, accounted).items():
+                say(f"not stored: {n:,} of {sent[topic]:,} {printable(topic)} records ({why})",
+                    style="bold red", markup=False, soft_wrap=True)
+        elif why:
+            say(f"could not confirm that everything was stored ({why})", style="bold red", markup=False)
+        for key, what in (("undelivered", "never reached Kafka (see collector.log)"),
+                          ("spooled", "wait in the collector's on-disk spool for its next start")):
+            if final and (n := final.get(key)):
+                say(f"{n:,} records {what}", style="yellow", markup=False)
+
+
+def _terminate(proc: subprocess.Popen, timeout: float = 30) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

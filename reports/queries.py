@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 
 from jitterscope import errors
+from jitterscope.reports import ledger
 
 DB = "jitterscope"
 
@@ -106,6 +107,8 @@ ORDER BY incidents DESC, host
 LIMIT {{limit:UInt32}}""",
     ),
 ]}
+
+SAVED["ledger"] = SavedQuery("ledger", ledger.QUESTION, ledger.sql(), ledger.PARAMS)  # see reports/ledger.py
 
 DURATION = re.compile(r"(\d+)([smhdw])")
 UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}

@@ -84,7 +84,8 @@ def test_bad_saved_query_use_is_one_clear_line(fleet):
 
 
 def test_every_saved_query_is_tested():
-    tested = {"worst-hosts", "slo-by-cause", "noisy-neighbours", "off-node", "migration-storms", "pcie-contention"}
+    tested = {"worst-hosts", "slo-by-cause", "noisy-neighbours", "off-node", "migration-storms", "pcie-contention",
+              "ledger"}  # ledger: tests/integration/test_ledger.py
     assert set(queries.SAVED) == tested
 
 

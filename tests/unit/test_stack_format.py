@@ -63,3 +63,87 @@ def test_request_alerts_print_their_summary():
                   summary="request req-7 (llm_request) took 80 ms, SLO 30 ms", remedy="x")
     line = format_alert(alert)
     assert "gpu-a1 [critical] request req-7 (llm_request) took 80 ms, SLO 30 ms" in line
+
+
+# -- control characters never reach the operator's terminal ------------------
+
+def test_escape_sequences_in_names_are_made_visible_not_executed():
+    line = format_alert(alert(comm="evil\x1b[2J\x1b]0;pwned\x07", suspect_comm="x\x9b31m\r\nfake line"))
+    assert not any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 for c in line)
+    assert "evil\\x1b[2J\\x1b]0;pwned\\x07 (pid 1234" in line
+    assert "x\\x9b31m\\x0d\\x0afake line (pid 4321)" in line
+
+
+def test_summaries_are_escaped_too_and_printable_unicode_is_kept():
+    line = format_alert(alert(kind="request_slo", summary="req \x1b[31mé中 \u202egnp.exe"))
+    assert "req \\x1b[31mé中 \\u202egnp.exe" in line
+
+
+def test_printable_passes_ordinary_text_unchanged():
+    from jitterscope.logs import printable
+
+    text = "vLLM::EngineCore [bold] <b> ümlaut 日本 🙂 ~"
+    assert printable(text) == text
+    assert printable("\x00\x7f\x85") == "\\x00\\x7f\\x85"
+
+
+# -- drain on stop: the comparison `up` waits on ------------------------------
+
+from jitterscope.stack import Quiet, parse_accounted, read_final, unstored  # noqa: E402
+
+METRICS = """# HELP jitterscope_streams_records_accounted_total records stored or dead-lettered
+# TYPE jitterscope_streams_records_accounted_total counter
+jitterscope_streams_records_accounted_total{topic="jitterscope.runq"} 1500.0
+jitterscope_streams_records_accounted_total{topic="jitterscope.collector_stats"} 7.0
+# HELP jitterscope_streams_records_accounted_created records stored or dead-lettered
+# TYPE jitterscope_streams_records_accounted_created gauge
+jitterscope_streams_records_accounted_created{topic="jitterscope.runq"} 1.7e9
+# HELP jitterscope_streams_records_total records decoded
+# TYPE jitterscope_streams_records_total counter
+jitterscope_streams_records_total{topic="jitterscope.runq"} 9999.0
+"""
+
+
+def test_accounted_counts_are_read_per_topic():
+    assert parse_accounted(METRICS) == {"jitterscope.runq": 1500, "jitterscope.collector_stats": 7}
+
+
+def test_a_worker_without_the_counter_is_told_apart_from_one_that_stored_nothing():
+    assert parse_accounted("# HELP jitterscope_streams_records_total x\n"
+                           "# TYPE jitterscope_streams_records_total counter\n") is None
+    assert parse_accounted("# HELP jitterscope_streams_records_accounted_total x\n"
+                           "# TYPE jitterscope_streams_records_accounted_total counter\n") == {}
+
+
+def test_unstored_lists_each_topic_behind_and_nothing_else():
+    sent = {"jitterscope.runq": 2000, "jitterscope.collector_stats": 7, "jitterscope.topology": 1}
+    assert unstored(sent, {"jitterscope.runq": 1500, "jitterscope.collector_stats": 7}) == {
+        "jitterscope.runq": 500, "jitterscope.topology": 1}
+
+
+def test_more_accounted_than_sent_is_done():
+    # a shared Kafka can hold records of earlier runs: >= is drained
+    assert unstored({"jitterscope.runq": 10}, {"jitterscope.runq": 12, "jitterscope.pages": 3}) == {}
+    assert unstored({}, {}) == {}
+
+
+def test_final_file_is_read_or_none(tmp_path):
+    path = tmp_path / "collector-final.json"
+    assert read_final(path) is None  # crashed: no file
+    path.write_text('{"host": "h", "boot_id": "b", "sent_by_topic": {"jitterscope.runq": 5}, '
+                    '"undelivered": 2, "spooled": 0}')
+    assert read_final(path)["sent_by_topic"] == {"jitterscope.runq": 5}
+    assert read_final(path)["undelivered"] == 2
+    path.write_text('{"host": "h", "sent_by_top')  # torn: unusable, treated as missing
+    assert read_final(path) is None
+    path.write_text('{"sent_by_topic": {"jitterscope.runq": "many"}}')
+    assert read_final(path) is None
+
+
+def test_without_final_counts_done_once_counts_stand_still():
+    quiet = Quiet(5.0)
+    assert not quiet.settled({"t": 1}, now=0.0)
+    assert not quiet.settled({"t": 2}, now=3.0)  # still growing
+    assert not quiet.settled({"t": 2}, now=7.9)
+    assert quiet.settled({"t": 2}, now=8.0)
+    assert not quiet.settled({"t": 3}, now=9.0)  # grew again: wait again
