@@ -12,23 +12,7 @@
  * Nothing leaves the kernel one by one.
  */
 #include "blockio.h"
-#include "drops.h"
-
-BPF_PERCPU_ARRAY(drops, u64, DROP_SLOTS);   /* loss counters, see drops.h */
-
-static __always_inline void count_drop(int why)
-{
-    u64 *dropped = drops.lookup(&why);
-    if (dropped)
-        (*dropped)++;
-}
-
-/* A map update's return value, counted when it failed (map full). */
-static __always_inline void check_update(int ret)
-{
-    if (ret < 0)
-        count_drop(DROP_MAP_FULL);
-}
+#include "drops.bpf.inc"  /* spliced in by the loader, see drops.h */
 
 #ifndef MAX_IN_FLIGHT  /* -DMAX_IN_FLIGHT=... shrinks it (tests) */
 #define MAX_IN_FLIGHT 16384

@@ -9,13 +9,9 @@
  *                    is busy. Map sizes are compile-time MAX_* macros, each
  *                    overridable with -D (BccProbe.defines).
  *
- * Each program declares the array and its two helpers itself (the block
- * below, copied verbatim): BCC rewrites map calls (drops.lookup) only in the
- * main source file, so they cannot live in this header.
- *
- *   BPF_PERCPU_ARRAY(drops, u64, DROP_SLOTS);
- *   static __always_inline void count_drop(int why) { ... }
- *   static __always_inline void check_update(int ret)  -- counts a failed update
+ * The array and its two helpers (count_drop, check_update) are in
+ * drops.bpf.inc, which the loader splices into each program's text: BCC
+ * rewrites map calls (drops.lookup) only in the main source file.
  */
 #ifndef JITTERSCOPE_DROPS_H
 #define JITTERSCOPE_DROPS_H

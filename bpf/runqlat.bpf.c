@@ -11,23 +11,7 @@
  * a kernel thread that woke for a moment; blaming it would hide the hog.)
  */
 #include "runqlat.h"
-#include "drops.h"
-
-BPF_PERCPU_ARRAY(drops, u64, DROP_SLOTS);   /* loss counters, see drops.h */
-
-static __always_inline void count_drop(int why)
-{
-    u64 *dropped = drops.lookup(&why);
-    if (dropped)
-        (*dropped)++;
-}
-
-/* A map update's return value, counted when it failed (map full). */
-static __always_inline void check_update(int ret)
-{
-    if (ret < 0)
-        count_drop(DROP_MAP_FULL);
-}
+#include "drops.bpf.inc"  /* spliced in by the loader, see drops.h */
 
 /* sched_switch reports a preempted, still-runnable task with this bit
  * (TASK_REPORT_MAX) in prev_state; a voluntary sleep sets a state bit. */

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -109,6 +110,14 @@ def bpf_source(name: str) -> Path:
     return Path(str(resources.files("jitterscope.bpf").joinpath(name)))
 
 
+def spliced_source(source: Path) -> str:
+    """The program's text with each ``#include "*.bpf.inc"`` line replaced by
+    that file's text: BCC rewrites map calls only in the main source, so
+    shared code that touches maps is spliced in rather than included."""
+    return re.sub(r'^#include "([\w.]+\.bpf\.inc)".*$',
+                  lambda m: (source.parent / m[1]).read_text(), source.read_text(), flags=re.M)
+
+
 def load(source_name: str, defines: dict[str, int] | None = None):
     """Compile and load ``bpf/<source_name>`` with BCC (tracepoints auto-attach).
     ``defines`` become -D flags (the programs' MAX_* map sizes)."""
@@ -118,7 +127,7 @@ def load(source_name: str, defines: dict[str, int] | None = None):
     source = bpf_source(source_name)
     flags = [f"-I{source.parent}"] + [f"-D{name}={int(value)}" for name, value in (defines or {}).items()]
     try:
-        return BPF(src_file=str(source).encode(), cflags=flags)
+        return BPF(text=spliced_source(source).encode(), cflags=flags)
     except Exception as exc:  # BCC raises bare Exception on compile/load errors
         raise errors.ProbeLoadFailed(
             f"could not load {source_name}: {exc}; run 'jitterscope doctor' to check the host"
