@@ -9,8 +9,11 @@ stays idempotent without any state on disk.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import queue
+import re
 import signal
 import threading
 import time
@@ -24,6 +27,7 @@ from jitterscope.collector.clock import EpochConverter
 from jitterscope.collector.otlp import OtlpReceiver
 from jitterscope.collector.probes.runqlat import RawRunqEvent, RunqProbe
 from jitterscope.collector.publish import Batcher, KafkaPublisher
+from jitterscope.collector.spool import Spool, SpoolBusy
 from jitterscope.logs import fields
 from jitterscope.schemas import events
 from jitterscope.settings import Settings
@@ -31,9 +35,21 @@ from jitterscope.settings import Settings
 log = logging.getLogger("jitterscope.collector")
 
 EVENTS_READ = Counter("jitterscope_collector_events_read_total", "kernel events read from ring buffers", ["probe"])
-RECORDS_SENT = Gauge("jitterscope_collector_records_sent", "records acknowledged by Kafka")
-DELIVERY_ERRORS = Gauge("jitterscope_collector_delivery_errors", "Kafka messages that failed delivery")
-RINGBUF_DROPS = Gauge("jitterscope_collector_ringbuf_drops", "events dropped in the kernel (ring buffer full)", ["probe"])
+# Counters (rate() and resets work), fed from the parts' own running totals by _Exported
+RECORDS_SENT = Counter("jitterscope_collector_records_sent_total", "records acknowledged by Kafka", ["topic"])
+DELIVERY_ERRORS = Counter("jitterscope_collector_delivery_errors_total",
+                          "Kafka messages that failed delivery (then spooled or, if permanent, dropped)")
+RINGBUF_DROPS = Counter("jitterscope_collector_ringbuf_drops_total",
+                        "events dropped in the kernel (ring buffer full)", ["probe"])
+SPOOL_DROPS = Counter("jitterscope_collector_spool_drops_total",
+                      "records dropped: Kafka could not take them and the on-disk spool was full or off")
+PRODUCER_RESTARTS = Counter("jitterscope_collector_producer_restarts_total",
+                            "Kafka producers recreated after a fatal error or a stall")
+MAP_FULL_DROPS = Counter("jitterscope_collector_map_full_drops_total",
+                         "in-kernel map updates that failed (map full): state the probes lost")
+SPOOLED = Gauge("jitterscope_collector_spooled_records", "records waiting in the on-disk spool")
+
+FINAL_FILE = "collector-final.json"  # what `up` compares with what was stored, on stop
 
 PROCESS_REFRESH_NS = 60_000_000_000  # re-publish a process's metadata at most this often
 
@@ -55,6 +71,34 @@ class Stamp:
         return {"host": self.host, "boot_id": self.boot_id, "seq": seq, "ts_ns": ts_ns}
 
 
+class _Exported:
+    """Adds to a Counter what a running total grew by since the last call."""
+
+    def __init__(self):
+        self._last: dict = {}
+
+    def __call__(self, counter, total: int, *labels: str) -> None:
+        key = (counter, labels)
+        delta = total - self._last.get(key, 0)
+        if delta > 0:
+            (counter.labels(*labels) if labels else counter).inc(delta)
+        self._last[key] = total
+
+
+def make_spool(settings: Settings) -> Spool | None:
+    """The host's spool under the data dir (its own subdirectory: the data
+    dir may be shared with the worker's chDB, or among test collectors)."""
+    if not settings.spool_max_mb:
+        return None
+    directory = Path(settings.data_dir) / "spool" / re.sub(r"[^A-Za-z0-9._-]", "_", settings.host)
+    try:
+        return Spool(directory, settings.spool_max_mb << 20)
+    except (SpoolBusy, OSError) as exc:
+        log.error("spool unavailable: records Kafka cannot take will be dropped (and counted)",
+                  extra=fields(error=str(exc)))
+        return None
+
+
 class Collector:
     def __init__(self, settings: Settings, publisher: KafkaPublisher | None = None,
                  proc: Path = Path("/proc"), sys: Path = Path("/sys")):
@@ -62,13 +106,16 @@ class Collector:
         self.proc, self.sys = proc, sys
         self.stamp = Stamp(settings.host, proc)
         self.publisher = publisher or KafkaPublisher(
-            settings.bootstrap_servers or "", settings.host,
-            {"enable.idempotence": settings.kafka_idempotence})
+            settings.bootstrap_servers or "", settings.host, idempotence=settings.kafka_idempotence,
+            max_message_bytes=settings.kafka_max_message_bytes, max_records=settings.batch_max_records,
+            spool=make_spool(settings))
+        self._export = _Exported()
         self.batcher = Batcher(settings.batch_max_records, settings.batch_max_delay_ms * 1_000_000)
         self.events_read = 0
         self._processes_sent: dict[int, int] = {}  # pid -> monotonic ns of last publish
         self._comms: dict[int, str] = {}
         self._stop = threading.Event()
+        self._reported_losses = (0, 0)  # (ringbuf, map-full) drops already logged
         self.probe: RunqProbe | None = None
         self.hardware: HardwareSources | None = None
         self.topology: events.Topology | None = None
@@ -164,17 +211,62 @@ class Collector:
             pass
         return self._comms.get(pid, "")
 
+    def ringbuf_drops(self) -> int:
+        return (self.probe.drops() if self.probe else 0) + (self.hardware.drops() if self.hardware else 0)
+
+    def map_full_drops(self) -> int:
+        return ((self.probe.map_full_drops() if self.probe else 0)
+                + (self.hardware.map_full_drops() if self.hardware else 0))
+
+    def report_losses(self, ringbuf: int, map_full: int) -> None:
+        """One log line per stats interval in which the kernel lost events
+        (the counters say how many; the streams worker alerts past a threshold)."""
+        lost = (ringbuf - self._reported_losses[0], map_full - self._reported_losses[1])
+        if any(lost):
+            log.warning("the kernel lost events", extra=fields(
+                ringbuf_drops=lost[0], map_full_drops=lost[1], ringbuf_drops_total=ringbuf,
+                map_full_drops_total=map_full,
+                fix="raise runq_threshold_ms or narrow the targets (--comm/--pid)"))
+        self._reported_losses = (ringbuf, map_full)
+
+    def export_metrics(self) -> None:
+        p = self.publisher
+        self._export(RINGBUF_DROPS, self.ringbuf_drops(), "runqlat")
+        self._export(MAP_FULL_DROPS, self.map_full_drops())
+        for topic, sent in p.sent_by_topic.items():
+            self._export(RECORDS_SENT, sent, topic)
+        self._export(DELIVERY_ERRORS, p.delivery_errors)
+        self._export(SPOOL_DROPS, p.spool_drops)
+        self._export(PRODUCER_RESTARTS, p.producer_restarts)
+        SPOOLED.set(p.spooled)
+
     def publish_stats(self) -> None:
-        drops = (self.probe.drops() if self.probe else 0) + (self.hardware.drops() if self.hardware else 0)
-        RINGBUF_DROPS.labels("runqlat").set(drops)
-        RECORDS_SENT.set(self.publisher.records_sent)
-        DELIVERY_ERRORS.set(self.publisher.delivery_errors)
+        drops, map_full = self.ringbuf_drops(), self.map_full_drops()
+        self.report_losses(drops, map_full)
+        self.export_metrics()
+        p = self.publisher
         self._queue(events.CollectorStats(
             **self.stamp.header(events.CollectorStats, time.time_ns()),
-            started_ns=self.stamp.started_ns, ringbuf_drops=drops,
+            started_ns=self.stamp.started_ns, ringbuf_drops=drops, map_full_drops=map_full,
             events_read=self.events_read + (self.hardware.events_read if self.hardware else 0),
-            records_sent=self.publisher.records_sent, delivery_errors=self.publisher.delivery_errors,
+            records_sent=p.records_sent, delivery_errors=p.delivery_errors,
+            spool_drops=p.spool_drops, spooled=p.spooled, producer_restarts=p.producer_restarts,
+            sent_by_topic=dict(p.sent_by_topic),
         ))
+
+    def write_final(self) -> Path:
+        """The drain contract with `up`: what this run had acknowledged per
+        topic, what it never will, and what waits in the spool. Written
+        atomically: a reader sees the old file or the whole new one."""
+        p = self.publisher
+        final = {"host": self.settings.host, "boot_id": self.stamp.boot_id,
+                 "sent_by_topic": dict(p.sent_by_topic), "undelivered": p.undelivered, "spooled": p.spooled}
+        path = Path(self.settings.data_dir) / FINAL_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{FINAL_FILE}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(final))
+        os.replace(tmp, path)
+        return path
 
     def serving_thresholds(self) -> dict[int, int]:
         """Processes that send request spans report finer waits: their
@@ -203,7 +295,7 @@ class Collector:
         s = self.settings
         self.publisher.check_reachable()
         if s.collector_metrics_port:
-            start_http_server(s.collector_metrics_port)
+            start_http_server(s.collector_metrics_port, addr=s.collector_metrics_bind)
         self.probe = RunqProbe(int(s.runq_threshold_ms * 1_000_000), self.current_targets(),
                                self.serving_thresholds())
         self.probe.open(self.on_runq)
@@ -218,7 +310,7 @@ class Collector:
             targets="all" if not s.filters_targets else sorted(self.current_targets() or []),
             hardware=s.hardware_probes))
         if s.otlp_port:
-            self.otlp = OtlpReceiver(s.otlp_bind, s.otlp_port, self._spans_in.put, s.request_id_attributes).start()
+            self.otlp = OtlpReceiver(s.otlp_bind, s.otlp_port, self._spans_in.put, s.request_id_attributes, max_connections=s.otlp_max_connections, read_timeout_s=s.otlp_read_timeout_s).start()
             log.info("OTLP receiver listening", extra=fields(
                 endpoint=f"http://{s.otlp_bind}:{self.otlp.port}/v1/traces"))
 
@@ -227,6 +319,7 @@ class Collector:
         next_topology = started + s.topology_interval_s
         next_rescan = started + s.target_rescan_s
         last_hist_ns = time.monotonic_ns()
+        next_metrics = started + 1.0
         try:
             while not self._stop.is_set():
                 now = time.monotonic()
@@ -239,6 +332,9 @@ class Collector:
                     self.publisher.send(topic, batch)
                 self.publisher.poll(0)
                 now = time.monotonic()
+                if now >= next_metrics:
+                    self.export_metrics()
+                    next_metrics = now + 1.0
                 if now >= next_hist:
                     mono = time.monotonic_ns()
                     self.publish_histograms(mono - last_hist_ns)
@@ -267,10 +363,19 @@ class Collector:
             self.publish_stats()
         for topic, batch in self.batcher.drain():
             self.publisher.send(topic, batch)
+        # what is still in flight after this goes to the spool, for the next run
         undelivered = self.publisher.flush(10.0)
+        p = self.publisher
+        self.export_metrics()
+        try:
+            self.write_final()
+        except OSError as exc:
+            log.error("could not write the final counts", extra=fields(error=str(exc)))
         log.info("collector stopped", extra=fields(
-            events_read=self.events_read, records_sent=self.publisher.records_sent,
-            undelivered_messages=undelivered, delivery_errors=self.publisher.delivery_errors))
+            events_read=self.events_read, records_sent=p.records_sent, sent_by_topic=p.sent_by_topic,
+            undelivered_messages=undelivered, undelivered_records=p.undelivered, spooled=p.spooled,
+            spool_drops=p.spool_drops, producer_restarts=p.producer_restarts, delivery_errors=p.delivery_errors))
+        p.close()
         if self.probe:
             self.probe.close()
             self.probe = None

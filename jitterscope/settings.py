@@ -36,8 +36,9 @@ class Settings(BaseSettings):
     bootstrap_servers: str | None = Field(
         None, description="Kafka bootstrap servers; unset = spawn the embedded broker")
     broker_port: int = Field(29092, description="port of the embedded broker (0 = pick a free one)")
-    kafka_idempotence: bool = Field(
-        True, description="idempotent producer (the embedded broker does not support it and turns it off)")
+    kafka_idempotence: bool | None = Field(
+        None, description="idempotent producer; unset = on, except on the embedded broker (Tansu loses "
+                          "producer state on restart and an idempotent producer would never recover)")
     kafka_session_timeout_s: float = Field(10.0, description="consumer-group session timeout")
     kafka_fetch_max_wait_ms: int = Field(
         100, ge=1, le=10_000, description="longest a consumer fetch waits for data (bounds alert delay)")
