@@ -139,6 +139,7 @@ def test_kill_9_of_the_worker_five_times_under_load_loses_nothing_and_counts_onc
         producer.poll(0)
 
     current = worker
+    recoveries = []
     for kill in range(5):
         send_some(20)
         stored_before = count(stack, "runq_events", host) if kill else 0
@@ -147,7 +148,9 @@ def test_kill_9_of_the_worker_five_times_under_load_loses_nothing_and_counts_onc
         send_some(20)  # in flight while it dies
         os.kill(current.popen.pid, signal.SIGKILL)
         current.popen.wait()
+        killed_at = time.monotonic()
         current = stack.start_worker_with(JITTERSCOPE_ATTRIBUTION_GRACE_S="0.5")
+        recoveries.append(time.monotonic() - killed_at)
     send_some(5)
     assert producer.flush(30) == 0
     wait_until(lambda: count(stack, "runq_events", host) == sent["runq"], 180, "every run-queue event", current)
@@ -158,3 +161,5 @@ def test_kill_9_of_the_worker_five_times_under_load_loses_nothing_and_counts_onc
                        h=host) == [[sent["spans"]]]
     assert stack.query("SELECT sum(observations) FROM jitterscope.latency_minute WHERE host = {h:String}",
                        h=host) == [[sent["histograms"] * 15]]
+    print(f"\n[measured] worker kill -9 x5: {sent} sent, all stored once; worker answering again "
+          f"{min(recoveries):.1f}-{max(recoveries):.1f} s after each kill")
