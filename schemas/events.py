@@ -70,6 +70,11 @@ class LatencyHistogram(Record, frozen=True):
     slots: list[U8]
     counts: list[U64]
 
+    def __post_init__(self):
+        # the rollup view ARRAY JOINs the two: unequal lengths would fail the insert
+        if len(self.slots) != len(self.counts):
+            raise ValueError(f"slots ({len(self.slots)}) and counts ({len(self.counts)}) differ in length")
+
 
 class NumaNode(msgspec.Struct, frozen=True):
     node: U16
