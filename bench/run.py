@@ -1,7 +1,7 @@
 """jitterscope benchmarks. Ratios against a baseline measured in the same
 process, because these machines are shared and noisy.
 
-    .venv/bin/python bench/run.py [decode] [pipeline] [probe]   (default: all)
+    .venv/bin/python bench/run.py [decode] [pipeline] [probe] [storm] ...   (default: all)
 
 Prints a Markdown section per benchmark; bench/RESULTS.md keeps the recorded
 runs with the command that produced them.
@@ -53,59 +53,101 @@ def bench_decode() -> str:
             f"{n / naive:,.0f} events/s | {naive / ours:.1f}x faster |")
 
 
+class StreamsWorker:
+    """A real streams worker over the embedded broker, for the pipeline benches."""
+
+    def __init__(self, **settings: str):
+        self.settings = settings
+
+    def __enter__(self) -> "StreamsWorker":
+        from confluent_kafka import Producer
+
+        from jitterscope.broker import EmbeddedBroker, free_port
+        from jitterscope.query import running_worker
+        from jitterscope.settings import load
+
+        self._broker = EmbeddedBroker().start()
+        self._data = tempfile.TemporaryDirectory()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("JITTERSCOPE_")}
+        env.update(JITTERSCOPE_BOOTSTRAP_SERVERS=self._broker.bootstrap_servers, JITTERSCOPE_DATA_DIR=self._data.name,
+                   JITTERSCOPE_STREAMS_WEB_PORT=str(free_port()), JITTERSCOPE_KAFKA_SESSION_TIMEOUT_S="6",
+                   **{f"JITTERSCOPE_{k.upper()}": v for k, v in self.settings.items()})
+        self.proc = subprocess.Popen([sys.executable, "-m", "jitterscope.cli", "streams"], env=env,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self._settings = load(data_dir=Path(self._data.name))
+        self._running_worker = running_worker
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                self.count()
+                break
+            except Exception:
+                assert time.monotonic() < deadline, "worker did not start"
+                time.sleep(0.3)
+        self.producer = Producer({"bootstrap.servers": self._broker.bootstrap_servers, "compression.type": "lz4",
+                                  "linger.ms": 5, "acks": "all"})
+        # warm-up: one batch through, so the group has joined
+        self.producer.produce(topics.RUNQ, events.encode_batch(synthetic_runq("warm", 10)), key=b"warm")
+        self.producer.flush(10)
+        while self.count() < 10:
+            time.sleep(0.2)
+        return self
+
+    def count(self) -> int:
+        from jitterscope.query import query_worker
+
+        worker = self._running_worker(self._settings)
+        return query_worker(worker, "SELECT count() FROM jitterscope.runq_events", {})[1][0][0]
+
+    def rss_mb(self) -> float:
+        status = Path(f"/proc/{self.proc.pid}/status").read_text()
+        return int(next(l for l in status.splitlines() if l.startswith("VmRSS:")).split()[1]) / 1024
+
+    def send_and_wait(self, hosts: int, n: int) -> tuple[float, float]:
+        """Produce n runq events over ``hosts`` hosts; (seconds to produce, seconds until stored)."""
+        before = self.count()
+        batches = [events.encode_batch(synthetic_runq(f"h{h}", 500, start_seq=s))
+                   for h in range(hosts) for s in range(0, n // hosts, 500)]
+        t0 = time.perf_counter()
+        for i, payload in enumerate(batches):
+            self.producer.produce(topics.RUNQ, payload, key=f"h{i % hosts}".encode())
+            self.producer.poll(0)
+        self.producer.flush(60)
+        produced = time.perf_counter() - t0
+        while self.count() < before + n:
+            time.sleep(0.1)
+        return produced, time.perf_counter() - t0
+
+    def __exit__(self, *exc) -> None:
+        self.proc.terminate()
+        self.proc.wait(30)
+        self._broker.stop()
+        self._data.cleanup()
+
+
 def bench_pipeline(n: int = 200_000) -> str:
     """Events/s one streams worker carries from Kafka into ClickHouse."""
-    from confluent_kafka import Producer
-
-    from jitterscope.broker import EmbeddedBroker, free_port
-    from jitterscope.query import query_worker, running_worker
-    from jitterscope.settings import load
-
-    with EmbeddedBroker() as broker, tempfile.TemporaryDirectory() as data:
-        port = free_port()
-        env = {k: v for k, v in os.environ.items() if not k.startswith("JITTERSCOPE_")}
-        env.update(JITTERSCOPE_BOOTSTRAP_SERVERS=broker.bootstrap_servers, JITTERSCOPE_DATA_DIR=data,
-                   JITTERSCOPE_STREAMS_WEB_PORT=str(port), JITTERSCOPE_KAFKA_SESSION_TIMEOUT_S="6",
-                   JITTERSCOPE_RUNQ_ALERT_MS="1000000")  # measure the storage path, not alerting
-        worker = subprocess.Popen([sys.executable, "-m", "jitterscope.cli", "streams"], env=env,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            settings = load(data_dir=Path(data))
-            count = lambda: query_worker(running_worker(settings), "SELECT count() FROM jitterscope.runq_events",
-                                         {})[1][0][0]
-            deadline = time.monotonic() + 90
-            while True:
-                try:
-                    count()
-                    break
-                except Exception:
-                    assert time.monotonic() < deadline, "worker did not start"
-                    time.sleep(0.3)
-            # warm-up: one batch through, so the group has joined
-            producer = Producer({"bootstrap.servers": broker.bootstrap_servers, "compression.type": "lz4",
-                                 "linger.ms": 5, "acks": "all", "enable.idempotence": True})
-            producer.produce(topics.RUNQ, events.encode_batch(synthetic_runq("warm", 10)), key=b"warm")
-            producer.flush(10)
-            while count() < 10:
-                time.sleep(0.2)
-
-            batches = [events.encode_batch(synthetic_runq(f"h{h}", 500, start_seq=s))
-                       for h in range(8) for s in range(0, n // 8, 500)]
-            t0 = time.perf_counter()
-            for i, payload in enumerate(batches):
-                producer.produce(topics.RUNQ, payload, key=f"h{i % 8}".encode())
-                producer.poll(0)
-            producer.flush(60)
-            produced = time.perf_counter() - t0
-            while count() < n + 10:
-                time.sleep(0.1)
-            stored = time.perf_counter() - t0
-        finally:
-            worker.terminate()
-            worker.wait(30)
+    with StreamsWorker(runq_alert_ms="1000000") as worker:  # measure the storage path, not alerting
+        produced, stored = worker.send_and_wait(8, n)
     return (f"| {n:,} runq events produced (500/message, lz4) → 1 Faust worker → chDB | "
             f"{n / stored:,.0f} events/s stored | producer alone {n / produced:,.0f} events/s | "
             f"worker at {produced / stored:.2f}x the producer's rate |")
+
+
+def bench_storm_memory(n: int = 1_000_000) -> str:
+    """Worker RSS after a one-host storm: evidence bounded by count (the
+    default) vs bounded by time only (the horizon), same run."""
+    rss = {}
+    for name, bound in (("bounded", None), ("time only", str(10**9))):
+        settings = {"evidence_max_events": bound} if bound else {}
+        with StreamsWorker(runq_alert_ms="1000000", **settings) as worker:
+            idle = worker.rss_mb()
+            worker.send_and_wait(1, n)
+            rss[name] = (idle, worker.rss_mb())
+    (idle, bounded), (_, unbounded) = rss["bounded"], rss["time only"]
+    return (f"| worker RSS after a {n:,}-event one-host storm, evidence bounded by count (200k/host) | "
+            f"{bounded:,.0f} MB (idle {idle:,.0f} MB) | bounded by time only {unbounded:,.0f} MB | "
+            f"{bounded / unbounded:.2f}x |")
 
 
 def ping_pong(rounds: int) -> float:
@@ -264,7 +306,8 @@ def bench_saved_queries() -> str:
 
 
 BENCHES = {"decode": bench_decode, "pipeline": bench_pipeline, "probe": bench_probe,
-           "attribution": bench_attribution, "hardware": bench_hardware_probes, "saved": bench_saved_queries}
+           "attribution": bench_attribution, "hardware": bench_hardware_probes, "saved": bench_saved_queries,
+           "storm": bench_storm_memory}
 
 
 def main(names: list[str]) -> None:
