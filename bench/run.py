@@ -64,7 +64,7 @@ class StreamsWorker:
 
         from jitterscope.broker import EmbeddedBroker, free_port
         from jitterscope.query import running_worker
-        from jitterscope.settings import load
+        from jitterscope.common.settings import load
 
         self._broker = EmbeddedBroker().start()
         self._data = tempfile.TemporaryDirectory()

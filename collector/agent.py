@@ -28,9 +28,9 @@ from jitterscope.collector.otlp import OtlpReceiver
 from jitterscope.collector.probes.runqlat import RawRunqEvent, RunqProbe
 from jitterscope.collector.publish import Batcher, KafkaPublisher
 from jitterscope.collector.spool import Spool, SpoolBusy
-from jitterscope.logs import fields
+from jitterscope.common.logs import fields
 from jitterscope.schemas import events
-from jitterscope.settings import Settings
+from jitterscope.common.settings import Settings
 
 log = logging.getLogger("jitterscope.collector")
 
@@ -368,7 +368,8 @@ class Collector:
         p = self.publisher
         self.export_metrics()
         try:
-            self.write_final()
+            if isinstance(p, KafkaPublisher):  # `up`'s drain contract; a recording has its own summary
+                self.write_final()
         except OSError as exc:
             log.error("could not write the final counts", extra=fields(error=str(exc)))
         log.info("collector stopped", extra=fields(

@@ -10,16 +10,7 @@ import os
 import socket
 from pathlib import Path
 
-
-def parse_cpu_list(text: str) -> list[int]:
-    """'0-3,8,10-11' -> [0, 1, 2, 3, 8, 10, 11] (the kernel's cpulist format)."""
-    cpus: list[int] = []
-    for part in text.strip().split(","):
-        if not part:
-            continue
-        low, _, high = part.partition("-")
-        cpus.extend(range(int(low), int(high or low) + 1))
-    return cpus
+from jitterscope.schemas.topology import parse_cpu_list
 
 
 def hostname() -> str:

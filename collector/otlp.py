@@ -71,7 +71,7 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 from prometheus_client import Counter
 
-from jitterscope.errors import JitterscopeError
+from jitterscope.common.errors import JitterscopeError
 from jitterscope.schemas.events import MAX_EPOCH_NS
 
 log = logging.getLogger("jitterscope.collector.otlp")

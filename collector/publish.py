@@ -18,9 +18,9 @@ from typing import Callable
 
 from confluent_kafka import KafkaException, Producer
 
-from jitterscope import errors
+from jitterscope.common import errors
 from jitterscope.collector.spool import Batch, Spool, split_lines
-from jitterscope.logs import fields
+from jitterscope.common.logs import fields
 from jitterscope.schemas.events import Record, encode_batch
 from jitterscope.schemas.topics import TOPIC_OF
 

@@ -16,7 +16,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from jitterscope import errors
+from jitterscope.common import errors
 from jitterscope.schemas import topics
 
 log = logging.getLogger("jitterscope.broker")

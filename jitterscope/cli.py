@@ -1,6 +1,6 @@
 """jitterscope: find the kernel-level causes of tail-latency spikes.
 
-Typer CLI. Commands raise typed errors (jitterscope.errors); only main() turns
+Typer CLI. Commands raise typed errors (jitterscope.common.errors); only main() turns
 them into one clear line and an exit code.
 """
 
@@ -16,7 +16,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from jitterscope import errors, settings as settings_mod
+from jitterscope.common import errors, settings as settings_mod
 
 app = typer.Typer(
     help="Find the kernel-level causes of tail-latency spikes in GPU inference fleets.",
@@ -103,7 +103,7 @@ def collector(
     duration: Annotated[Optional[float], typer.Option(help="stop by itself after this many seconds")] = None,
 ) -> None:
     """Run this host's collector: load the probes and publish their records to Kafka (needs root)."""
-    from jitterscope import logs
+    from jitterscope.common import logs
     from jitterscope.collector.agent import Collector, install_signal_handlers
 
     s = _settings(config, sets, bootstrap_servers=bootstrap_servers, host=host, target_pids=pid, target_comms=comm,
@@ -126,7 +126,7 @@ def streams(
     web_port: Annotated[Optional[int], typer.Option(help="port for /metrics and /query (0 = off)")] = None,
 ) -> None:
     """Run a streams worker: decode, alert, and write everything to ClickHouse."""
-    from jitterscope import logs
+    from jitterscope.common import logs
     from jitterscope.streams.app import StreamsWorker
 
     s = _settings(config, sets, bootstrap_servers=bootstrap_servers, clickhouse_url=clickhouse_url, data_dir=data_dir,
@@ -213,7 +213,7 @@ def _print_rows(columns: list[str], rows: list[list], fmt: str) -> None:
         from rich.markup import escape
         from rich.table import Table
 
-        from jitterscope.logs import printable
+        from jitterscope.common.logs import printable
 
         table = Table(*map(printable, columns))
         for row in rows:
@@ -358,6 +358,80 @@ def synthetic_fleet(
     client.close()
     console.print(f"loaded {hosts} hosts and {events:,} run-queue events into {s.data_dir}; try: "
                   "jitterscope query --saved worst-hosts", soft_wrap=True)
+
+
+@app.command()
+def record(
+    out: Annotated[Path, typer.Option("--out", help="recording file to write (gzip; replaced if it exists)")],
+    duration: Annotated[float, typer.Option(help="record for this many seconds (Ctrl-C stops earlier)")],
+    sets: SetOpt = None,
+    config: ConfigOpt = None,
+    host: HostOpt = None,
+    pid: PidOpt = None,
+    comm: CommOpt = None,
+    threshold_ms: ThresholdOpt = None,
+) -> None:
+    """Run this host's collector into a file instead of Kafka, to capture an incident on a host without a
+    pipeline (needs root). The file holds the collector's Kafka messages with their keys; 'jitterscope replay'
+    publishes them later."""
+    from jitterscope.collector.agent import Collector, install_signal_handlers
+    from jitterscope.collector.recording import RecordingPublisher
+    from jitterscope.common import logs
+
+    s = _settings(config, sets, host=host, target_pids=pid, target_comms=comm, runq_threshold_ms=threshold_ms,
+                  collector_metrics_port=0)
+    logs.setup()
+
+    def progress(p) -> None:
+        err_console.print(f"recording: {p.records_sent:,} records, {_size(p.bytes_written)}", highlight=False)
+
+    publisher = RecordingPublisher(out, s.host, max_message_bytes=s.kafka_max_message_bytes,
+                                   max_records=s.batch_max_records, progress=progress, progress_every_s=5.0)
+    agent = Collector(s, publisher=publisher)
+    install_signal_handlers(agent)
+    agent.run(duration)
+    per_topic = ", ".join(f"{t.removeprefix('jitterscope.')} {n:,}" for t, n in sorted(publisher.sent_by_topic.items()))
+    console.print(f"recorded {publisher.records_sent:,} records ({per_topic or 'none'}) in {out}, "
+                  f"{_size(out.stat().st_size)}", soft_wrap=True)
+    if publisher.undelivered:
+        raise errors.JitterscopeError(f"{publisher.undelivered} records could not be written: {publisher.last_error}")
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e6:.2f} MB" if n >= 100_000 else f"{n / 1e3:.1f} kB"
+
+
+@app.command()
+def replay(
+    file: Annotated[Path, typer.Argument(help="a recording made by 'jitterscope record'", exists=True, dir_okay=False)],
+    bootstrap_servers: BootstrapOpt = None,
+    create_topics: Annotated[bool, typer.Option(
+        "--create-topics", help="create missing jitterscope topics first")] = False,
+    sets: SetOpt = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Publish a recording into a pipeline (real Kafka, or the broker of a running 'jitterscope up'), keys kept:
+    records keep their host, boot id and sequence, so replaying twice stores them once."""
+    from jitterscope.collector.recording import replay as replay_file, summarize
+
+    s = _settings(config, sets, bootstrap_servers=bootstrap_servers)
+    if not s.bootstrap_servers:
+        raise errors.BadConfig(
+            "replay needs a broker: pass --bootstrap-servers HOST:PORT (or set JITTERSCOPE_BOOTSTRAP_SERVERS); "
+            "for a local pipeline, start 'jitterscope up' and use the broker address it prints")
+    summary = summarize(file)
+    if summary.truncated:
+        err_console.print(f"[yellow]note:[/] {file} is truncated ({summary.error}); replaying its "
+                          f"{summary.records:,} complete records")
+    if create_topics:
+        from jitterscope.broker import create_topics as create
+
+        create(s.bootstrap_servers)
+    result = replay_file(file, s.bootstrap_servers,
+                         progress=lambda r: err_console.print(f"replaying: {r.records:,} of {summary.records:,} records"))
+    per_topic = ", ".join(f"{t.removeprefix('jitterscope.')} {n:,}" for t, n in sorted(result.by_topic.items()))
+    console.print(f"replayed {result.records:,} records ({per_topic or 'none'}) in {result.messages:,} messages "
+                  f"from {file} to {s.bootstrap_servers}", soft_wrap=True)
 
 
 def _require_broker(s) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from jitterscope.collector.probes.base import Check, preflight
-from jitterscope.settings import Settings
+from jitterscope.common.settings import Settings
 
 
 def check_broker(s: Settings) -> Check:

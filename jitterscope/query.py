@@ -18,10 +18,10 @@ import urllib.request
 from pathlib import Path
 from typing import NamedTuple
 
-from jitterscope import errors
-from jitterscope.settings import Settings
+from jitterscope.common import errors
+from jitterscope.common.settings import Settings
 from jitterscope.streams import clickhouse, readonly_sql
-from jitterscope.streams.app import state_file
+from jitterscope.streams.worker_state import state_file
 
 
 class Worker(NamedTuple):

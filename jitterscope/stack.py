@@ -26,11 +26,11 @@ from pathlib import Path
 
 from rich.console import Console
 
-from jitterscope import errors
+from jitterscope.common import errors
 from jitterscope.broker import EmbeddedBroker, create_topics, wait_for_port
-from jitterscope.logs import printable
+from jitterscope.common.logs import printable
 from jitterscope.schemas import events, topics
-from jitterscope.settings import Settings, default_data_dir, to_env
+from jitterscope.common.settings import Settings, default_data_dir, to_env
 
 FINAL_FILE = "collector-final.json"  # the collector's last counts, written as it exits
 #: the worker's counter of records stored or dead-lettered, per input topic

@@ -142,7 +142,7 @@ def placement(ctx: Context) -> str:
 
 
 def _cpulist(cpus) -> str:
-    from jitterscope.collector.topology import cpu_list
+    from jitterscope.schemas.topology import cpu_list
 
     return cpu_list(list(cpus))
 

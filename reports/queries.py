@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from jitterscope import errors
+from jitterscope.common import errors
 from jitterscope.reports import ledger
 
 DB = "jitterscope"

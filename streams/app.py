@@ -23,22 +23,22 @@ import json
 import logging
 import os
 import time
-from pathlib import Path
 from typing import NamedTuple
 
 import faust
 import msgspec
 from prometheus_client import Counter, Gauge
 
-from jitterscope import logs
+from jitterscope.common import logs
 from jitterscope.schemas import events, topics
-from jitterscope.settings import Settings
+from jitterscope.common.settings import Settings
 from jitterscope.streams import clickhouse, web
 from jitterscope.streams.attribution import Attributor
 from jitterscope.streams.hardware import HardwareJudge
 from jitterscope.streams.hardware_rules import Thresholds
 from jitterscope.streams.rules import LossWatch, request_slo, runq_starvation
 from jitterscope.streams.sink import ClickHouseSink
+from jitterscope.streams.worker_state import state_file
 
 log = logging.getLogger("jitterscope.streams")
 
@@ -56,11 +56,6 @@ LATE_EVIDENCE = Gauge("jitterscope_streams_late_evidence", "kernel evidence that
 ATTRIBUTION_TICK_S = 0.25
 PROCESS_WAIT_S = 1.0  # how long an alert waits for its process record to arrive
 TAKE_MESSAGES = 200  # messages per agent batch (each holds up to batch_max_records records)
-
-
-def state_file(data_dir: Path) -> Path:
-    """Where a running worker says how to reach it (for `jitterscope query`)."""
-    return data_dir / "streams-worker.json"
 
 
 class HostState:

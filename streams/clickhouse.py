@@ -15,7 +15,7 @@ from urllib.parse import urlparse
 
 import msgspec
 
-from jitterscope import errors
+from jitterscope.common import errors
 from jitterscope.schemas import events
 
 DATABASE = "jitterscope"

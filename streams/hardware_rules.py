@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from jitterscope.collector.topology import (
+from jitterscope.schemas.topology import (
     cpu_list, cpus_of_node, gpu_by_address, gpu_node, neighbours_of_gpu, shared_switch,
 )
 from jitterscope.schemas.events import Alert, DeviceIo, GpuIoctl, Migrations, PagePlacement, ProcessInfo, Topology

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from jitterscope.errors import UnsafeQuery
+from jitterscope.common.errors import UnsafeQuery
 
 #: the words a read-only statement may start with
 READ_STATEMENTS = frozenset({"SELECT", "WITH", "SHOW", "DESCRIBE", "DESC", "EXISTS", "EXPLAIN"})

@@ -7,26 +7,13 @@ import time
 from dataclasses import dataclass
 
 from jitterscope.schemas.events import Alert, CollectorStats, RequestAttribution, RunqEvent
+from jitterscope.schemas.topology import cpu_list
 
 
 @dataclass(frozen=True)
 class ProcessView:
     comm: str
     cpus_allowed: list[int]
-
-
-def format_cpus(cpus: list[int]) -> str:
-    """[0, 1, 2, 5] -> '0-2,5' (the kernel's cpulist format, as taskset takes it)."""
-    parts: list[str] = []
-    ordered = sorted(set(cpus))
-    i = 0
-    while i < len(ordered):
-        j = i
-        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
-            j += 1
-        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
-        i = j + 1
-    return ",".join(parts)
 
 
 def runq_starvation(
@@ -50,14 +37,14 @@ def runq_starvation(
     others = [c for c in (host_cpus or []) if c not in victim_cpus] if victim_cpus else []
     if event.suspect_pid and event.suspect_pid != event.pid and others:
         remedy = (
-            f"move {event.suspect_comm} off the inference CPUs: taskset -apc {format_cpus(others)} "
-            f"{event.suspect_pid}; or reserve CPUs {format_cpus(victim_cpus)} for pid {event.pid} "
+            f"move {event.suspect_comm} off the inference CPUs: taskset -apc {cpu_list(others)} "
+            f"{event.suspect_pid}; or reserve CPUs {cpu_list(victim_cpus)} for pid {event.pid} "
             "(cpuset / isolcpus)"
         )
     elif not event.suspect_pid:
         remedy = (
             f"CPU {event.cpu} was busy in the kernel (interrupts, softirqs, kernel threads): check "
-            f"/proc/interrupts and move IRQs off CPUs {format_cpus(victim_cpus) or event.cpu} (irqbalance "
+            f"/proc/interrupts and move IRQs off CPUs {cpu_list(victim_cpus) or event.cpu} (irqbalance "
             "or /proc/irq/*/smp_affinity)"
         )
     elif event.suspect_pid != event.pid:
@@ -68,7 +55,7 @@ def runq_starvation(
     else:
         remedy = (
             f"pid {event.pid}'s own threads compete for CPU {event.cpu}: allow it more CPUs "
-            f"(now {format_cpus(victim_cpus) or 'unknown'}) or run fewer busy threads"
+            f"(now {cpu_list(victim_cpus) or 'unknown'}) or run fewer busy threads"
         )
     severity = "critical" if event.wait_ns >= 10 * alert_ns else "warning"
     return Alert(
@@ -99,7 +86,7 @@ def request_slo(attribution: RequestAttribution, comm: str, cpus_allowed: list[i
     if a.cause == "runq_starvation" and top and top.pid and top.pid != a.pid:
         others = [c for c in (host_cpus or []) if c not in cpus_allowed] if cpus_allowed else []
         remedy = (f"move {top.comm} (pid {top.pid}) off the CPUs of pid {a.pid}: "
-                  + (f"taskset -apc {format_cpus(others)} {top.pid}" if others
+                  + (f"taskset -apc {cpu_list(others)} {top.pid}" if others
                      else f"renice 19 -p {top.pid}, or give pid {a.pid} dedicated CPUs"))
     elif a.cause == "runq_starvation":
         remedy = f"pid {a.pid} starves itself: allow it more CPUs or run fewer busy threads"

@@ -15,7 +15,7 @@ import faust
 from faust.web import Request, Response, View
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from jitterscope.errors import UnsafeQuery
+from jitterscope.common.errors import UnsafeQuery
 from jitterscope.streams import readonly_sql
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from jitterscope.broker import EmbeddedBroker, free_port
 from jitterscope.query import query_worker, run_query, running_worker
-from jitterscope.settings import load
+from jitterscope.common.settings import load
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from jitterscope.streams.app import state_file
+from jitterscope.streams.worker_state import state_file
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as root and as nobody")]
@@ -28,7 +28,7 @@ VICTIM_TEXT = "root's secret\n"
 # needs, and drops to the user before the command runs.
 AS_USER = """
 import os, pwd, sys
-import jitterscope.cli, jitterscope.query, jitterscope.reports.queries, jitterscope.settings
+import jitterscope.cli, jitterscope.query, jitterscope.reports.queries, jitterscope.common.settings
 user = pwd.getpwnam(sys.argv[1])
 os.setgroups([])
 os.setgid(user.pw_gid)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from jitterscope.collector import topology as t
+from jitterscope.schemas import topology as st
 from jitterscope.schemas import events, topics
 from jitterscope.streams import hardware_rules as rules
 from jitterscope.streams.hardware import HardwareJudge
@@ -101,7 +102,7 @@ def test_pcie_contention_needs_traffic_on_the_same_switch(topo):
     nvme0 = next(d for d in topo.pci if d.name == "nvme0").address
     eth0 = next(d for d in topo.pci if d.name == "eth0").address
     alert = rules.pcie_contention(ioctl(120), process(), topo, {nvme0: io(nvme0, 900)}, T, NOW)
-    assert alert.kind == "pcie_contention" and alert.evidence["switch"] == t.shared_switch(topo, GPU4, nvme0)
+    assert alert.kind == "pcie_contention" and alert.evidence["switch"] == st.shared_switch(topo, GPU4, nvme0)
     assert "nvme0" in alert.summary and "900 MiB/s" in alert.summary
     # traffic on a device under another switch, or too little, or no stall: quiet
     assert rules.pcie_contention(ioctl(120), process(), topo, {eth0: io(eth0, 900, "eth0")}, T, NOW) is None

@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 
 from jitterscope.collector import hostinfo
-from jitterscope.collector.hostinfo import ProcessGone, parse_cpu_list
+from jitterscope.collector.hostinfo import ProcessGone
+from jitterscope.schemas.topology import parse_cpu_list
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 PROC = FIXTURES / "host-2node" / "proc"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from jitterscope.errors import JitterscopeError, UnsafeQuery
+from jitterscope.common.errors import JitterscopeError, UnsafeQuery
 from jitterscope.streams import readonly_sql
 from jitterscope.streams.readonly_sql import check
 

@@ -2,7 +2,8 @@
 
 import pytest
 
-from jitterscope.streams.rules import ProcessView, format_cpus, runq_starvation
+from jitterscope.schemas.topology import cpu_list as format_cpus
+from jitterscope.streams.rules import ProcessView, runq_starvation
 from jitterscope.schemas.events import RunqEvent
 
 MS = 1_000_000

@@ -1,12 +1,12 @@
-"""jitterscope/settings.py: flags > env > TOML file > defaults, and readable errors."""
+"""common/settings.py: flags > env > TOML file > defaults, and readable errors."""
 
 import os
 from pathlib import Path
 
 import pytest
 
-from jitterscope import errors
-from jitterscope.settings import Settings, load, to_env
+from jitterscope.common import errors
+from jitterscope.common.settings import Settings, load, to_env
 
 
 @pytest.fixture(autouse=True)

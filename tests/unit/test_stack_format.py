@@ -80,7 +80,7 @@ def test_summaries_are_escaped_too_and_printable_unicode_is_kept():
 
 
 def test_printable_passes_ordinary_text_unchanged():
-    from jitterscope.logs import printable
+    from jitterscope.common.logs import printable
 
     text = "vLLM::EngineCore [bold] <b> ümlaut 日本 🙂 ~"
     assert printable(text) == text

@@ -1,4 +1,4 @@
-"""collector/topology.py against a built 2-socket, 8-GPU sysfs/procfs
+"""collector/topology.py (and the pure questions in schemas/topology.py) against a built 2-socket, 8-GPU sysfs/procfs
 (tests/fixtures/sysfs_builder.py) and against this machine's own /sys and /proc."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from jitterscope.collector import topology as t
+from jitterscope.schemas import topology as st
 from jitterscope.collector.hostinfo import online_cpus
 from jitterscope.schemas.events import Topology
 from tests.fixtures.sysfs_builder import TWO_SOCKET_8GPU, HostSpec, Node, build_host, replace_endpoint
@@ -60,9 +61,9 @@ def by_kind(topo, kind):
 def test_nodes_and_their_cpus(topo):
     assert topo.cpus == list(range(64))
     assert [n.node for n in topo.numa_nodes] == [0, 1]
-    assert t.cpus_of_node(topo, 0) == NODE0
-    assert t.cpus_of_node(topo, 1) == NODE1
-    assert t.cpus_of_node(topo, 7) == []
+    assert st.cpus_of_node(topo, 0) == NODE0
+    assert st.cpus_of_node(topo, 1) == NODE1
+    assert st.cpus_of_node(topo, 7) == []
 
 
 def test_node_memory_comes_from_node_meminfo(topo):
@@ -78,7 +79,7 @@ def test_pfn_ranges_merge_adjacent_zones_and_skip_empty_ones(topo):
 @pytest.mark.parametrize("pfn, node", [
     (0, -1), (1, 0), (4096, 0), (67108863, 0), (67108864, 1), (134217727, 1), (134217728, -1)])
 def test_node_of_pfn(topo, pfn, node):
-    assert t.node_of_pfn(topo, pfn) == node
+    assert st.node_of_pfn(topo, pfn) == node
 
 
 def test_cpu_info_siblings_sockets_and_nodes(topo):
@@ -88,13 +89,13 @@ def test_cpu_info_siblings_sockets_and_nodes(topo):
     assert info[17].siblings == [17, 49]
     assert (info[5].socket, info[5].core, info[5].node) == (0, 5, 0)
     assert (info[53].socket, info[53].core, info[53].node) == (1, 5, 1)
-    assert all(t.node_of_cpu(topo, c) == 0 for c in NODE0)
-    assert all(t.node_of_cpu(topo, c) == 1 for c in NODE1)
-    assert t.node_of_cpu(topo, 99) == -1
+    assert all(st.node_of_cpu(topo, c) == 0 for c in NODE0)
+    assert all(st.node_of_cpu(topo, c) == 1 for c in NODE1)
+    assert st.node_of_cpu(topo, 99) == -1
 
 
 def test_node_of_cpu_without_cpu_info_uses_node_cpulists(fields):
-    assert t.node_of_cpu(record({**fields, "cpu_info": []}), 48) == 1
+    assert st.node_of_cpu(record({**fields, "cpu_info": []}), 48) == 1
 
 
 def test_without_numa_sysfs_one_node_holds_every_cpu_and_all_memory(tmp_path):
@@ -111,7 +112,7 @@ def test_without_numa_sysfs_one_node_holds_every_cpu_and_all_memory(tmp_path):
     ([], ""), ([3], "3"), ([0, 1, 2, 3, 8, 10, 11], "0-3,8,10-11"), ([5, 4, 4, 6], "4-6"),
     (NODE1, "16-31,48-63")])
 def test_cpu_list(cpus, text):
-    assert t.cpu_list(cpus) == text
+    assert st.cpu_list(cpus) == text
 
 
 # --- PCI ------------------------------------------------------------------------------
@@ -123,11 +124,11 @@ def test_all_eight_gpus_with_node_chain_and_name(topo):
     for minor, (address, upstream) in GPUS.items():
         gpu = gpus[address]
         assert (gpu.vendor, gpu.class_code) == (0x10DE, 0x030200)
-        assert gpu.numa_node == GPU_NODE[minor] == t.gpu_node(topo, address)
+        assert gpu.numa_node == GPU_NODE[minor] == st.gpu_node(topo, address)
         assert gpu.upstream == upstream
         assert gpu.name == f"nvidia{minor}"  # from /proc/driver/nvidia, NVML being off
         assert (gpu.link_gen, gpu.link_width) == (4, 16)
-        assert t.gpu_by_address(topo, address) == gpu
+        assert st.gpu_by_address(topo, address) == gpu
 
 
 def test_nvme_and_nics_are_named_and_other_devices_left_out(topo):
@@ -140,25 +141,25 @@ def test_nvme_and_nics_are_named_and_other_devices_left_out(topo):
     # bridges, the host bridge, SATA and the BMC's (non-NVIDIA) VGA are not listed
     assert len(topo.pci) == 12
     assert "0000:02:08.0" not in {d.address for d in topo.pci}
-    assert t.gpu_by_address(topo, "0000:00:1c.0") is None
-    assert t.gpu_by_address(topo, "0000:85:00.0") is None  # an NVMe, not a GPU
+    assert st.gpu_by_address(topo, "0000:00:1c.0") is None
+    assert st.gpu_by_address(topo, "0000:85:00.0") is None  # an NVMe, not a GPU
 
 
 def test_gpu_by_address_takes_nvml_spelling(topo):
-    assert t.gpu_by_address(topo, "00000000:8A:00.0").address == "0000:8a:00.0"
+    assert st.gpu_by_address(topo, "00000000:8A:00.0").address == "0000:8a:00.0"
 
 
 def test_shared_switch(topo):
     gpu4, gpu5, gpu6 = GPUS[4][0], GPUS[5][0], GPUS[6][0]
-    assert t.shared_switch(topo, gpu4, "0000:85:00.0") == "0000:81:00.0"  # gpu4 and nvme0
-    assert t.shared_switch(topo, gpu4, gpu5) == "0000:81:00.0"
-    assert t.shared_switch(topo, gpu4, gpu6) is None  # same root complex, different switches
-    assert t.shared_switch(topo, gpu4, GPUS[0][0]) is None  # different sockets
-    assert t.shared_switch(topo, gpu4, "0000:ff:00.0") is None  # unknown device
+    assert st.shared_switch(topo, gpu4, "0000:85:00.0") == "0000:81:00.0"  # gpu4 and nvme0
+    assert st.shared_switch(topo, gpu4, gpu5) == "0000:81:00.0"
+    assert st.shared_switch(topo, gpu4, gpu6) is None  # same root complex, different switches
+    assert st.shared_switch(topo, gpu4, GPUS[0][0]) is None  # different sockets
+    assert st.shared_switch(topo, gpu4, "0000:ff:00.0") is None  # unknown device
 
 
 def test_neighbours_of_gpu(topo):
-    names = lambda gpu: [d.name for d in t.neighbours_of_gpu(topo, GPUS[gpu][0])]
+    names = lambda gpu: [d.name for d in st.neighbours_of_gpu(topo, GPUS[gpu][0])]
     assert names(4) == names(5) == ["nvme0", "nvme1"]
     assert names(0) == names(1) == ["eth0", "eth1"]
     assert names(2) == names(3) == names(6) == names(7) == []
@@ -168,14 +169,14 @@ def test_gpu_node_falls_back_to_devices_under_the_same_host_bridge(tmp_path):
     spec = replace_endpoint(TWO_SOCKET_8GPU, "gpu6", numa_node=-1)
     topo = record(t.read_topology(*_roots(build_host(tmp_path / "a", spec)), nvml=False))
     gpu6 = GPUS[6][0]
-    assert t.gpu_by_address(topo, gpu6).numa_node == -1
-    assert t.gpu_node(topo, gpu6) == 1  # its neighbours on pci0000:80 say node 1
+    assert st.gpu_by_address(topo, gpu6).numa_node == -1
+    assert st.gpu_node(topo, gpu6) == 1  # its neighbours on pci0000:80 say node 1
 
     spec = dataclasses.replace(spec, root_complexes=[
         dataclasses.replace(rc, node=-1) for rc in TWO_SOCKET_8GPU.root_complexes])
     topo = record(t.read_topology(*_roots(build_host(tmp_path / "b", spec)), nvml=False))
-    assert t.gpu_node(topo, gpu6) == -1  # nothing says
-    assert t.gpu_node(topo, "0000:ff:00.0") == -1
+    assert st.gpu_node(topo, gpu6) == -1  # nothing says
+    assert st.gpu_node(topo, "0000:ff:00.0") == -1
 
 
 def test_virtio_nic_names_its_interface_one_level_down(tmp_path):
@@ -252,13 +253,13 @@ def test_this_machine():
     topo = record(fields)
     assert topo.cpus == online_cpus() and len(topo.cpus) == os.cpu_count()
     assert [c.cpu for c in topo.cpu_info] == topo.cpus
-    assert all(t.node_of_cpu(topo, c) >= 0 for c in topo.cpus)
+    assert all(st.node_of_cpu(topo, c) >= 0 for c in topo.cpus)
     assert topo.numa_nodes and sum(len(n.cpus) for n in topo.numa_nodes) == len(topo.cpus)
     assert all(n.memory_bytes > 0 for n in topo.numa_nodes if n.cpus)
     node0 = topo.numa_nodes[0]
     assert node0.node == 0 and node0.pfn_ranges
     start, end = node0.pfn_ranges[0]
-    assert t.node_of_pfn(topo, (start + end) // 2) == 0
+    assert st.node_of_pfn(topo, (start + end) // 2) == 0
     # The build machines have no GPU; a host that has one must list exactly
     # the NVIDIA display controllers sysfs shows.
     nvidia = sorted(p.name for p in Path("/sys/bus/pci/devices").glob("*")

@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsError, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
-from jitterscope import errors
+from jitterscope.common import errors
 
 
 #: sources the collector can run besides the run-queue probe

@@ -40,7 +40,7 @@ def fields(**kw) -> dict:
 DICT_CONFIG = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"json": {"()": "jitterscope.logs.JsonFormatter"}},
+    "formatters": {"json": {"()": "jitterscope.common.logs.JsonFormatter"}},
     "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "json", "stream": "ext://sys.stderr"}},
     "root": {"level": "INFO", "handlers": ["stderr"]},
 }
