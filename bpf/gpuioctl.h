@@ -6,7 +6,7 @@
 #ifndef JITTERSCOPE_GPUIOCTL_H
 #define JITTERSCOPE_GPUIOCTL_H
 
-#define TASK_COMM_LEN 16
+#include "common.h"  /* TASK_COMM_LEN, UNKNOWN_NODE */
 
 /* Settings written by the collector into the `config` array map. */
 struct gpuioctl_config {

@@ -19,7 +19,10 @@
  *
  * Counts are kept per thread in the kernel (`counts`); a move between CPUs of
  * different nodes (per `cpu_node`, written by the collector) is also counted
- * as cross-node and leaves as one ring-buffer event.
+ * as cross-node in the same entry. Nothing leaves one by one: no consumer
+ * used single cross-node moves (the per-thread count is what the rules and
+ * tables read), so the ring buffer they went through is gone (see
+ * collector/probes/migrate.py).
  */
 #include "migrate.h"
 #include "drops.bpf.inc"  /* spliced in by the loader, see drops.h */
@@ -43,7 +46,6 @@ BPF_HASH(targets, u32, u8, MAX_TARGETS);                           /* tgids to w
  * out reads as unknown (never cross-node) rather than as node 0 */
 BPF_HASH(cpu_node, u32, u32, MAX_CPUS);
 BPF_ARRAY(config, struct migrate_config, 1);
-BPF_RINGBUF_OUTPUT(events, 16);                                    /* 16 pages = 64 KiB */
 
 static __always_inline u32 node_of(u32 cpu)
 {
@@ -123,25 +125,5 @@ TRACEPOINT_PROBE(sched, sched_migrate_task)
         c->pid = tgid;
         __builtin_memcpy(c->comm, info->comm, TASK_COMM_LEN);
     }
-
-    if (!cross)
-        return 0;
-    struct migrate_event *ev = events.ringbuf_reserve(sizeof(*ev));
-    if (!ev) {
-        count_drop(DROP_RINGBUF);
-        return 0;
-    }
-    ev->ts_ns = bpf_ktime_get_ns();
-    ev->pid = tgid;
-    ev->tid = tid;
-    ev->from_cpu = from_cpu;
-    ev->to_cpu = to_cpu;
-    ev->from_node = from_node;
-    ev->to_node = to_node;
-    if (info)
-        __builtin_memcpy(ev->comm, info->comm, TASK_COMM_LEN);
-    else
-        __builtin_memset(ev->comm, 0, TASK_COMM_LEN);
-    events.ringbuf_submit(ev, 0);
     return 0;
 }

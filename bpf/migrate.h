@@ -1,4 +1,4 @@
-/* migrate.h — the records the CPU-migration probe keeps and emits, and its
+/* migrate.h — the records the CPU-migration probe keeps, and its
  * tunables.
  *
  * BCC reads these layouts from the compiled program, so the Python side
@@ -7,8 +7,7 @@
 #ifndef JITTERSCOPE_MIGRATE_H
 #define JITTERSCOPE_MIGRATE_H
 
-#define TASK_COMM_LEN 16
-#define UNKNOWN_NODE 255
+#include "common.h"  /* TASK_COMM_LEN, UNKNOWN_NODE */
 
 /* Settings written by the collector into the `config` array map. */
 struct migrate_config {
@@ -32,18 +31,6 @@ struct migrate_counts {
     u32 last_cpu;       /* where the last migration put it */
     u32 exited;         /* the thread is gone: the collector reads it one last time, then deletes it */
     u32 _pad;
-    char comm[TASK_COMM_LEN];
-};
-
-/* One migration that moved a thread to another NUMA node. */
-struct migrate_event {
-    u64 ts_ns;          /* CLOCK_MONOTONIC */
-    u32 pid;            /* tgid, 0 = not known to the probe */
-    u32 tid;
-    u32 from_cpu;
-    u32 to_cpu;
-    u32 from_node;
-    u32 to_node;
     char comm[TASK_COMM_LEN];
 };
 

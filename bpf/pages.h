@@ -6,9 +6,8 @@
 #ifndef JITTERSCOPE_PAGES_H
 #define JITTERSCOPE_PAGES_H
 
-#define TASK_COMM_LEN 16
+#include "common.h"  /* TASK_COMM_LEN, UNKNOWN_NODE */
 #define MAX_PFN_RANGES 16
-#define UNKNOWN_NODE 255    /* a page outside every range the collector gave */
 
 /* [start, end) page frames on one NUMA node (one or more merged zones). */
 struct pfn_range {

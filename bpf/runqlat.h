@@ -6,7 +6,7 @@
 #ifndef JITTERSCOPE_RUNQLAT_H
 #define JITTERSCOPE_RUNQLAT_H
 
-#define TASK_COMM_LEN 16
+#include "common.h"  /* TASK_COMM_LEN, UNKNOWN_NODE */
 
 /* Settings written by the collector into the `config` array map. */
 struct runq_config {

@@ -22,11 +22,12 @@ from pathlib import Path
 from prometheus_client import Counter, Gauge, start_http_server
 
 from jitterscope.collector import hostinfo, topology
-from jitterscope.collector.hardware import HardwareSources
 from jitterscope.collector.clock import EpochConverter
 from jitterscope.collector.otlp import OtlpReceiver
-from jitterscope.collector.probes.runqlat import RawRunqEvent, RunqProbe
+from jitterscope.collector.probes import registry
+from jitterscope.collector.probes.interface import Probe, ProbeContext
 from jitterscope.collector.publish import Batcher, KafkaPublisher
+from jitterscope.collector.selfcost import SelfCost
 from jitterscope.collector.spool import Spool, SpoolBusy
 from jitterscope.common.logs import fields
 from jitterscope.schemas import events
@@ -111,15 +112,14 @@ class Collector:
             spool=make_spool(settings))
         self._export = _Exported()
         self.batcher = Batcher(settings.batch_max_records, settings.batch_max_delay_ms * 1_000_000)
-        self.events_read = 0
         self._processes_sent: dict[int, int] = {}  # pid -> monotonic ns of last publish
         self._comms: dict[int, str] = {}
         self._stop = threading.Event()
         self._reported_losses = (0, 0)  # (ringbuf, map-full) drops already logged
-        self.probe: RunqProbe | None = None
-        self.hardware: HardwareSources | None = None
+        self.probes: list[Probe] = []  # the open signals, registry order (runq first)
         self.topology: events.Topology | None = None
         self.otlp: OtlpReceiver | None = None
+        self.cost: SelfCost | None = None  # what watching costs the host
         self._spans_in: queue.SimpleQueue[list[dict]] = queue.SimpleQueue()  # from the OTLP threads
         self._serving_pids: set[int] = set()  # processes that sent request spans
 
@@ -152,18 +152,6 @@ class Collector:
         self._queue(events.ProcessInfo(**self.stamp.header(events.ProcessInfo, time.time_ns()), **info,
                                        gpus=gpus, cuda_visible_devices=cuda_visible))
 
-    def on_runq(self, raw: RawRunqEvent) -> None:
-        self.events_read += 1
-        EVENTS_READ.labels("runqlat").inc()
-        pid = raw.pid or hostinfo.tgid_of(raw.tid, self.proc) or raw.tid
-        self.describe_process(pid)
-        self.describe_process(raw.suspect_pid)
-        self._queue(events.RunqEvent(
-            **self.stamp.header(events.RunqEvent, self.stamp.clock.to_epoch(raw.ts_ns)),
-            pid=pid, tid=raw.tid, comm=raw.comm, cpu=raw.cpu, wait_ns=raw.wait_ns,
-            suspect_pid=raw.suspect_pid, suspect_tid=raw.suspect_tid, suspect_comm=raw.suspect_comm,
-        ))
-
     def take_requests(self) -> None:
         """Stamp and queue the request spans the OTLP receiver handed over.
         A serving process becomes a probe target when targets are filtered:
@@ -180,24 +168,20 @@ class Collector:
                     self._serving_pids.add(span["pid"])
                     new_pids = True
                     self.describe_process(span["pid"])
-        if new_pids and self.probe:
+        if new_pids and self.probes:
             self.update_targets()
 
     def publish_histograms(self, interval_ns: int) -> None:
+        """Every signal's periodic records (histograms, counters) for the
+        interval that ends now; then forget the processes that exited."""
         now = time.time_ns()
-        for pid, slots in sorted(self.probe.read_histograms().items()):
-            ordered = sorted(slots.items())
-            self._queue(events.LatencyHistogram(
-                **self.stamp.header(events.LatencyHistogram, now), probe="runq", interval_ns=interval_ns, pid=pid,
-                comm=self._comm(pid), slots=[s for s, _ in ordered], counts=[c for _, c in ordered],
-            ))
+        for probe in self.probes:
+            for record in probe.periodic(interval_ns, now):
+                self._queue(record)
         gone = {pid for pid in self._processes_sent if not (self.proc / str(pid)).exists()}
-        if self.hardware:
-            self.hardware.flush(interval_ns, now, self._comm)
         if gone:
-            self.probe.forget_histograms(gone)
-            if self.hardware:
-                self.hardware.forget(gone)
+            for probe in self.probes:
+                probe.forget(gone)
             for pid in gone:
                 self._processes_sent.pop(pid, None)
                 self._comms.pop(pid, None)
@@ -212,11 +196,13 @@ class Collector:
         return self._comms.get(pid, "")
 
     def ringbuf_drops(self) -> int:
-        return (self.probe.drops() if self.probe else 0) + (self.hardware.drops() if self.hardware else 0)
+        return sum(probe.drops() for probe in self.probes)
 
     def map_full_drops(self) -> int:
-        return ((self.probe.map_full_drops() if self.probe else 0)
-                + (self.hardware.map_full_drops() if self.hardware else 0))
+        return sum(probe.map_full_drops() for probe in self.probes)
+
+    def events_read(self) -> int:
+        return sum(probe.events_read for probe in self.probes)
 
     def report_losses(self, ringbuf: int, map_full: int) -> None:
         """One log line per stats interval in which the kernel lost events
@@ -231,7 +217,10 @@ class Collector:
 
     def export_metrics(self) -> None:
         p = self.publisher
-        self._export(RINGBUF_DROPS, self.ringbuf_drops(), "runqlat")
+        self._export(RINGBUF_DROPS, self.ringbuf_drops(), "runqlat")  # every probe's, one label as before
+        for probe in self.probes:
+            if probe.events_read:
+                self._export(EVENTS_READ, probe.events_read, probe.metric_label or probe.name)
         self._export(MAP_FULL_DROPS, self.map_full_drops())
         for topic, sent in p.sent_by_topic.items():
             self._export(RECORDS_SENT, sent, topic)
@@ -239,6 +228,8 @@ class Collector:
         self._export(SPOOL_DROPS, p.spool_drops)
         self._export(PRODUCER_RESTARTS, p.producer_restarts)
         SPOOLED.set(p.spooled)
+        if self.cost:  # self-cost: samples, then exports
+            self.cost.export([bpf for probe in self.probes for bpf in probe.bcc_probes()])
 
     def publish_stats(self) -> None:
         drops, map_full = self.ringbuf_drops(), self.map_full_drops()
@@ -248,10 +239,11 @@ class Collector:
         self._queue(events.CollectorStats(
             **self.stamp.header(events.CollectorStats, time.time_ns()),
             started_ns=self.stamp.started_ns, ringbuf_drops=drops, map_full_drops=map_full,
-            events_read=self.events_read + (self.hardware.events_read if self.hardware else 0),
+            events_read=self.events_read(),
             records_sent=p.records_sent, delivery_errors=p.delivery_errors,
             spool_drops=p.spool_drops, spooled=p.spooled, producer_restarts=p.producer_restarts,
             sent_by_topic=dict(p.sent_by_topic),
+            **(self.cost.record_fields() if self.cost else {}),  # self-cost, this interval
         ))
 
     def write_final(self) -> Path:
@@ -261,6 +253,8 @@ class Collector:
         p = self.publisher
         final = {"host": self.settings.host, "boot_id": self.stamp.boot_id,
                  "sent_by_topic": dict(p.sent_by_topic), "undelivered": p.undelivered, "spooled": p.spooled}
+        if self.cost:
+            final["self_cost"] = self.cost.summary()
         path = Path(self.settings.data_dir) / FINAL_FILE
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{FINAL_FILE}.{os.getpid()}.tmp")
@@ -276,7 +270,30 @@ class Collector:
         return {pid: ns for pid in self._serving_pids}
 
     def update_targets(self) -> None:
-        self.probe.set_targets(self.current_targets() or set(), self.serving_thresholds())
+        targets, thresholds = self.current_targets(), self.serving_thresholds()
+        for probe in self.probes:
+            probe.set_targets(targets, thresholds)
+
+    def open_probes(self) -> None:
+        """Open every enabled signal (registry order); if one fails, close
+        the ones already open and raise."""
+        s = self.settings
+        context = ProbeContext(
+            settings=s, stamp=self.stamp, publish=self._queue, describe_process=self.describe_process,
+            comm_of=self._comm, topology=self.topology_fields, targets=self.current_targets(),
+            thresholds=self.serving_thresholds(), proc=self.proc, sys=self.sys)
+        try:
+            for probe in registry.create(registry.enabled(s)):
+                probe.open(context)
+                self.probes.append(probe)
+        except Exception:
+            self.close_probes()
+            raise
+
+    def close_probes(self) -> None:
+        for probe in reversed(self.probes):
+            probe.close()
+        self.probes = []
 
     def current_targets(self) -> set[int] | None:
         s = self.settings
@@ -296,15 +313,11 @@ class Collector:
         self.publisher.check_reachable()
         if s.collector_metrics_port:
             start_http_server(s.collector_metrics_port, addr=s.collector_metrics_bind)
-        self.probe = RunqProbe(int(s.runq_threshold_ms * 1_000_000), self.current_targets(),
-                               self.serving_thresholds())
-        self.probe.open(self.on_runq)
-        self.publish_topology()
-        self.hardware = HardwareSources(
-            s.hardware_probes, self.stamp, self._queue, self.describe_process, self.topology_fields,
-            int(s.gpu_ioctl_threshold_ms * 1_000_000), s.gpu_device_patterns, self.current_targets(),
-            self.proc, self.sys)
-        self.hardware.rescan(self.current_targets())
+        self.publish_topology()  # before the probes: some are configured from it
+        self.open_probes()
+        for probe in self.probes:
+            probe.rescan()
+        self.cost = SelfCost().start()  # BPF statistics on until shutdown
         log.info("collector started", extra=fields(
             host=s.host, boot_id=self.stamp.boot_id, threshold_ms=s.runq_threshold_ms,
             targets="all" if not s.filters_targets else sorted(self.current_targets() or []),
@@ -325,8 +338,8 @@ class Collector:
                 now = time.monotonic()
                 if duration_s is not None and now - started >= duration_s:
                     break
-                self.probe.poll(50)
-                self.hardware.poll()
+                for i, probe in enumerate(self.probes):
+                    probe.poll(50 if i == 0 else 0)  # the first (runq, always on) waits for events
                 self.take_requests()
                 for topic, batch in self.batcher.due():
                     self.publisher.send(topic, batch)
@@ -346,19 +359,23 @@ class Collector:
                     next_topology = now + s.topology_interval_s
                 if now >= next_rescan:
                     self.update_targets()
-                    self.hardware.rescan(self.current_targets())
+                    for probe in self.probes:
+                        probe.rescan()
                     next_rescan = now + s.target_rescan_s
         finally:
-            self.shutdown()
+            try:
+                self.shutdown()
+            finally:
+                if self.cost:  # the kernel's BPF statistics back as they were
+                    self.cost.close()
 
     def shutdown(self) -> None:
         if self.otlp:
             self.otlp.stop()
             self.take_requests()
-        if self.probe:
-            self.probe.poll(0)  # take what the kernel still holds
-            if self.hardware:
-                self.hardware.poll()
+        if self.probes:
+            for probe in self.probes:
+                probe.poll(0)  # take what the kernel still holds
             self.publish_histograms(0)
             self.publish_stats()
         for topic, batch in self.batcher.drain():
@@ -372,17 +389,14 @@ class Collector:
                 self.write_final()
         except OSError as exc:
             log.error("could not write the final counts", extra=fields(error=str(exc)))
+        if self.cost:
+            log.info("collector self-cost", extra=fields(**self.cost.summary()))
         log.info("collector stopped", extra=fields(
-            events_read=self.events_read, records_sent=p.records_sent, sent_by_topic=p.sent_by_topic,
+            events_read=self.events_read(), records_sent=p.records_sent, sent_by_topic=p.sent_by_topic,
             undelivered_messages=undelivered, undelivered_records=p.undelivered, spooled=p.spooled,
             spool_drops=p.spool_drops, producer_restarts=p.producer_restarts, delivery_errors=p.delivery_errors))
         p.close()
-        if self.probe:
-            self.probe.close()
-            self.probe = None
-        if self.hardware:
-            self.hardware.close()
-            self.hardware = None
+        self.close_probes()
 
 
 def install_signal_handlers(collector: Collector) -> None:

@@ -57,6 +57,16 @@ class Settings(BaseSettings):
         5.0, gt=0, description="GPU driver calls at or above this leave the kernel as events")
     gpu_ioctl_alert_ms: float = Field(50.0, gt=0, description="GPU driver call latency that raises an alert")
     migration_storm_per_s: float = Field(50.0, gt=0, description="migrations/s of one thread that raise an alert")
+    numa_remote_share: float = Field(
+        0.5, gt=0, le=1, description="share of an inference process's new pages on a node away from its GPU's "
+                                     "that raises a numa_remote_memory alert")
+    numa_remote_min_mb: float = Field(
+        100.0, gt=0, description="new pages of one process per interval below which its placement is not judged (noise)")
+    numa_filler_mb_per_s: float = Field(
+        50.0, gt=0, description="page cache another process adds to a GPU's NUMA node that raises numa_node_filler")
+    pcie_neighbour_mb_per_s: float = Field(
+        200.0, gt=0, description="NVMe/NIC traffic on a GPU's PCIe switch that, with a slow GPU driver call, "
+                                 "raises pcie_contention")
     gpu_device_patterns: list[str] = Field(
         default_factory=lambda: ["/dev/nvidia[0-9]*", "/dev/nvidia-uvm"],
         description="device paths whose ioctls are GPU driver calls (shell patterns)")

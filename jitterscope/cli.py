@@ -311,7 +311,7 @@ def report(
         if remediation.tzinfo is None:
             remediation = remediation.replace(tzinfo=timezone.utc)
     ctx = capacity.Context(lambda sql, params: run_query(s, sql, {k: str(v) for k, v in params.items()})[1],
-                           queries.parse_duration(since), remediation)
+                           queries.parse_duration(since), remediation, s.runq_alert_ms)
     with console.status("building the report") as status:
         html = capacity.build(ctx, progress=lambda title: status.update(f"building: {title}"))
     out.write_text(html, encoding="utf-8")

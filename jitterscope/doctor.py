@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 from jitterscope.collector.probes.base import Check, preflight
 from jitterscope.common.settings import Settings
@@ -44,5 +45,17 @@ def check_clickhouse(s: Settings) -> Check:
     return Check("clickhouse", True, f"embedded chDB, data in {s.data_dir / 'clickhouse'}")
 
 
+def check_self_cost(s: Settings) -> Check:
+    """Informational: what the last collector run cost this host."""
+    from jitterscope.stack import FINAL_FILE, self_cost_line
+
+    path = s.data_dir / FINAL_FILE
+    line = self_cost_line(path)
+    if line is None:
+        return Check("self-cost", True, "no collector run measured yet (figures appear after 'jitterscope up')")
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(path.stat().st_mtime))
+    return Check("self-cost", True, f"last run ({when}): {line.removeprefix('jitterscope cost on this host: ')}")
+
+
 def run_checks(s: Settings) -> list[Check]:
-    return [*preflight(), check_broker(s), check_clickhouse(s)]
+    return [*preflight(), check_broker(s), check_clickhouse(s), check_self_cost(s)]

@@ -69,6 +69,23 @@ def read_final(path: Path) -> dict | None:
         return None
 
 
+def self_cost_line(path: Path) -> str | None:
+    """The collector's cost on this host over its last run, from its final
+    file (collector/selfcost.py), as one line; None when it left none."""
+    from jitterscope.collector.selfcost import format_cost
+
+    try:
+        cost = json.loads(path.read_text()).get("self_cost")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(cost, dict):
+        return None
+    try:
+        return format_cost(cost)
+    except (TypeError, ValueError):
+        return None
+
+
 def parse_accounted(metrics_text: str) -> dict[str, int] | None:
     """topic -> records stored or dead-lettered, from the worker's /metrics
     text; None when the worker does not export the counter at all."""
@@ -199,6 +216,8 @@ class Stack:
         where = "" if self.settings.data_dir == default_data_dir() else f" --data-dir {self.settings.data_dir}"
         self.console.print(f"jitterscope stopped: {alerts} alert(s). Query the store with: jitterscope query{where} "
                            "\"SELECT count() FROM jitterscope.runq_events\"", soft_wrap=True)
+        if cost := self_cost_line(self.settings.data_dir / FINAL_FILE):
+            self.console.print(cost, markup=False, soft_wrap=True)
 
     def stop(self) -> None:
         with self.console.status("stopping") as status:

@@ -15,11 +15,11 @@ from datetime import datetime, timezone
 from html import escape
 from typing import Callable
 
+from jitterscope.common.settings import Settings
 from jitterscope.reports import svg
+from jitterscope.streams.clickhouse import DATABASE as DB
 
-DB = "jitterscope"
 HOST_CLASS = "replaceRegexpOne(host, '-?[0-9]+$', '')"
-RUNQ_ALERT_MS = 10.0
 
 SECTIONS = [
     ("trends", "Tail latency trends"),
@@ -37,6 +37,8 @@ class Context:
     query: Callable  # (sql, parameters) -> list of rows
     since_s: int
     remediation: datetime | None
+    #: the run-queue alert level the charts draw: the caller passes settings.runq_alert_ms
+    runq_alert_ms: float = Settings.model_fields["runq_alert_ms"].default
 
 
 def _rows(ctx: Context, sql: str, **params) -> list:
@@ -75,7 +77,7 @@ def trends(ctx: Context) -> str:
             GROUP BY host) ORDER BY q[3] DESC LIMIT 10""")
     span = _span_labels(rows)
     return (svg.line_chart({**p99, **p999}, "run-queue wait (ms) per host class, hourly", span,
-                           (RUNQ_ALERT_MS, f"{RUNQ_ALERT_MS:g} ms alert level"))
+                           (ctx.runq_alert_ms, f"{ctx.runq_alert_ms:g} ms alert level"))
             + "<h3>Worst hosts by run-queue P999</h3>" + _table(["host", "P999 ms", "P99 ms"], worst))
 
 
@@ -165,12 +167,12 @@ def pressure(ctx: Context) -> str:
         series.setdefault(cls, []).append((requests or 0, p99))
         peak_load, worst = summary.get(cls, (0, 0.0))
         summary[cls] = (max(peak_load, requests or 0), max(worst, p99))
-    table = [(cls, peak, worst, f"{max(0.0, 1 - worst / RUNQ_ALERT_MS):.0%}") for cls, (peak, worst) in sorted(summary.items())]
+    table = [(cls, peak, worst, f"{max(0.0, 1 - worst / ctx.runq_alert_ms):.0%}") for cls, (peak, worst) in sorted(summary.items())]
     charts = "".join(svg.line_chart({cls: sorted(points)}, f"{cls}: run-queue P99 (ms) against requests/hour",
-                                    ("fewer requests", "more requests"), (RUNQ_ALERT_MS, "alert level"))
+                                    ("fewer requests", "more requests"), (ctx.runq_alert_ms, "alert level"))
                      for cls, points in sorted(series.items()))
     return charts + _table(["host class", "peak requests/hour", "worst hourly P99 ms",
-                            f"headroom below {RUNQ_ALERT_MS:g} ms"], table)
+                            f"headroom below {ctx.runq_alert_ms:g} ms"], table)
 
 
 def before_after(ctx: Context) -> str:
@@ -239,3 +241,30 @@ def build(ctx: Context, progress: Callable[[str], None] = lambda _name: None) ->
             f"<title>jitterscope capacity report</title><style>{STYLE}</style></head><body>"
             f"<h1>jitterscope capacity-planning report</h1><p>Generated {generated}, covering the last "
             f"{ctx.since_s / 86400:.1f} days.</p>{''.join(body)}</body></html>")
+
+
+# -- cost of watching (collector/selfcost.py) ----------------------------------
+#: what the seed of this product promised: watching costs under 0.5% of the host's CPU
+OVERHEAD_PROMISE = 0.005
+
+
+def cost_of_watching(ctx: Context) -> str:
+    """Per host: the share of its CPU time spent on jitterscope's BPF programs
+    and collector (mean and worst stats interval), and the collector's RSS."""
+    rows = _rows(ctx, f"""
+        SELECT host, count() AS intervals, avg(overhead_share) AS mean_share, max(overhead_share) AS worst_share,
+               max(rss_bytes) / 1e6 AS rss_mb, argMax(online_cpus, ts) AS cpus
+        FROM {DB}.collector_stats FINAL
+        WHERE online_cpus > 0 AND ts > now() - toIntervalSecond({{since:UInt32}})
+        GROUP BY host ORDER BY mean_share DESC, host""")
+    table = [(host, intervals, f"{mean:.3%}", f"{worst:.3%}", round(float(rss), 1), cpus,
+              "yes" if mean <= OVERHEAD_PROMISE else "no")
+             for host, intervals, mean, worst, rss, cpus in rows]
+    note = (f"<p>BPF run time (the kernel's BPF statistics) plus the collector's CPU time, as a share of "
+            f"all the host's CPU time over each stats interval; the target is under {OVERHEAD_PROMISE:.1%}.</p>")
+    return note + _table(["host", "intervals", "mean share of CPU", "worst interval", "max collector RSS MB",
+                          "CPUs", f"under {OVERHEAD_PROMISE:.1%}"], table)
+
+
+SECTIONS.append(("cost", "Cost of watching"))
+BUILDERS["cost"] = cost_of_watching

@@ -34,9 +34,8 @@ Parameters are bound by ClickHouse, never pasted into the SQL.
 from __future__ import annotations
 
 from jitterscope.schemas import topics
-from jitterscope.streams.clickhouse import TABLE_OF
+from jitterscope.streams.clickhouse import DATABASE as DB, TABLE_OF
 
-DB = "jitterscope"
 QUESTION = "What did each host lose, per boot: kernel drops, producer and spool failures, dead letters, seq gaps, unstored?"
 PARAMS = {"host": ("String", "")}  # '' = every host
 MAX_GAP = 1_000_000  # see the module doc: larger jumps are new collector runs

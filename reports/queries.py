@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 
 from jitterscope.common import errors
 from jitterscope.reports import ledger
-
-DB = "jitterscope"
+from jitterscope.streams.clickhouse import DATABASE as DB
 
 
 @dataclass(frozen=True)

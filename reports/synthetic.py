@@ -10,7 +10,7 @@ the streams worker.
 
 from __future__ import annotations
 
-DB = "jitterscope"
+from jitterscope.streams.clickhouse import DATABASE as DB
 
 # The injected answers.
 # Host names are <class>-<number>: hosts 1-200 are class h100, the rest a100.

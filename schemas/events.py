@@ -195,6 +195,15 @@ class CollectorStats(Record, frozen=True):
     spooled: U64 = 0  # records waiting in the on-disk spool now
     producer_restarts: U64 = 0  # fatal producer errors survived by recreating the producer
     sent_by_topic: dict[str, U64] = {}  # records acknowledged by Kafka, per topic
+    # self-cost (collector/selfcost.py): what watching the host costs it
+    cpu_ns: U64 = 0  # the collector process's CPU time, user+sys, all threads
+    rss_bytes: U64 = 0  # its resident memory now
+    bpf_run_ns: U64 = 0  # kernel time in its BPF programs (counted while BPF stats are on)
+    bpf_run_count: U64 = 0  # runs of its BPF programs
+    bpf_run_ns_by_program: dict[str, U64] = {}
+    bpf_run_count_by_program: dict[str, U64] = {}
+    online_cpus: U16 = 0
+    overhead_share: float = 0.0  # (BPF + collector CPU time) / (interval * online CPUs), last interval
 
 
 class Alert(Record, frozen=True):

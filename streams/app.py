@@ -6,19 +6,14 @@ Faust commit the offsets (at-least-once; the sink's keys make it exact).
 Undecodable input goes to the dead-letter topic with its reason and the agent
 carries on.
 
-What alerts need to know about a host (its CPUs, its processes' allowed CPUs)
-is kept in plain per-worker dicts, not Faust Tables: collectors re-publish
-topology and process records every minute and the worker primes the dicts
-from ClickHouse at start, so a changelog topic would add recovery time (and,
-on Tansu, lossy restores through its under-reported high-water marks) for
-state that is re-sent anyway. Every topic is keyed by host, so the worker that
-sees a host's events also sees its metadata.
+Records go to their signal's rules through the topic -> handler table
+(streams/handlers.py); what the rules know about each host is in
+streams/host_state.py; the Kafka client patches are in
+streams/kafka_patches.py; the web pages are in streams/web.py.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections import defaultdict
 import json
 import logging
 import os
@@ -32,11 +27,12 @@ from prometheus_client import Counter, Gauge
 from jitterscope.common import logs
 from jitterscope.schemas import events, topics
 from jitterscope.common.settings import Settings
-from jitterscope.streams import clickhouse, web
+from jitterscope.streams import clickhouse, kafka_patches, web
 from jitterscope.streams.attribution import Attributor
-from jitterscope.streams.hardware import HardwareJudge
-from jitterscope.streams.hardware_rules import Thresholds
-from jitterscope.streams.rules import LossWatch, request_slo, runq_starvation
+from jitterscope.streams.handlers import Handlers
+from jitterscope.streams.host_state import HostState
+from jitterscope.streams.rules.base import Thresholds
+from jitterscope.streams.rules.requests import request_slo
 from jitterscope.streams.sink import ClickHouseSink
 from jitterscope.streams.worker_state import state_file
 
@@ -54,125 +50,7 @@ PENDING_REQUESTS = Gauge("jitterscope_streams_pending_requests", "requests waiti
 LATE_EVIDENCE = Gauge("jitterscope_streams_late_evidence", "kernel evidence that arrived after requests it overlapped were attributed")
 
 ATTRIBUTION_TICK_S = 0.25
-PROCESS_WAIT_S = 1.0  # how long an alert waits for its process record to arrive
 TAKE_MESSAGES = 200  # messages per agent batch (each holds up to batch_max_records records)
-
-
-class HostState:
-    """What the worker knows about the hosts it owns: the latest topology,
-    process records and device traffic."""
-
-    def __init__(self):
-        self.topology: dict[str, events.Topology] = {}
-        self.processes: dict[tuple[str, int], events.ProcessInfo] = {}
-        # per-host indexes, so per-event look-ups do not scan the whole fleet
-        self._host_processes: dict[str, dict[int, events.ProcessInfo]] = defaultdict(dict)
-        self._traffic: dict[str, dict[str, events.DeviceIo]] = defaultdict(dict)  # host -> PCI address -> latest
-
-    def learn(self, record: events.Record) -> None:
-        if isinstance(record, events.Topology):
-            self.topology[record.host] = record
-        elif isinstance(record, events.ProcessInfo):
-            self.processes[(record.host, record.pid)] = record
-            self._host_processes[record.host][record.pid] = record
-        elif isinstance(record, events.DeviceIo) and record.pci:
-            self._traffic[record.host][record.pci] = record
-
-    def host_cpus(self, host: str) -> list[int] | None:
-        topo = self.topology.get(host)
-        return topo.cpus if topo else None
-
-    def gpu_users(self, host: str) -> dict[str, list[str]]:
-        """GPU address -> names of the processes that have it open."""
-        users: dict[str, list[str]] = {}
-        for process in self._host_processes.get(host, {}).values():
-            for gpu in process.gpus:
-                users.setdefault(gpu, []).append(process.comm)
-        return users
-
-    def host_traffic(self, host: str) -> dict[str, events.DeviceIo]:
-        return self._traffic.get(host, {})
-
-    async def process(self, host: str, pid: int, wait_s: float = PROCESS_WAIT_S) -> events.ProcessInfo | None:
-        """The process's metadata; waits briefly, since the collector's
-        process record travels on another topic and may arrive just after."""
-        deadline = time.monotonic() + wait_s
-        while (found := self.processes.get((host, pid))) is None and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        return found
-
-    def prime(self, client) -> None:
-        """Latest topology per host and record per process of the last day."""
-        day = "ts > now() - INTERVAL 1 DAY"
-        latest_topology = (f"(host, ts) IN (SELECT host, max(ts) FROM {clickhouse.DATABASE}.topology "
-                           f"WHERE {day} GROUP BY host)")
-        for topo in clickhouse.select_records(client, events.Topology, latest_topology):
-            self.learn(topo)
-        latest_process = (f"(host, pid, ts) IN (SELECT host, pid, max(ts) FROM {clickhouse.DATABASE}.processes "
-                          f"WHERE {day} GROUP BY host, pid)")
-        for process in clickhouse.select_records(client, events.ProcessInfo, latest_process):
-            self.learn(process)
-
-
-def _cap_fetch_wait(max_wait_ms: int) -> None:
-    """Faust's aiokafka driver hard-codes fetch_max_wait_ms=1500. Tansu holds
-    every fetch for the full wait even when data arrives (measured: 1,466 ms
-    median delivery at 1500, 66 ms at 100), which would add up to 1.5 s to
-    every alert. Real Kafka answers as soon as data is there, so a short wait
-    only costs a few more empty fetches. This process is the worker alone, so
-    the patch stays inside it."""
-    import aiokafka
-
-    original = getattr(aiokafka.AIOKafkaConsumer, "_jitterscope_original", aiokafka.AIOKafkaConsumer)
-
-    class Consumer(original):
-        _jitterscope_original = original
-
-        def __init__(self, *args, **kwargs):
-            kwargs["fetch_max_wait_ms"] = max_wait_ms
-            super().__init__(*args, **kwargs)
-
-    aiokafka.AIOKafkaConsumer = Consumer
-
-
-def _guard_commits() -> None:
-    """Never commit into a log that went backwards. A broker that lost its
-    log (the embedded broker keeps it in memory only, so a restart empties
-    it) would otherwise accept the old offsets from Faust's timer commit
-    before the group rejoins, and the worker would then seek past every
-    message the new log holds. When a partition's end is below what this
-    worker last committed there and the offset to commit is past that end,
-    the commit is refused; the group then finds no committed offset and
-    starts from the earliest. (An offset just past the end alone is no sign:
-    Tansu's end offsets lag the newest writes a little.) A skipped commit is
-    harmless: redelivery is idempotent, and the next commit covers it."""
-    from faust.transport.drivers import aiokafka as driver
-
-    thread = driver.AIOKafkaConsumerThread
-    original = getattr(thread, "_jitterscope_original_commit", thread._commit)
-
-    async def _commit(self, offsets) -> bool:
-        committed = self.__dict__.setdefault("_jitterscope_committed", {})
-        try:
-            ends = await self._ensure_consumer().end_offsets([driver.ensure_aiokafka_TP(tp) for tp in offsets])
-        except Exception:
-            return False
-        def lost(tp) -> bool:  # the log went backwards, and the offset still points into the old one
-            end = ends.get(driver.ensure_aiokafka_TP(tp))
-            return end is not None and end < committed.get(tp, 0) and offsets[tp] > end
-
-        if gone := sorted(tp for tp in offsets if lost(tp)):
-            log.warning("not committing: the broker's log ended below offsets committed before (it lost its "
-                        "data?); those partitions are read from the earliest after the rebalance: %s",
-                        ", ".join(f"{tp.topic}[{tp.partition}]" for tp in gone))
-            return False
-        done = await original(self, offsets)
-        if done:
-            committed.update(offsets)
-        return done
-
-    thread._jitterscope_original_commit = original
-    thread._commit = _commit
 
 
 class Decoded(NamedTuple):
@@ -198,16 +76,13 @@ class StreamsWorker:
         self.sink = ClickHouseSink(self.client)
         self.state = HostState()
         self.state.prime(self.client)
-        self.hardware = HardwareJudge(self.state, Thresholds(
-            gpu_ioctl_ns=int(settings.gpu_ioctl_alert_ms * 1e6), migrations_per_s=settings.migration_storm_per_s))
-        self.alert_ns = int(settings.runq_alert_ms * 1_000_000)
-        self.losses = LossWatch(settings.loss_alert_events)
         self.attributor = Attributor(
             grace_ns=int(settings.attribution_grace_s * 1e9), horizon_ns=int(settings.evidence_horizon_s * 1e9),
             slo_ns=int(settings.request_slo_ms * 1e6) if settings.request_slo_ms else None,
             slo_factor=settings.request_slo_factor, min_samples=settings.baseline_min_samples,
             max_events_per_host=settings.evidence_max_events, max_pending=settings.pending_requests_max)
         self.prime_attribution()
+        self.handlers = Handlers(self.state, Thresholds.from_settings(settings), self.attributor)
         self.app = self._build_app(bootstrap_servers)
 
     def prime_attribution(self) -> None:
@@ -227,8 +102,7 @@ class StreamsWorker:
 
     def _build_app(self, bootstrap_servers: str) -> faust.App:
         s = self.settings
-        _cap_fetch_wait(s.kafka_fetch_max_wait_ms)
-        _guard_commits()
+        kafka_patches.apply(s.kafka_fetch_max_wait_ms)
         app = faust.App(
             "jitterscope-streams",
             broker=f"kafka://{bootstrap_servers}",
@@ -330,18 +204,7 @@ class StreamsWorker:
     async def judge(self, topic: str, good: list[events.Record]) -> list[events.Alert]:
         for record in good:
             self.state.learn(record)
-        if topic in (topics.RUNQ, topics.GPU_IOCTL):
-            for event in good:
-                self.attributor.add_evidence(event)
-        elif topic == topics.REQUESTS:
-            for span in good:
-                self.attributor.add_request(span)
-        if topic == topics.RUNQ:
-            alerts = await self.evaluate(good)
-        elif topic == topics.COLLECTOR_STATS:
-            alerts = [a for a in map(self.losses.judge, good) if a]
-        else:
-            alerts = self.hardware.judge(topic, good, time.time_ns())
+        alerts = await self.handlers.handle(topic, good, time.time_ns())
         for alert in alerts:
             ALERTS.labels(alert.kind).inc()
         if alerts:
@@ -408,20 +271,6 @@ class StreamsWorker:
         if alerts:
             await self.publish(self.alerts_topic, alerts)
         await self.store(topics.ATTRIBUTION, "request_attribution", [Decoded(done, [], alerts)])
-
-    async def evaluate(self, records: list[events.Record]) -> list[events.Alert]:
-        worthy = [e for e in records if e.wait_ns >= self.alert_ns]
-        if not worthy:
-            return []
-        wanted = sorted({(e.host, e.pid) for e in worthy})
-        victims = dict(zip(wanted, await asyncio.gather(*(self.state.process(h, p) for h, p in wanted))))
-        alerts = []
-        for event in worthy:
-            alert = runq_starvation(event, self.alert_ns, victims[(event.host, event.pid)],
-                                    self.state.host_cpus(event.host), time.time_ns())
-            if alert:
-                alerts.append(alert)
-        return alerts
 
     async def publish(self, topic, records: list[events.Record]) -> None:
         """NDJSON messages keyed by host, each below the broker's size limit."""

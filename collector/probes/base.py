@@ -140,6 +140,11 @@ def c_string(raw: bytes) -> str:
 
 
 DROP_RINGBUF, DROP_MAP_FULL = 0, 1  # slots of every program's `drops` array (bpf/drops.h)
+# bpf/common.h: a kernel task name's size (NUL included), and the node of a
+# page or CPU outside the ranges and maps the collector gave (NUMA nodes are
+# < UNKNOWN_NODE). tests/unit/test_probe_decoding.py checks they match.
+TASK_COMM_LEN = 16
+UNKNOWN_NODE = 255
 
 
 class BccProbe:
@@ -179,6 +184,11 @@ class BccProbe:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    def program_fds(self) -> dict[str, int]:
+        """{function name: program fd} of the loaded programs (auto-attached
+        tracepoints included): full names for the self-cost figures."""
+        return {name.decode(errors="replace"): fn.fd for name, fn in self._bpf.funcs.items()}
 
 
 class Log2Histograms:

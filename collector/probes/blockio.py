@@ -1,4 +1,5 @@
-"""Loader for bpf/blockio.bpf.c: I/Os, bytes and latency of each block device.
+"""The "blockio" signal and its loader for bpf/blockio.bpf.c: I/Os, bytes and
+latency of each block device.
 
 `read` returns per-device deltas since the previous read; the kernel's sums
 stay cumulative (nothing is lost to a read/clear race) and its maximum is
@@ -15,6 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from jitterscope.collector.probes import base
+from jitterscope.collector.probes.interface import BccSignal, ProbeContext
+from jitterscope.collector.probes.netdev import pci_of
+from jitterscope.schemas import events
 
 MINOR_BITS = 20  # the kernel's dev_t: major << 20 | minor
 
@@ -99,21 +103,51 @@ class BlockIoProbe(base.BccProbe):
         closing = self._epoch
         self._epoch = self._epoch % 0xFFFFFFFF + 1  # never 0: that means "not configured"
         self._write_epoch()
-        slot = closing & 1
-        result: dict[tuple[int, int], RawBlockIo] = {}
-        seen: dict[int, tuple[int, int, int, int]] = {}
-        for key, per_cpu in self._bpf[b"stats"].items():
-            dev = key.value
-            ios = sum(s.ios for s in per_cpu)
-            nbytes = sum(s.bytes for s in per_cpu)
-            total = sum(s.latency_sum_ns for s in per_cpu)
-            errors = sum(s.errors for s in per_cpu)
-            worst = max((s.max_ns[slot] for s in per_cpu if s.max_epoch[slot] == closing), default=0)
-            seen[dev] = (ios, nbytes, total, errors)
-            b_ios, b_bytes, b_total, b_errors = self._seen.get(dev, (0, 0, 0, 0))
-            if ios > b_ios or nbytes > b_bytes:
-                result[(dev >> MINOR_BITS, dev & ((1 << MINOR_BITS) - 1))] = RawBlockIo(
-                    dev >> MINOR_BITS, dev & ((1 << MINOR_BITS) - 1), ios - b_ios, nbytes - b_bytes,
-                    total - b_total, worst, errors - b_errors)
-        self._seen = seen
+        result, self._seen = diff_stats(self._bpf[b"stats"].items(), self._seen, closing)
         return result
+
+
+def diff_stats(entries, seen: dict[int, tuple[int, int, int, int]], closing: int
+               ) -> tuple[dict[tuple[int, int], RawBlockIo], dict[int, tuple[int, int, int, int]]]:
+    """The kernel's cumulative per-CPU ``stats`` entries ((dev key, [struct
+    blockio_stats per CPU]) pairs, bpf/blockio.h) as per-device deltas
+    against ``seen`` (dev -> (ios, bytes, latency sum, errors)); the maximum
+    is the one kept for the ``closing`` epoch. Returns (deltas, new seen)."""
+    slot = closing & 1
+    result: dict[tuple[int, int], RawBlockIo] = {}
+    now_seen: dict[int, tuple[int, int, int, int]] = {}
+    for key, per_cpu in entries:
+        dev = key.value
+        ios = sum(s.ios for s in per_cpu)
+        nbytes = sum(s.bytes for s in per_cpu)
+        total = sum(s.latency_sum_ns for s in per_cpu)
+        errors = sum(s.errors for s in per_cpu)
+        worst = max((s.max_ns[slot] for s in per_cpu if s.max_epoch[slot] == closing), default=0)
+        now_seen[dev] = (ios, nbytes, total, errors)
+        b_ios, b_bytes, b_total, b_errors = seen.get(dev, (0, 0, 0, 0))
+        if ios > b_ios or nbytes > b_bytes:
+            major, minor = dev >> MINOR_BITS, dev & ((1 << MINOR_BITS) - 1)
+            result[(major, minor)] = RawBlockIo(major, minor, ios - b_ios, nbytes - b_bytes,
+                                                total - b_total, worst, errors - b_errors)
+    return result, now_seen
+
+
+class BlockIoSignal(BccSignal):
+    """I/Os, bytes and latency per block device (whole disks)."""
+
+    name = "blockio"
+    publishes = (events.DeviceIo,)
+
+    def open(self, context: ProbeContext) -> None:
+        self.ctx = context
+        self.probe = BlockIoProbe()
+
+    def periodic(self, interval_ns: int, now_ns: int) -> list[events.Record]:
+        if not self.probe:
+            return []
+        sys = self.ctx.sys
+        return [self.ctx.record(
+            events.DeviceIo, now_ns, device=device_name(major, minor, sys), kind="block",
+            pci=pci_of(sys / f"dev/block/{major}:{minor}/device"), interval_ns=interval_ns,
+            ios=io.ios, bytes=io.bytes, latency_max_ns=io.latency_max_ns, latency_sum_ns=io.latency_sum_ns)
+            for (major, minor), io in sorted(self.probe.read().items())]

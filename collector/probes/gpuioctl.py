@@ -1,4 +1,5 @@
-"""Loader for bpf/gpuioctl.bpf.c: GPU driver ioctl latency.
+"""The "gpu_ioctl" signal and its loader for bpf/gpuioctl.bpf.c: GPU driver
+ioctl latency.
 
 The kernel times only ioctls on (pid, fd) pairs the collector watches; find
 them with `gpu_fds` (the fds processes hold open on GPU device files) and pass
@@ -19,10 +20,15 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from jitterscope.collector.probes import base
+from jitterscope.collector.probes.interface import BccSignal, ProbeContext
+from jitterscope.common.settings import Settings
+from jitterscope.schemas import events
 
-DEFAULT_PATTERNS = ("/dev/nvidia*",)
-# nvidiactl carries the driver's control calls (not one GPU's work);
-# /dev/nvidia-uvm stays in: unified-memory faults and migrations go through it.
+# The one default is the setting's (gpu_device_patterns): each GPU's device
+# file and /dev/nvidia-uvm (unified-memory faults and migrations go through it).
+DEFAULT_PATTERNS = tuple(Settings.model_fields["gpu_device_patterns"].get_default(call_default_factory=True))
+# nvidiactl carries the driver's control calls (not one GPU's work): left out
+# even where a broader pattern (/dev/nvidia*) is configured.
 DEFAULT_EXCLUDE = ("/dev/nvidiactl",)
 
 
@@ -74,6 +80,12 @@ def gpu_fds(patterns: Iterable[str] = DEFAULT_PATTERNS, proc: Path = Path("/proc
     return found
 
 
+def decode_event(e) -> RawGpuIoctl:
+    """A ``struct gpu_ioctl_event`` (bpf/gpuioctl.h) as BCC's ctypes view gives it."""
+    return RawGpuIoctl(e.ts_ns, e.latency_ns, e.pid, e.tid, base.c_string(bytes(e.comm)),
+                       e.fd, e.request, e.ret)
+
+
 class GpuIoctlProbe(base.BccProbe):
     source = "gpuioctl.bpf.c"
 
@@ -110,9 +122,7 @@ class GpuIoctlProbe(base.BccProbe):
         table = self._bpf[b"events"]
 
         def callback(_ctx, data, _size):
-            e = table.event(data)
-            on_event(RawGpuIoctl(e.ts_ns, e.latency_ns, e.pid, e.tid, base.c_string(bytes(e.comm)),
-                                 e.fd, e.request, e.ret))
+            on_event(decode_event(table.event(data)))
 
         table.open_ring_buffer(callback)
 
@@ -123,3 +133,53 @@ class GpuIoctlProbe(base.BccProbe):
     def forget_histograms(self, pids: set[int]) -> None:
         """Drop kernel counters of processes that have exited (bounded map)."""
         self.histograms.forget(pids)
+
+
+class GpuIoctlSignal(BccSignal):
+    """GPU driver calls on the device files of ``gpu_device_patterns``
+    (settings ``gpu_ioctl_threshold_ms``, ``gpu_device_patterns``)."""
+
+    name = "gpu_ioctl"
+    publishes = (events.GpuIoctl, events.LatencyHistogram)
+
+    def __init__(self):
+        super().__init__()
+        self._devices: dict[tuple[int, int], str] = {}  # (pid, fd) -> device path
+
+    def open(self, context: ProbeContext) -> None:
+        self.ctx = context
+        self.patterns = list(context.settings.gpu_device_patterns)
+        self.probe = GpuIoctlProbe(int(context.settings.gpu_ioctl_threshold_ms * 1_000_000))
+        self.probe.open(self.on_event)
+
+    def on_event(self, raw: RawGpuIoctl) -> None:
+        self.events_read += 1
+        ctx = self.ctx
+        ctx.describe_process(raw.pid)
+        ctx.publish(ctx.event(
+            events.GpuIoctl, raw.ts_ns, pid=raw.pid, tid=raw.tid, comm=raw.comm, fd=raw.fd,
+            request=raw.request, latency_ns=raw.latency_ns, device=self._devices.get((raw.pid, raw.fd), "")))
+
+    def rescan(self) -> None:
+        """Find GPU device fds anew (processes open and close them)."""
+        if not self.probe:
+            return
+        self._devices = gpu_fds(self.patterns, self.ctx.proc)
+        self.probe.set_watched(self._devices.keys())
+        # Every GPU user gets a process record (which GPUs, which CPUs),
+        # slow calls or not: the placement rules judge them from it.
+        for pid in sorted({pid for pid, _fd in self._devices}):
+            self.ctx.describe_process(pid)
+
+    def poll(self, timeout_ms: int = 0) -> None:
+        if self.probe:
+            self.probe.poll(timeout_ms)
+
+    def periodic(self, interval_ns: int, now_ns: int) -> list[events.Record]:
+        if not self.probe:
+            return []
+        return self.ctx.histograms(self.name, self.probe.read_histograms(), interval_ns, now_ns)
+
+    def forget(self, pids: set[int]) -> None:
+        if self.probe:
+            self.probe.forget_histograms(pids)

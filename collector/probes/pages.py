@@ -1,4 +1,5 @@
-"""Loader for bpf/pages.bpf.c: pages each process put on each NUMA node.
+"""The "pages" signal and its loader for bpf/pages.bpf.c: pages each process
+put on each NUMA node.
 
 The kernel attributes page-cache insertions and page allocations to (tgid,
 node), the node found from the page frame number in the pfn ranges given here
@@ -12,12 +13,15 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 from jitterscope.collector.probes import base
+from jitterscope.collector.probes.base import UNKNOWN_NODE
+from jitterscope.collector.probes.interface import BccSignal, ProbeContext
+from jitterscope.schemas import events
 
 MAX_PFN_RANGES = 16  # bpf/pages.h
-UNKNOWN_NODE = 255
+MIN_PAGES = 256  # 1 MiB per interval: less page activity is not worth a record
 
 
 @dataclass(frozen=True)
@@ -82,25 +86,7 @@ class PageProbe(base.BccProbe):
         counts = self._bpf[b"counts"]
         exited = self._bpf[b"exited"]
         gone = {k.value for k in exited.keys()}  # before the counts: their last pages are in
-        result: dict[tuple[int, int], RawPagePlacement] = {}
-        seen: dict[tuple[int, int], tuple[int, int]] = {}
-        stale = []
-        comms: dict[int, str] = {}
-        for key, c in counts.items():
-            ident = (key.pid, key.node)
-            cache, alloc = c.page_cache_pages, c.alloc_pages
-            before_cache, before_alloc = self._seen.get(ident, (0, 0))
-            if cache < before_cache or alloc < before_alloc:  # deleted and restarted in between
-                before_cache, before_alloc = 0, 0
-            if key.pid in gone:
-                stale.append(key)
-            else:
-                seen[ident] = (cache, alloc)
-            if cache > before_cache or alloc > before_alloc:
-                if key.pid not in comms:
-                    comms[key.pid] = self._comm(key.pid) or base.c_string(bytes(c.comm))
-                result[ident] = RawPagePlacement(key.pid, key.node, comms[key.pid],
-                                                 cache - before_cache, alloc - before_alloc)
+        result, self._seen, stale = diff_counts(counts.items(), self._seen, gone, self._comm)
         for key in stale:
             try:
                 del counts[key]
@@ -111,7 +97,6 @@ class PageProbe(base.BccProbe):
                 del exited[exited.Key(pid)]
             except KeyError:
                 pass
-        self._seen = seen
         return result
 
     def _comm(self, pid: int) -> str:
@@ -130,3 +115,64 @@ class PageProbe(base.BccProbe):
             if key.pid in pids:
                 del counts[key]
                 self._seen.pop((key.pid, key.node), None)
+
+
+def diff_counts(entries, seen: dict[tuple[int, int], tuple[int, int]], gone: set[int],
+                comm_of: Callable[[int], str]):
+    """The kernel's cumulative ``counts`` entries ((struct page_key, struct
+    page_counts) pairs, bpf/pages.h) as deltas against ``seen`` ((pid, node)
+    -> (page_cache, alloc) already reported). ``gone``: pids that exited
+    (their entries are reported one last time and returned for deletion);
+    ``comm_of``: a live process's name, "" when unknown (the kernel's comm,
+    the thread that created the entry, stands in). Returns (deltas, new
+    seen, keys to delete)."""
+    result: dict[tuple[int, int], RawPagePlacement] = {}
+    now_seen: dict[tuple[int, int], tuple[int, int]] = {}
+    stale = []
+    comms: dict[int, str] = {}
+    for key, c in entries:
+        ident = (key.pid, key.node)
+        cache, alloc = c.page_cache_pages, c.alloc_pages
+        before_cache, before_alloc = seen.get(ident, (0, 0))
+        if cache < before_cache or alloc < before_alloc:  # deleted and restarted in between
+            before_cache, before_alloc = 0, 0
+        if key.pid in gone:
+            stale.append(key)
+        else:
+            now_seen[ident] = (cache, alloc)
+        if cache > before_cache or alloc > before_alloc:
+            if key.pid not in comms:
+                comms[key.pid] = comm_of(key.pid) or base.c_string(bytes(c.comm))
+            result[ident] = RawPagePlacement(key.pid, key.node, comms[key.pid],
+                                             cache - before_cache, alloc - before_alloc)
+    return result, now_seen, stale
+
+
+class PagesSignal(BccSignal):
+    """Pages each process put on each NUMA node (the topology's pfn ranges);
+    less than MIN_PAGES in an interval makes no record."""
+
+    name = "pages"
+    publishes = (events.PagePlacement,)
+
+    def open(self, context: ProbeContext) -> None:
+        self.ctx = context
+        ranges = [(n.node, start, end) for n in context.topology["numa_nodes"] for start, end in n.pfn_ranges]
+        self.probe = PageProbe(ranges, context.proc)
+
+    def periodic(self, interval_ns: int, now_ns: int) -> list[events.Record]:
+        if not self.probe:
+            return []
+        records = []
+        for (pid, node), p in sorted(self.probe.read().items()):
+            if p.page_cache_pages + p.alloc_pages < MIN_PAGES:
+                continue
+            self.ctx.describe_process(pid)
+            records.append(self.ctx.record(
+                events.PagePlacement, now_ns, pid=pid, comm=p.comm, node=node if node != UNKNOWN_NODE else -1,
+                interval_ns=interval_ns, page_cache_pages=p.page_cache_pages, alloc_pages=p.alloc_pages))
+        return records
+
+    def forget(self, pids: set[int]) -> None:
+        if self.probe:
+            self.probe.forget(pids)

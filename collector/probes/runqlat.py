@@ -1,4 +1,5 @@
-"""Loader for bpf/runqlat.bpf.c: run-queue latency with the first suspect.
+"""The "runq" signal (always on) and its loader for bpf/runqlat.bpf.c:
+run-queue latency with the first suspect.
 
 Tail waits arrive one by one through the ring buffer; every wait is in the
 per-process log2 histogram, which `read_histograms` turns into deltas since
@@ -12,7 +13,10 @@ import ctypes
 from dataclasses import dataclass
 from typing import Callable
 
+from jitterscope.collector import hostinfo
 from jitterscope.collector.probes import base
+from jitterscope.collector.probes.interface import BccSignal, ProbeContext
+from jitterscope.schemas import events
 
 
 @dataclass(frozen=True)
@@ -28,6 +32,12 @@ class RawRunqEvent:
     suspect_tid: int
     comm: str
     suspect_comm: str
+
+
+def decode_event(e) -> RawRunqEvent:
+    """A ``struct runq_event`` (bpf/runqlat.h) as BCC's ctypes view gives it."""
+    return RawRunqEvent(e.ts_ns, e.wait_ns, e.pid, e.tid, e.cpu, e.suspect_pid, e.suspect_tid,
+                        base.c_string(bytes(e.comm)), base.c_string(bytes(e.suspect_comm)))
 
 
 class RunqProbe(base.BccProbe):
@@ -66,11 +76,7 @@ class RunqProbe(base.BccProbe):
         table = self._bpf[b"events"]
 
         def callback(_ctx, data, _size):
-            e = table.event(data)
-            on_event(RawRunqEvent(
-                e.ts_ns, e.wait_ns, e.pid, e.tid, e.cpu, e.suspect_pid, e.suspect_tid,
-                base.c_string(bytes(e.comm)), base.c_string(bytes(e.suspect_comm)),
-            ))
+            on_event(decode_event(table.event(data)))
 
         table.open_ring_buffer(callback)
 
@@ -81,3 +87,46 @@ class RunqProbe(base.BccProbe):
     def forget_histograms(self, pids: set[int]) -> None:
         """Drop kernel counters of processes that have exited (bounded map)."""
         self.histograms.forget(pids)
+
+
+class RunqSignal(BccSignal):
+    """The run-queue signal: tail waits one by one, every wait in histograms.
+    Always on (not one of the ``hardware_probes``)."""
+
+    name = "runq"
+    publishes = (events.RunqEvent, events.LatencyHistogram)
+    metric_label = "runqlat"
+
+    def open(self, context: ProbeContext) -> None:
+        self.ctx = context
+        s = context.settings
+        self.probe = RunqProbe(int(s.runq_threshold_ms * 1_000_000), context.targets, context.thresholds)
+        self.probe.open(self.on_event)
+
+    def on_event(self, raw: RawRunqEvent) -> None:
+        self.events_read += 1
+        ctx = self.ctx
+        pid = raw.pid or hostinfo.tgid_of(raw.tid, ctx.proc) or raw.tid
+        ctx.describe_process(pid)
+        ctx.describe_process(raw.suspect_pid)
+        ctx.publish(ctx.event(
+            events.RunqEvent, raw.ts_ns, pid=pid, tid=raw.tid, comm=raw.comm, cpu=raw.cpu,
+            wait_ns=raw.wait_ns, suspect_pid=raw.suspect_pid, suspect_tid=raw.suspect_tid,
+            suspect_comm=raw.suspect_comm))
+
+    def set_targets(self, targets: set[int] | None, thresholds: dict[int, int]) -> None:
+        if self.probe:
+            self.probe.set_targets(targets or set(), thresholds)
+
+    def poll(self, timeout_ms: int = 0) -> None:
+        if self.probe:
+            self.probe.poll(timeout_ms)
+
+    def periodic(self, interval_ns: int, now_ns: int) -> list[events.Record]:
+        if not self.probe:
+            return []
+        return self.ctx.histograms(self.name, self.probe.read_histograms(), interval_ns, now_ns)
+
+    def forget(self, pids: set[int]) -> None:
+        if self.probe:
+            self.probe.forget_histograms(pids)

@@ -330,3 +330,35 @@ ALTER TABLE jitterscope.collector_stats ON CLUSTER '{cluster}' ADD COLUMN IF NOT
 ALTER TABLE jitterscope.deadletter_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS host LowCardinality(String) DEFAULT '';
 
 ALTER TABLE jitterscope.deadletter ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS host LowCardinality(String) DEFAULT '';
+
+ALTER TABLE jitterscope.collector_stats_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS cpu_ns UInt64;
+
+ALTER TABLE jitterscope.collector_stats ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS cpu_ns UInt64;
+
+ALTER TABLE jitterscope.collector_stats_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS rss_bytes UInt64;
+
+ALTER TABLE jitterscope.collector_stats ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS rss_bytes UInt64;
+
+ALTER TABLE jitterscope.collector_stats_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS bpf_run_ns UInt64;
+
+ALTER TABLE jitterscope.collector_stats ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS bpf_run_ns UInt64;
+
+ALTER TABLE jitterscope.collector_stats_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS bpf_run_count UInt64;
+
+ALTER TABLE jitterscope.collector_stats ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS bpf_run_count UInt64;
+
+ALTER TABLE jitterscope.collector_stats_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS bpf_run_ns_by_program Map(String, UInt64);
+
+ALTER TABLE jitterscope.collector_stats ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS bpf_run_ns_by_program Map(String, UInt64);
+
+ALTER TABLE jitterscope.collector_stats_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS bpf_run_count_by_program Map(String, UInt64);
+
+ALTER TABLE jitterscope.collector_stats ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS bpf_run_count_by_program Map(String, UInt64);
+
+ALTER TABLE jitterscope.collector_stats_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS online_cpus UInt16;
+
+ALTER TABLE jitterscope.collector_stats ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS online_cpus UInt16;
+
+ALTER TABLE jitterscope.collector_stats_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS overhead_share Float64;
+
+ALTER TABLE jitterscope.collector_stats ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS overhead_share Float64;

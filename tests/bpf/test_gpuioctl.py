@@ -127,5 +127,7 @@ def test_gpu_fds_matches_patterns_and_skips_the_control_device(tmp_path):
     assert gpu_fds(proc=tmp_path) == {
         (100, 3): "/dev/nvidia0", (100, 5): "/dev/nvidia-uvm", (200, 7): "/dev/nvidia1",
     }
-    assert gpu_fds(proc=tmp_path, exclude=())[(100, 4)] == "/dev/nvidiactl"
+    assert gpu_fds(patterns=("/dev/nvidia*",), proc=tmp_path)[(100, 3)] == "/dev/nvidia0"
+    assert (100, 4) not in gpu_fds(patterns=("/dev/nvidia*",), proc=tmp_path), "a broad pattern still skips it"
+    assert gpu_fds(patterns=("/dev/nvidia*",), proc=tmp_path, exclude=())[(100, 4)] == "/dev/nvidiactl"
     assert gpu_fds(patterns=("/dev/nvidia[0-9]*",), proc=tmp_path, pids=[200]) == {(200, 7): "/dev/nvidia1"}

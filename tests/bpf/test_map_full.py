@@ -65,14 +65,18 @@ def test_a_full_page_counter_map_is_counted():
         print(f"pages with 1 counter key: {tiny.map_full_drops()} updates refused")
 
 
-def test_hardware_sources_sum_their_probes():
+def test_the_agent_sums_its_probes_losses():
     from types import SimpleNamespace
 
-    from jitterscope.collector.hardware import HardwareSources
+    from jitterscope.collector.agent import Collector
+    from jitterscope.collector.probes.blockio import BlockIoSignal
+    from jitterscope.collector.probes.pages import PagesSignal
+    from jitterscope.common.settings import Settings
 
-    sources = HardwareSources([], stamp=None, queue=print, describe_process=print, topology={},
-                              gpu_threshold_ns=1, gpu_patterns=[], targets=None)
-    assert sources.map_full_drops() == 0
-    sources.pages = SimpleNamespace(map_full_drops=lambda: 3, drops=lambda: 0)
-    sources.blockio = SimpleNamespace(map_full_drops=lambda: 4, drops=lambda: 1)
-    assert (sources.map_full_drops(), sources.drops()) == (7, 1)
+    collector = Collector(Settings(host="t"), publisher=SimpleNamespace())
+    assert (collector.map_full_drops(), collector.ringbuf_drops()) == (0, 0)
+    pages, blockio = PagesSignal(), BlockIoSignal()
+    pages.probe = SimpleNamespace(map_full_drops=lambda: 3, drops=lambda: 0)
+    blockio.probe = SimpleNamespace(map_full_drops=lambda: 4, drops=lambda: 1)
+    collector.probes = [pages, blockio]
+    assert (collector.map_full_drops(), collector.ringbuf_drops()) == (7, 1)

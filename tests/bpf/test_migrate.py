@@ -58,19 +58,17 @@ def flip(*tids: int) -> None:
 
 
 def drain(probe: MigrationProbe) -> None:
-    end = time.monotonic() + 0.3
-    while time.monotonic() < end:
-        probe.poll(50)
+    """Let the last moves land (the counts are in a map: nothing to poll)."""
+    probe.poll(0)  # a no-op: cross-node moves no longer leave one by one
+    time.sleep(0.3)
 
 
-def test_counts_of_a_target_thread_and_cross_node_events():
+def test_counts_of_a_target_thread_and_cross_node_moves():
     with spinner("main") as target, spinner("main") as other:
         tid = int(target.stdout.readline())
         other_tid = int(other.stdout.readline())
         # the target's thread is older than the probe: seeded from /proc
         with MigrationProbe(cpu_node={0: 0, 1: 1}, target_pids={target.pid}) as probe:
-            events = []
-            probe.open(events.append)
             flip(tid, other_tid)
             drain(probe)
             counts = probe.read_counts()
@@ -84,18 +82,12 @@ def test_counts_of_a_target_thread_and_cross_node_events():
     assert c.cross_node >= FLIPS // 2 and c.cross_node <= c.migrations
     assert c.last_cpu in (0, 1)
     assert again == {}, "a read returns only what is new since the previous one"
-    assert len(events) == c.cross_node
-    assert {(e.pid, e.tid, e.comm) for e in events} == {(target.pid, tid, COMM)}
-    assert all(e.from_node == e.from_cpu and e.to_node == e.to_cpu and e.from_cpu != e.to_cpu
-               for e in events)
 
 
 def test_one_node_means_no_cross_node_moves_for_a_thread_born_under_the_probe():
     with spinner("thread") as proc:
         assert proc.stdout.readline().strip() == "ready"
         with MigrationProbe(cpu_node={0: 0, 1: 0}, target_pids=None) as probe:
-            events = []
-            probe.open(events.append)
             proc.stdin.write("go\n")
             proc.stdin.flush()
             tid = int(proc.stdout.readline())  # a thread the kernel saw being cloned
@@ -112,5 +104,4 @@ def test_one_node_means_no_cross_node_moves_for_a_thread_born_under_the_probe():
     c = counts[tid]
     assert (c.pid, c.comm) == (proc.pid, COMM), "tgid learned in the kernel at clone"
     assert c.migrations >= FLIPS // 2 and c.cross_node == 0
-    assert events == [], "CPUs 0 and 1 share node 0: nothing crosses"
     assert after_exit.get(tid) is None or after_exit[tid].cross_node == 0

@@ -8,7 +8,7 @@ import msgspec
 import pytest
 
 from jitterscope.schemas import events, topics
-from jitterscope.streams.rules import LossWatch, event_loss
+from jitterscope.streams.rules.losses import LossWatch, event_loss
 from jitterscope.streams.sink import unseen
 
 

@@ -1,9 +1,10 @@
-"""streams/rules.py: run-queue starvation alerts and the cpulist formatter."""
+"""streams/rules/runq.py and rules/requests.py: run-queue starvation and
+request-SLO alerts, and the cpulist formatter."""
 
 import pytest
 
 from jitterscope.schemas.topology import cpu_list as format_cpus
-from jitterscope.streams.rules import ProcessView, runq_starvation
+from jitterscope.streams.rules.runq import ProcessView, runq_starvation
 from jitterscope.schemas.events import RunqEvent
 
 MS = 1_000_000
@@ -136,7 +137,7 @@ def attribution(**kw):
 
 
 def test_request_slo_names_the_request_the_wait_and_the_suspect():
-    from jitterscope.streams.rules import request_slo
+    from jitterscope.streams.rules.requests import request_slo
 
     alert = request_slo(attribution(), "python3", [2, 3], [0, 1, 2, 3, 4, 5], NOW)
     assert alert.kind == "request_slo" and alert.request_id == "req-42"
@@ -148,7 +149,7 @@ def test_request_slo_names_the_request_the_wait_and_the_suspect():
 
 
 def test_request_slo_quiet_unless_breached_and_honest_when_unexplained():
-    from jitterscope.streams.rules import request_slo
+    from jitterscope.streams.rules.requests import request_slo
 
     assert request_slo(attribution(slo_breached=False), "python3", [], None, NOW) is None
     alert = request_slo(attribution(cause="unexplained", explained=0.1, suspects=[], runq_wait_ns=30 * MS),

@@ -11,7 +11,7 @@ from clickhouse_connect.driver.exceptions import OperationalError
 
 from jitterscope.collector import agent
 from jitterscope.schemas import events
-from jitterscope.streams.app import HostState
+from jitterscope.streams.host_state import HostState
 from jitterscope.streams.sink import ClickHouseSink
 
 

@@ -1,0 +1,153 @@
+"""The topic -> handler table: each input topic's records go to the rules of
+their signal (streams/rules/<signal>.py), with the host state those rules
+need, and repeated findings are kept from flooding the alert topic.
+
+A topic without a handler (histograms, topology, device traffic) only feeds
+the host state and the store. Handlers hold no I/O beyond waiting briefly
+for a process record that travels on another topic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+import time
+from typing import Awaitable, Callable
+
+from jitterscope.schemas import events, topics
+from jitterscope.streams.rules import blockio, gpu_ioctl, migrate, pages, processes, runq
+from jitterscope.streams.rules.base import Thresholds
+from jitterscope.streams.rules.losses import LossWatch
+
+#: how long the same finding about the same process/thread stays quiet
+REPEAT_AFTER_NS = {
+    "numa_cpu_mismatch": 600_000_000_000,
+    "numa_remote_memory": 300_000_000_000,
+    "numa_node_filler": 60_000_000_000,
+    "migration_storm": 60_000_000_000,
+}
+
+Handler = Callable[[list, int], Awaitable[list[events.Alert]]]
+
+
+class Handlers:
+    """``state``: the worker's HostState (or anything with its look-ups);
+    ``attributor``: gets the kernel evidence and request spans (None: not
+    attributing)."""
+
+    def __init__(self, state, thresholds: Thresholds | None = None, attributor=None):
+        self.state = state
+        self.t = thresholds or Thresholds.defaults()
+        self.attributor = attributor
+        self.losses = LossWatch(self.t.loss_alert_events)
+        self._last: dict[tuple, int] = {}
+        #: input topic -> its signal's handler
+        self.table: dict[str, Handler] = {
+            topics.RUNQ: self.runq,
+            topics.REQUESTS: self.requests,
+            topics.COLLECTOR_STATS: self.collector_stats,
+            topics.GPU_IOCTL: self.gpu_ioctl,
+            topics.PROCESSES: self.processes,
+            topics.MIGRATIONS: self.migrations,
+            topics.PAGES: self.pages,
+        }
+
+    async def handle(self, topic: str, records: list, now_ns: int) -> list[events.Alert]:
+        handler = self.table.get(topic)
+        return await handler(records, now_ns) if handler else []
+
+    def _fresh(self, alert: events.Alert | None, *key) -> bool:
+        """False for a finding already raised within its quiet period."""
+        if alert is None:
+            return False
+        quiet = REPEAT_AFTER_NS.get(alert.kind, 0)
+        ident = (alert.kind, alert.host, *key)
+        if quiet and alert.raised_ns - self._last.get(ident, -quiet) < quiet:
+            return False
+        self._last[ident] = alert.raised_ns
+        return True
+
+    async def runq(self, records: list[events.RunqEvent], now_ns: int) -> list[events.Alert]:
+        if self.attributor is not None:
+            for event in records:
+                self.attributor.add_evidence(event)
+        alert_ns = self.t.runq_alert_ns
+        worthy = [e for e in records if e.wait_ns >= alert_ns]
+        if not worthy:
+            return []
+        wanted = sorted({(e.host, e.pid) for e in worthy})
+        victims = dict(zip(wanted, await asyncio.gather(*(self.state.process(h, p) for h, p in wanted))))
+        alerts = []
+        for event in worthy:
+            alert = runq.runq_starvation(event, alert_ns, victims[(event.host, event.pid)],
+                                         self.state.host_cpus(event.host), time.time_ns())
+            if alert:
+                alerts.append(alert)
+        return alerts
+
+    async def requests(self, spans: list[events.RequestSpan], now_ns: int) -> list[events.Alert]:
+        """Spans wait for attribution; rules/requests.py judges them when it is done."""
+        if self.attributor is not None:
+            for span in spans:
+                self.attributor.add_request(span)
+        return []
+
+    async def collector_stats(self, stats: list[events.CollectorStats], now_ns: int) -> list[events.Alert]:
+        return [a for a in map(self.losses.judge, stats) if a]
+
+    async def gpu_ioctl(self, calls: list[events.GpuIoctl], now_ns: int) -> list[events.Alert]:
+        if self.attributor is not None:
+            for call in calls:
+                self.attributor.add_evidence(call)
+        out = []
+        for call in calls:
+            process = self.state.processes.get((call.host, call.pid))
+            topo = self.state.topology.get(call.host)
+            contention = blockio.pcie_contention(call, process, topo, self.state.host_traffic(call.host), self.t,
+                                                 now_ns)
+            alert = contention or gpu_ioctl.gpu_ioctl_stall(call, process, topo, self.t, now_ns)
+            if alert:
+                out.append(alert)
+        return out
+
+    async def processes(self, records: list[events.ProcessInfo], now_ns: int) -> list[events.Alert]:
+        out = []
+        for process in records:
+            topo = self.state.topology.get(process.host)
+            alert = processes.cpu_off_gpu_node(process, topo, now_ns) if topo and process.gpus else None
+            if self._fresh(alert, process.pid):
+                out.append(alert)
+        return out
+
+    async def migrations(self, records: list[events.Migrations], now_ns: int) -> list[events.Alert]:
+        out = []
+        for m in records:
+            alert = migrate.migration_storm(m, self.state.processes.get((m.host, m.pid)),
+                                            self.state.topology.get(m.host), self.t, now_ns)
+            if self._fresh(alert, m.tid):
+                out.append(alert)
+        return out
+
+    async def pages(self, placements: list[events.PagePlacement], now_ns: int) -> list[events.Alert]:
+        """One collector interval's placements arrive together: judge each
+        process over all its nodes at once."""
+        by_process: dict[tuple[str, int], list[events.PagePlacement]] = defaultdict(list)
+        for p in placements:
+            by_process[(p.host, p.pid)].append(p)
+        out = []
+        for (host, pid), group in by_process.items():
+            topo = self.state.topology.get(host)
+            if topo is None:
+                continue
+            process = self.state.processes.get((host, pid))
+            if process and process.gpus:
+                alert = pages.remote_memory(process, group, topo, self.t, now_ns)
+                if self._fresh(alert, pid):
+                    out.append(alert)
+                continue
+            users = self.state.gpu_users(host)
+            for placement in group:
+                alert = pages.node_filler(placement, process, topo, users, self.t, now_ns)
+                if self._fresh(alert, pid, placement.node):
+                    out.append(alert)
+        return out

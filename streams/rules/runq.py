@@ -1,0 +1,66 @@
+"""Run-queue rule (signal: the run-queue probe, topic jitterscope.runq): a
+thread waited too long for a CPU; name who held it and how to separate the
+two. Pure: no I/O."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from jitterscope.schemas.events import Alert, RunqEvent
+from jitterscope.schemas.topology import cpu_list
+
+
+@dataclass(frozen=True)
+class ProcessView:
+    comm: str
+    cpus_allowed: list[int]
+
+
+def runq_starvation(
+    event: RunqEvent,
+    alert_ns: int,
+    victim: ProcessView | None,
+    host_cpus: list[int] | None,
+    now_ns: int,
+) -> Alert | None:
+    """A thread waited at least ``alert_ns`` for a CPU: name who held it and
+    how to separate the two."""
+    if event.wait_ns < alert_ns:
+        return None
+    wait_ms = event.wait_ns / 1e6
+    victim_cpus = victim.cpus_allowed if victim else []
+    suspect_name = f"{event.suspect_comm} (pid {event.suspect_pid})" if event.suspect_pid else "the idle/kernel task"
+    summary = (
+        f"{event.comm} (pid {event.pid}, tid {event.tid}) waited {wait_ms:.1f} ms for CPU {event.cpu}; "
+        f"{suspect_name} held it"
+    )
+    others = [c for c in (host_cpus or []) if c not in victim_cpus] if victim_cpus else []
+    if event.suspect_pid and event.suspect_pid != event.pid and others:
+        remedy = (
+            f"move {event.suspect_comm} off the inference CPUs: taskset -apc {cpu_list(others)} "
+            f"{event.suspect_pid}; or reserve CPUs {cpu_list(victim_cpus)} for pid {event.pid} "
+            "(cpuset / isolcpus)"
+        )
+    elif not event.suspect_pid:
+        remedy = (
+            f"CPU {event.cpu} was busy in the kernel (interrupts, softirqs, kernel threads): check "
+            f"/proc/interrupts and move IRQs off CPUs {cpu_list(victim_cpus) or event.cpu} (irqbalance "
+            "or /proc/irq/*/smp_affinity)"
+        )
+    elif event.suspect_pid != event.pid:
+        remedy = (
+            f"{event.suspect_comm} (pid {event.suspect_pid}) competes for CPU {event.cpu}: lower its priority "
+            f"(renice 19 -p {event.suspect_pid}, or chrt --idle), or add CPU headroom for pid {event.pid}"
+        )
+    else:
+        remedy = (
+            f"pid {event.pid}'s own threads compete for CPU {event.cpu}: allow it more CPUs "
+            f"(now {cpu_list(victim_cpus) or 'unknown'}) or run fewer busy threads"
+        )
+    severity = "critical" if event.wait_ns >= 10 * alert_ns else "warning"
+    return Alert(
+        host=event.host, boot_id=event.boot_id, seq=event.seq, ts_ns=event.ts_ns, raised_ns=now_ns,
+        kind="runq_starvation", severity=severity, pid=event.pid, tid=event.tid, comm=event.comm,
+        cpu=event.cpu, wait_ns=event.wait_ns, suspect_pid=event.suspect_pid,
+        suspect_comm=event.suspect_comm, cpus_allowed=victim_cpus, summary=summary, remedy=remedy,
+    )
