@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from jitterscope.collector.probes import base
-from jitterscope.collector.probes.interface import BccSignal, ProbeContext
+from jitterscope.collector.probes.interface import LatencySignal, ProbeContext
 from jitterscope.common.settings import Settings
 from jitterscope.schemas import events
 
@@ -135,7 +135,7 @@ class GpuIoctlProbe(base.BccProbe):
         self.histograms.forget(pids)
 
 
-class GpuIoctlSignal(BccSignal):
+class GpuIoctlSignal(LatencySignal):
     """GPU driver calls on the device files of ``gpu_device_patterns``
     (settings ``gpu_ioctl_threshold_ms``, ``gpu_device_patterns``)."""
 
@@ -171,15 +171,3 @@ class GpuIoctlSignal(BccSignal):
         for pid in sorted({pid for pid, _fd in self._devices}):
             self.ctx.describe_process(pid)
 
-    def poll(self, timeout_ms: int = 0) -> None:
-        if self.probe:
-            self.probe.poll(timeout_ms)
-
-    def periodic(self, interval_ns: int, now_ns: int) -> list[events.Record]:
-        if not self.probe:
-            return []
-        return self.ctx.histograms(self.name, self.probe.read_histograms(), interval_ns, now_ns)
-
-    def forget(self, pids: set[int]) -> None:
-        if self.probe:
-            self.probe.forget_histograms(pids)

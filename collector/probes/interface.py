@@ -141,3 +141,21 @@ class BccSignal(Probe):
         if self.probe:
             self.probe.close()
             self.probe = None
+
+
+class LatencySignal(BccSignal):
+    """A BccSignal whose probe sends events as they happen and keeps
+    per-process log2 latency histograms (run queue, GPU driver calls)."""
+
+    def poll(self, timeout_ms: int = 0) -> None:
+        if self.probe:
+            self.probe.poll(timeout_ms)
+
+    def periodic(self, interval_ns: int, now_ns: int) -> list[events.Record]:
+        if not self.probe:
+            return []
+        return self.ctx.histograms(self.name, self.probe.read_histograms(), interval_ns, now_ns)
+
+    def forget(self, pids: set[int]) -> None:
+        if self.probe:
+            self.probe.forget_histograms(pids)

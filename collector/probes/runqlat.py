@@ -15,7 +15,7 @@ from typing import Callable
 
 from jitterscope.collector import hostinfo
 from jitterscope.collector.probes import base
-from jitterscope.collector.probes.interface import BccSignal, ProbeContext
+from jitterscope.collector.probes.interface import LatencySignal, ProbeContext
 from jitterscope.schemas import events
 
 
@@ -89,7 +89,7 @@ class RunqProbe(base.BccProbe):
         self.histograms.forget(pids)
 
 
-class RunqSignal(BccSignal):
+class RunqSignal(LatencySignal):
     """The run-queue signal: tail waits one by one, every wait in histograms.
     Always on (not one of the ``hardware_probes``)."""
 
@@ -118,15 +118,3 @@ class RunqSignal(BccSignal):
         if self.probe:
             self.probe.set_targets(targets or set(), thresholds)
 
-    def poll(self, timeout_ms: int = 0) -> None:
-        if self.probe:
-            self.probe.poll(timeout_ms)
-
-    def periodic(self, interval_ns: int, now_ns: int) -> list[events.Record]:
-        if not self.probe:
-            return []
-        return self.ctx.histograms(self.name, self.probe.read_histograms(), interval_ns, now_ns)
-
-    def forget(self, pids: set[int]) -> None:
-        if self.probe:
-            self.probe.forget_histograms(pids)
