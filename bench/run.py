@@ -172,7 +172,7 @@ def ping_pong(rounds: int) -> float:
 
 def bench_probe(rounds: int = 100_000) -> str:
     """Context-switch cost with the run-queue probe loaded (unfiltered), vs not."""
-    from jitterscope.collector.probes.runqlat import RunqProbe
+    from jitterscope.collector.probes.runq import RunqProbe
 
     os.sched_setaffinity(0, {0})  # both ends on one CPU: every round trip is a switch
     before = max(ping_pong(rounds) for _ in range(3))
@@ -212,10 +212,10 @@ def bench_hardware_probes(rounds: int = 100_000) -> str:
     """All collector probes loaded (runq unfiltered, GPU ioctl, migrations,
     page placement, block I/O) vs none: context switches and ioctls."""
     from jitterscope.collector.probes.blockio import BlockIoProbe
-    from jitterscope.collector.probes.gpuioctl import GpuIoctlProbe
+    from jitterscope.collector.probes.gpu_ioctl import GpuIoctlProbe
     from jitterscope.collector.probes.migrate import MigrationProbe
     from jitterscope.collector.probes.pages import PageProbe
-    from jitterscope.collector.probes.runqlat import RunqProbe
+    from jitterscope.collector.probes.runq import RunqProbe
     from jitterscope.collector.topology import read_topology
 
     os.sched_setaffinity(0, {0})

@@ -10,12 +10,12 @@ from __future__ import annotations
 from typing import Callable
 
 from jitterscope.collector.probes.blockio import BlockIoSignal
-from jitterscope.collector.probes.gpuioctl import GpuIoctlSignal
+from jitterscope.collector.probes.gpu_ioctl import GpuIoctlSignal
 from jitterscope.collector.probes.interface import Probe
 from jitterscope.collector.probes.migrate import MigrateSignal
 from jitterscope.collector.probes.netdev import NetdevSignal
 from jitterscope.collector.probes.pages import PagesSignal
-from jitterscope.collector.probes.runqlat import RunqSignal
+from jitterscope.collector.probes.runq import RunqSignal
 from jitterscope.common.settings import Settings
 
 ALWAYS_ON = ("runq",)

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from jitterscope.collector.probes.gpuioctl import GpuIoctlProbe, gpu_fds
+from jitterscope.collector.probes.gpu_ioctl import GpuIoctlProbe, gpu_fds
 
 DEVICE = "/dev/zero"
 COMM = "jsioctl"

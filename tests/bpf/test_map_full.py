@@ -12,7 +12,7 @@ import time
 import pytest
 
 from jitterscope.collector.probes.pages import PageProbe
-from jitterscope.collector.probes.runqlat import RunqProbe
+from jitterscope.collector.probes.runq import RunqProbe
 from tests.bpf.test_pages import zone_ranges
 
 pytestmark = pytest.mark.bpf

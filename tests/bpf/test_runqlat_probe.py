@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from jitterscope.collector.probes.runqlat import RunqProbe
+from jitterscope.collector.probes.runq import RunqProbe
 from jitterscope.workload import HOG_COMM, VICTIM_COMM, last_cpu, starvation
 
 pytestmark = pytest.mark.bpf

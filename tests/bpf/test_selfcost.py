@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from jitterscope.collector.probes.runqlat import RunqProbe
+from jitterscope.collector.probes.runq import RunqProbe
 from jitterscope.collector.selfcost import STATS_SYSCTL, SelfCost
 
 pytestmark = pytest.mark.bpf

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from jitterscope.collector.probes.gpuioctl import GpuIoctlProbe, gpu_fds
+from jitterscope.collector.probes.gpu_ioctl import GpuIoctlProbe, gpu_fds
 from jitterscope.collector.topology import process_gpus, read_topology
 from jitterscope.schemas.events import Topology
 

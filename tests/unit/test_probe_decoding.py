@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from jitterscope.collector.probes import base, blockio, gpuioctl, migrate, netdev, pages, registry, runqlat
+from jitterscope.collector.probes import base, blockio, gpu_ioctl, migrate, netdev, pages, registry, runq
 from jitterscope.collector.probes.interface import ProbeContext
 from jitterscope.common.settings import HARDWARE_PROBES, Settings
 from jitterscope.schemas import events
@@ -88,24 +88,24 @@ def fake_context(**kw) -> ProbeContext:
 def test_runq_event():
     raw = struct.pack("<QQ6I16s16s", 5_000_000_123, 12_000_000, 41, 42, 1, 77, 78, 0,
                       comm(b"python3"), comm(b"stress-ng\xff"))
-    e = runqlat.decode_event(RunqEventStruct.from_buffer_copy(raw))
-    assert e == runqlat.RawRunqEvent(ts_ns=5_000_000_123, wait_ns=12_000_000, pid=41, tid=42, cpu=1,
+    e = runq.decode_event(RunqEventStruct.from_buffer_copy(raw))
+    assert e == runq.RawRunqEvent(ts_ns=5_000_000_123, wait_ns=12_000_000, pid=41, tid=42, cpu=1,
                                      suspect_pid=77, suspect_tid=78, comm="python3",
                                      suspect_comm="stress-ng\ufffd")
 
 
 def test_runq_comm_of_full_length_and_garbage_after_the_nul():
     raw = struct.pack("<QQ6I16s16s", 1, 2, 3, 4, 0, 0, 0, 0, b"fifteen-chars-x\0", b"ab\0junk".ljust(16, b"z"))
-    e = runqlat.decode_event(RunqEventStruct.from_buffer_copy(raw))
+    e = runq.decode_event(RunqEventStruct.from_buffer_copy(raw))
     assert (e.comm, e.suspect_comm) == ("fifteen-chars-x", "ab")
 
 
 def test_runq_event_becomes_a_record_with_the_process_described(tmp_path):
-    signal = runqlat.RunqSignal()
+    signal = runq.RunqSignal()
     signal.ctx = fake_context(proc=tmp_path)
     (tmp_path / "43").mkdir()
     (tmp_path / "43" / "status").write_text("Name:\tx\nTgid:\t40\n")
-    signal.on_event(runqlat.RawRunqEvent(100, 9_000_000, 0, 43, 1, 77, 78, "w", "s"))
+    signal.on_event(runq.RawRunqEvent(100, 9_000_000, 0, 43, 1, 77, 78, "w", "s"))
     [record] = signal.ctx.published
     assert isinstance(record, events.RunqEvent)
     assert (record.ts_ns, record.pid, record.tid, record.wait_ns, record.suspect_pid) == (1_100, 40, 43, 9_000_000, 77)
@@ -114,17 +114,17 @@ def test_runq_event_becomes_a_record_with_the_process_described(tmp_path):
 
 def test_gpu_ioctl_event():
     raw = struct.pack("<QQQq4I16s", 9_000, 60_000_000, 0xC0_20_46_2A, -25, 300, 301, 7, 0, comm(b"vllm"))
-    e = gpuioctl.decode_event(GpuIoctlEventStruct.from_buffer_copy(raw))
-    assert e == gpuioctl.RawGpuIoctl(ts_ns=9_000, latency_ns=60_000_000, pid=300, tid=301, comm="vllm",
+    e = gpu_ioctl.decode_event(GpuIoctlEventStruct.from_buffer_copy(raw))
+    assert e == gpu_ioctl.RawGpuIoctl(ts_ns=9_000, latency_ns=60_000_000, pid=300, tid=301, comm="vllm",
                                      fd=7, request=0xC020462A, ret=-25)
 
 
 def test_gpu_ioctl_event_record_carries_the_device_of_its_fd():
-    signal = gpuioctl.GpuIoctlSignal()
+    signal = gpu_ioctl.GpuIoctlSignal()
     signal.ctx = fake_context()
     signal._devices = {(300, 7): "/dev/nvidia0"}
-    signal.on_event(gpuioctl.RawGpuIoctl(9_000, 60_000_000, 300, 301, "vllm", 7, 1, 0))
-    signal.on_event(gpuioctl.RawGpuIoctl(9_001, 1, 300, 301, "vllm", 8, 1, 0))
+    signal.on_event(gpu_ioctl.RawGpuIoctl(9_000, 60_000_000, 300, 301, "vllm", 7, 1, 0))
+    signal.on_event(gpu_ioctl.RawGpuIoctl(9_001, 1, 300, 301, "vllm", 8, 1, 0))
     first, second = signal.ctx.published
     assert (first.device, first.ts_ns, first.latency_ns, first.fd) == ("/dev/nvidia0", 10_000, 60_000_000, 7)
     assert second.device == ""
@@ -268,7 +268,7 @@ def test_shared_bpf_values_have_one_definition_and_python_agrees():
 
 
 def test_gpu_patterns_default_is_the_setting():
-    assert list(gpuioctl.DEFAULT_PATTERNS) == Settings(host="h").gpu_device_patterns
+    assert list(gpu_ioctl.DEFAULT_PATTERNS) == Settings(host="h").gpu_device_patterns
 
 
 # -- the registry -------------------------------------------------------------------------
