@@ -77,10 +77,12 @@ class Handlers:
             return []
         wanted = sorted({(e.host, e.pid) for e in worthy})
         victims = dict(zip(wanted, await asyncio.gather(*(self.state.process(h, p) for h, p in wanted))))
+        hosts = sorted({e.host for e in worthy})
+        cpus = dict(zip(hosts, await asyncio.gather(*(self.state.cpus(h) for h in hosts))))
         alerts = []
         for event in worthy:
             alert = runq.runq_starvation(event, alert_ns, victims[(event.host, event.pid)],
-                                         self.state.host_cpus(event.host), time.time_ns())
+                                         cpus[event.host], time.time_ns())
             if alert:
                 alerts.append(alert)
         return alerts

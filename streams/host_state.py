@@ -27,6 +27,7 @@ class HostState:
 
     def __init__(self):
         self.topology: dict[str, events.Topology] = {}
+        self._topology_awaited: set[str] = set()
         self.processes: dict[tuple[str, int], events.ProcessInfo] = {}
         # per-host indexes, so per-event look-ups do not scan the whole fleet
         self._host_processes: dict[str, dict[int, events.ProcessInfo]] = defaultdict(dict)
@@ -44,6 +45,18 @@ class HostState:
     def host_cpus(self, host: str) -> list[int] | None:
         topo = self.topology.get(host)
         return topo.cpus if topo else None
+
+    async def cpus(self, host: str, wait_s: float = PROCESS_WAIT_S) -> list[int] | None:
+        """The host's CPUs; for a host not seen yet, waits briefly for its
+        topology record (the collector sends it first, on another topic);
+        only once per host, so a host that never sends one costs one wait."""
+        if host in self._topology_awaited:
+            return self.host_cpus(host)
+        self._topology_awaited.add(host)
+        deadline = time.monotonic() + wait_s
+        while (found := self.host_cpus(host)) is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return found
 
     def gpu_users(self, host: str) -> dict[str, list[str]]:
         """GPU address -> names of the processes that have it open."""

@@ -110,3 +110,19 @@ def test_the_sink_waits_out_an_unreachable_server_and_raises_data_errors_at_once
     assert refusing.client.inserted == 0
     sink.close()
     refusing.close()
+
+
+def test_host_state_waits_once_for_a_new_hosts_topology():
+    state = HostState()
+
+    async def scenario():
+        asyncio.get_running_loop().call_later(
+            0.1, state.learn, events.Topology(host="h1", boot_id="b", seq=1, ts_ns=1, cpus=[0, 1], numa_nodes=[]))
+        arrived = await state.cpus("h1", wait_s=5)
+        never = await state.cpus("h2", wait_s=0.2)
+        started = asyncio.get_running_loop().time()
+        again = await state.cpus("h2", wait_s=5)  # waited once already: no second wait
+        return arrived, never, again, asyncio.get_running_loop().time() - started
+
+    arrived, never, again, second_wait = asyncio.run(scenario())
+    assert arrived == [0, 1] and never is None and again is None and second_wait < 1
