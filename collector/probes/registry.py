@@ -16,7 +16,7 @@ from jitterscope.collector.probes.migrate import MigrateSignal
 from jitterscope.collector.probes.netdev import NetdevSignal
 from jitterscope.collector.probes.pages import PagesSignal
 from jitterscope.collector.probes.runq import RunqSignal
-from jitterscope.common.settings import Settings
+from jitterscope.common.settings import CollectorSettings
 
 ALWAYS_ON = ("runq",)
 
@@ -27,7 +27,7 @@ PROBES: dict[str, Callable[[], Probe]] = {
 }
 
 
-def enabled(settings: Settings) -> list[str]:
+def enabled(settings: CollectorSettings) -> list[str]:
     """The names to run: the always-on ones, then ``hardware_probes`` (in
     registry order, each once)."""
     wanted = set(ALWAYS_ON) | set(settings.hardware_probes)

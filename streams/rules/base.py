@@ -1,4 +1,4 @@
-"""What the rules share: their thresholds (all from Settings) and the
+"""What the rules share: their thresholds (all from StreamsSettings) and the
 Alert builder and GPU look-up the hardware rules use.
 
 Each remedy names this host's own nodes, CPUs and devices: the GPU's NUMA
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from jitterscope.common.settings import Settings
+from jitterscope.common.settings import StreamsSettings
 from jitterscope.schemas.events import Alert, Topology
 from jitterscope.schemas.topology import cpus_of_node, gpu_by_address, gpu_node
 
@@ -21,7 +21,7 @@ PAGE = 4096
 @dataclass(frozen=True)
 class Thresholds:
     """The rules' thresholds in the units they compare in. Every value comes
-    from Settings (see there for what each means); build with
+    from StreamsSettings (see there for what each means); build with
     ``from_settings`` (or ``defaults()``), never by hand."""
 
     runq_alert_ns: int  # runq_alert_ms
@@ -34,7 +34,7 @@ class Thresholds:
     neighbour_bytes_per_s: float  # pcie_neighbour_mb_per_s: NVMe/NIC traffic that contends on a shared switch
 
     @classmethod
-    def from_settings(cls, s: Settings) -> "Thresholds":
+    def from_settings(cls, s: StreamsSettings) -> "Thresholds":
         return cls(
             runq_alert_ns=int(s.runq_alert_ms * 1_000_000),
             loss_alert_events=s.loss_alert_events,
@@ -49,7 +49,7 @@ class Thresholds:
     @classmethod
     def defaults(cls) -> "Thresholds":
         """The settings' defaults (no environment, no config file)."""
-        return cls.from_settings(Settings.model_construct())
+        return cls.from_settings(StreamsSettings.model_construct())
 
 
 def alert(record, kind: str, severity: str, pid: int, comm: str, summary: str, remedy: str, now_ns: int,

@@ -172,3 +172,27 @@ def test_the_shipped_example_config_loads():
     s = load(config_file=example)
     assert s.bootstrap_servers == "kafka-1:9092,kafka-2:9092"
     assert s.target_comms == ["vllm*", "tritonserver", "python*"]
+
+
+def test_every_field_is_in_exactly_one_section():
+    from jitterscope.common import settings as settings_mod
+
+    owners: dict[str, list[str]] = {}
+    for section in settings_mod.SECTIONS:
+        assert issubclass(Settings, section)
+        for name in section.model_fields:
+            owners.setdefault(name, []).append(section.__name__)
+    assert {n: o for n, o in owners.items() if len(o) != 1} == {}
+    assert list(owners) == list(Settings.model_fields)  # no field outside a section, in section order
+
+
+def test_section_names_are_the_documented_ones():
+    import re
+
+    from jitterscope.common import settings as settings_mod
+
+    names = [section.__name__ for section in settings_mod.SECTIONS]
+    assert names == ["KafkaSettings", "StoreSettings", "CollectorSettings", "StreamsSettings", "UpSettings"]
+    assert re.findall(r"^- ``(\w+Settings)``", settings_mod.__doc__, re.M) == names
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert all(f"`{name}`" in readme for name in names)
