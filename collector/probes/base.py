@@ -219,3 +219,35 @@ class Log2Histograms:
             if key.pid in pids:
                 del self._table[key]
                 self._seen.pop((key.pid, key.slot), None)
+
+
+class LatencyProbe(BccProbe):
+    """A probe whose program sends tail events one by one through its
+    ``events`` ring buffer and counts every latency in per-process log2
+    histograms (its ``hist`` map): the run queue and GPU driver calls.
+    Subclasses give ``decode`` (raw ring-buffer struct -> event)."""
+
+    @staticmethod
+    def decode(raw):
+        raise NotImplementedError
+
+    def __init__(self):
+        super().__init__()
+        self.histograms = Log2Histograms(self._bpf[b"hist"])
+
+    def open(self, on_event) -> None:
+        table = self._bpf[b"events"]
+        decode = self.decode
+
+        def callback(_ctx, data, _size):
+            on_event(decode(table.event(data)))
+
+        table.open_ring_buffer(callback)
+
+    def read_histograms(self) -> dict[int, dict[int, int]]:
+        """pid -> {slot: new latencies since the last read}; slot = log2(latency in us)."""
+        return self.histograms.read()
+
+    def forget_histograms(self, pids: set[int]) -> None:
+        """Drop kernel counters of processes that have exited (bounded map)."""
+        self.histograms.forget(pids)

@@ -17,7 +17,7 @@ import fnmatch
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Iterable
 
 from jitterscope.collector.probes import base
 from jitterscope.collector.probes.interface import LatencySignal, ProbeContext
@@ -86,14 +86,14 @@ def decode_event(e) -> RawGpuIoctl:
                        e.fd, e.request, e.ret)
 
 
-class GpuIoctlProbe(base.BccProbe):
+class GpuIoctlProbe(base.LatencyProbe):
     source = "gpuioctl.bpf.c"
+    decode = staticmethod(decode_event)
 
     def __init__(self, threshold_ns: int, watched: Iterable[tuple[int, int]] = ()):
         """``threshold_ns``: calls at least this long become events (the
         collector's default is 50 ms). ``watched``: (pid, fd) pairs to time."""
         super().__init__()
-        self.histograms = base.Log2Histograms(self._bpf[b"hist"])
         self.threshold_ns = max(1, threshold_ns)  # 0 means "not configured" to the kernel
         self.set_watched(set(watched))
         config = self._bpf[b"config"]
@@ -117,22 +117,6 @@ class GpuIoctlProbe(base.BccProbe):
 
     def watched(self) -> set[tuple[int, int]]:
         return {(k.pid, k.fd) for k in self._bpf[b"watched"].keys()}
-
-    def open(self, on_event: Callable[[RawGpuIoctl], None]) -> None:
-        table = self._bpf[b"events"]
-
-        def callback(_ctx, data, _size):
-            on_event(decode_event(table.event(data)))
-
-        table.open_ring_buffer(callback)
-
-    def read_histograms(self) -> dict[int, dict[int, int]]:
-        """pid -> {slot: new calls since the last read}; slot = log2(latency in us)."""
-        return self.histograms.read()
-
-    def forget_histograms(self, pids: set[int]) -> None:
-        """Drop kernel counters of processes that have exited (bounded map)."""
-        self.histograms.forget(pids)
 
 
 class GpuIoctlSignal(LatencySignal):

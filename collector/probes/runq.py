@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
-from typing import Callable
 
 from jitterscope.collector import hostinfo
 from jitterscope.collector.probes import base
@@ -40,15 +39,15 @@ def decode_event(e) -> RawRunqEvent:
                         base.c_string(bytes(e.comm)), base.c_string(bytes(e.suspect_comm)))
 
 
-class RunqProbe(base.BccProbe):
+class RunqProbe(base.LatencyProbe):
     source = "runqlat.bpf.c"
+    decode = staticmethod(decode_event)
 
     def __init__(self, threshold_ns: int, target_pids: set[int] | None = None,
                  thresholds: dict[int, int] | None = None):
         """``target_pids`` None watches every process; ``thresholds`` gives
         some processes their own event threshold (ns)."""
         super().__init__()
-        self.histograms = base.Log2Histograms(self._bpf[b"hist"])
         self.threshold_ns = max(1, threshold_ns)  # 0 means "not configured" to the kernel
         self.filtering = target_pids is not None
         self.set_targets(target_pids or set(), thresholds or {})
@@ -71,22 +70,6 @@ class RunqProbe(base.BccProbe):
         leaf.filter_targets = int(self.filtering)
         leaf.has_overrides = int(bool(thresholds))
         config[ctypes.c_int(0)] = leaf
-
-    def open(self, on_event: Callable[[RawRunqEvent], None]) -> None:
-        table = self._bpf[b"events"]
-
-        def callback(_ctx, data, _size):
-            on_event(decode_event(table.event(data)))
-
-        table.open_ring_buffer(callback)
-
-    def read_histograms(self) -> dict[int, dict[int, int]]:
-        """pid -> {slot: new waits since the last read}."""
-        return self.histograms.read()
-
-    def forget_histograms(self, pids: set[int]) -> None:
-        """Drop kernel counters of processes that have exited (bounded map)."""
-        self.histograms.forget(pids)
 
 
 class RunqSignal(LatencySignal):
