@@ -348,7 +348,10 @@ class KafkaPublisher:
     def poll(self, timeout_s: float = 0) -> None:
         """Serve delivery reports, replace a dead or stuck producer, and
         replay the spool while there is room in flight."""
-        self._producer.poll(timeout_s)
+        try:
+            self._producer.poll(timeout_s)
+        except KafkaException as exc:  # a fatal error can surface here too: replace the producer below
+            self._fatal = self._fatal or str(exc)
         now = self._now()
         if self._fatal:
             self.restart(f"fatal producer error {self._fatal}")

@@ -329,3 +329,20 @@ def test_produce_on_a_dead_producer_keeps_the_batch_for_the_next_one(tmp_path):
     p.send(RUNQ, [runq(1)])  # must not raise into the collector's loop
     p.poll()
     assert p.producer_restarts == 1 and [m.count for m in p.producers[-1].produced] == [1]
+
+
+def test_a_fatal_error_raised_by_poll_replaces_the_producer(tmp_path):
+    """librdkafka can raise a fatal error from poll() itself (seen in CI:
+    UNKNOWN_PRODUCER_ID after a broker restart); it must not end the loop."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    p, first = make_publisher(tmp_path)
+    p.send(RUNQ, [runq(1)])
+
+    def fatal_poll(_timeout=0):
+        raise KafkaException(KafkaError(KafkaError._FATAL, "unknown producer id", fatal=True))
+    first.poll = fatal_poll
+    p.poll()  # must not raise into the collector's loop
+    second = p.producers[-1]
+    assert second is not first and p.producer_restarts == 1
+    assert [m.count for m in second.produced] == [1]
