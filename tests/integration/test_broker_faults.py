@@ -177,6 +177,11 @@ def kill_and_restart(stack, broker, worker, host: str, **env: str) -> int:
         stored_s = time.monotonic() - restarted_at
         wait_until(lambda: len([1 for _, t in stream.accepted if t > restarted_at]) >= 600, 60,
                    "load after the restart", collector)
+    # a recreated producer re-sends a whole outage's backlog: let it be
+    # acknowledged before stopping (a stop mid-backlog spools the rest, by design)
+    accepted = len(stream.accepted)
+    wait_until(lambda: sent_metric(metrics_port, topics.REQUESTS) >= accepted, 120,
+               f"the collector acknowledged for all {accepted} spans", collector)
     final = final_counts(stack, collector)
 
     posted = dict(stream.accepted)
