@@ -15,7 +15,6 @@ from jitterscope.schemas import events, topics
 pytestmark = pytest.mark.bpf
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="loads BPF probes: needs root")
 def test_record_writes_topology_and_stats(tmp_path):
     out = tmp_path / "host.jsrec.gz"
     env = {**os.environ, "JITTERSCOPE_DATA_DIR": str(tmp_path / "data"), "JITTERSCOPE_OTLP_PORT": "0",

@@ -17,8 +17,8 @@ import pytest
 
 from jitterscope.streams.worker_state import state_file
 
-pytestmark = [pytest.mark.integration,
-              pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as root and as nobody")]
+# runs as root (like the whole suite: `make test` in CI), acting as root and as nobody
+pytestmark = pytest.mark.integration
 
 VICTIM_TEXT = "root's secret\n"
 
