@@ -39,9 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from jitterscope.collector.spool import split_lines
 from jitterscope.schemas import topics
-from jitterscope.schemas.events import Record, encode_batch
+from jitterscope.schemas.events import Record, encode_batch, split_lines
 
 from jitterscope.common import errors
 

@@ -25,6 +25,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from jitterscope.schemas.events import split_lines
+
 SEGMENT_BYTES = 4 << 20  # granularity of deletion and of one replay step
 SUFFIX = ".spool"
 
@@ -35,26 +37,6 @@ class Batch:
     payload: bytes  # NDJSON, as produced to Kafka
     count: int
     segment: Path | None = None  # the segment it was replayed from, settled on delivery
-
-
-def split_lines(payload: bytes, max_bytes: int, max_records: int | None = None) -> list[tuple[bytes, int]]:
-    """Cut an NDJSON payload into (payload, records) chunks of at most
-    ``max_bytes`` (and ``max_records``), on line boundaries. A single line
-    longer than ``max_bytes`` is returned alone (the caller refuses it)."""
-    if len(payload) <= max_bytes and (max_records is None or payload.count(b"\n") <= max_records):
-        return [(payload, payload.count(b"\n"))]
-    chunks: list[tuple[bytes, int]] = []
-    current: list[bytes] = []
-    size = 0
-    for line in payload.splitlines(keepends=True):
-        if current and (size + len(line) > max_bytes or (max_records and len(current) >= max_records)):
-            chunks.append((b"".join(current), len(current)))
-            current, size = [], 0
-        current.append(line)
-        size += len(line)
-    if current:
-        chunks.append((b"".join(current), len(current)))
-    return chunks
 
 
 class SpoolBusy(Exception):

@@ -322,21 +322,25 @@ def encode_batch(records: list[Record], encoder: msgspec.json.Encoder = msgspec.
     return bytes(buf)
 
 
-def encode_batches(records: list[Record], max_bytes: int,
-                   encoder: msgspec.json.Encoder = msgspec.json.Encoder()) -> list[bytes]:
-    """NDJSON messages of at most ``max_bytes`` each, in record order, so no
-    message exceeds the broker's limit (a single larger record goes alone)."""
-    messages: list[bytes] = []
-    buf = bytearray()
-    for record in records:
-        line = encoder.encode(record) + b"\n"
-        if buf and len(buf) + len(line) > max_bytes:
-            messages.append(bytes(buf))
-            buf.clear()
-        buf.extend(line)
-    if buf:
-        messages.append(bytes(buf))
-    return messages
+def split_lines(payload: bytes, max_bytes: int, max_records: int | None = None) -> list[tuple[bytes, int]]:
+    """Cut an NDJSON payload into (payload, records) chunks of at most
+    ``max_bytes`` (and ``max_records``), on line boundaries, in order, so no
+    Kafka message exceeds the broker's limit. A single line longer than
+    ``max_bytes`` is returned alone (the caller decides what to do with it)."""
+    if len(payload) <= max_bytes and (max_records is None or payload.count(b"\n") <= max_records):
+        return [(payload, payload.count(b"\n"))]
+    chunks: list[tuple[bytes, int]] = []
+    current: list[bytes] = []
+    size = 0
+    for line in payload.splitlines(keepends=True):
+        if current and (size + len(line) > max_bytes or (max_records and len(current) >= max_records)):
+            chunks.append((b"".join(current), len(current)))
+            current, size = [], 0
+        current.append(line)
+        size += len(line)
+    if current:
+        chunks.append((b"".join(current), len(current)))
+    return chunks
 
 
 class BatchDecoder:

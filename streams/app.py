@@ -278,7 +278,8 @@ class StreamsWorker:
         for record in records:
             by_host.setdefault(record.host, []).append(record)
         for host, group in by_host.items():
-            for payload in events.encode_batches(group, self.settings.kafka_max_message_bytes):
+            limit = self.settings.kafka_max_message_bytes
+            for payload, _count in events.split_lines(events.encode_batch(group), limit):
                 await topic.send(key=host.encode(), value=payload)
 
     async def dead_letter(self, dead: list[events.DeadLetter]) -> None:

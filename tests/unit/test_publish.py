@@ -8,7 +8,8 @@ import logging
 import pytest
 
 from jitterscope.collector.publish import KafkaPublisher, RateLimitedLog, StallWatch, is_embedded_broker
-from jitterscope.collector.spool import Spool, SpoolBusy, split_lines
+from jitterscope.collector.spool import Spool, SpoolBusy
+from jitterscope.schemas.events import split_lines
 from jitterscope.schemas.events import BatchDecoder, RunqEvent, encode_batch
 from jitterscope.schemas.topics import PROCESSES, RUNQ
 
