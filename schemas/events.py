@@ -30,6 +30,7 @@ U32 = Annotated[int, msgspec.Meta(ge=0, le=2**32 - 1)]
 U64 = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
 I16 = Annotated[int, msgspec.Meta(ge=-(2**15), le=2**15 - 1)]
 I32 = Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31 - 1)]
+I64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
 #: epoch ns that DateTime64(9) holds: 1970 up to 2262-04-11
 MAX_EPOCH_NS = 2**63 - 1
 EpochNs = Annotated[int, msgspec.Meta(ge=0, le=MAX_EPOCH_NS)]
@@ -54,6 +55,11 @@ class RunqEvent(Record, frozen=True):
     suspect_pid: U32  # the task that held the CPU when the waiter got it
     suspect_tid: U32
     suspect_comm: str
+    # StackTrace.stack_id of the waiter's stack when it was preempted and of
+    # the task that held the CPU; 0 = none captured (stacks are taken only
+    # for waits worth an alert)
+    victim_stack: U64 = 0
+    suspect_stack: U64 = 0
 
 
 class LatencyHistogram(Record, frozen=True):
@@ -131,6 +137,18 @@ class ProcessInfo(Record, frozen=True):
     cpus_allowed: list[U16]
     gpus: list[str] = []  # PCI addresses of the GPUs it has open (/dev/nvidiaN)
     cuda_visible_devices: str = ""
+    ppid: U32 = 0
+    ns_pid: U32 = 0  # its pid inside its own PID namespace (innermost NSpid); = pid on the bare host
+    # the serving stack it belongs to: the host pid of the process that sends
+    # the request spans (itself for that process); 0 = not part of one
+    serving_group: U32 = 0
+    # container and Kubernetes identity, from the cgroup path (and the
+    # kubelet's pod list when reachable); "" on a bare host
+    container_id: str = ""
+    pod_uid: str = ""
+    pod: str = ""
+    namespace: str = ""
+    container: str = ""
 
 
 class GpuIoctl(Record, frozen=True):
@@ -143,6 +161,44 @@ class GpuIoctl(Record, frozen=True):
     request: U64
     latency_ns: U64
     device: str  # the device path the fd was opened on
+
+
+class IrqTime(Record, frozen=True):
+    """Time one CPU spent in one interrupt source over ``interval_ns`` ending
+    at ``ts_ns`` (in-kernel sums from the irq: tracepoints). ``kind`` is
+    "hardirq" (``source`` = "<irq>:<handler name>") or "softirq" (``source``
+    = the vector: "NET_RX", "TIMER", ...)."""
+
+    cpu: U16
+    interval_ns: U64
+    kind: str
+    source: str
+    count: U64
+    time_ns: U64
+
+
+class CgroupThrottle(Record, frozen=True):
+    """CFS bandwidth control of one cgroup over ``interval_ns`` ending at
+    ``ts_ns``: deltas of its ``cpu.stat`` counters, and its limit."""
+
+    cgroup: str  # path below the cpu controller's root
+    interval_ns: U64
+    quota_us: I64  # -1 = no limit
+    period_us: U64
+    nr_periods: U64
+    nr_throttled: U64
+    throttled_ns: U64
+
+
+class StackTrace(Record, frozen=True):
+    """One distinct stack, symbolized once by the collector; ``stack_id``
+    (a hash of the frames) is what RunqEvent and Alert refer to."""
+
+    stack_id: U64
+    pid: U32
+    comm: str
+    kernel: list[str]  # innermost frame first
+    user: list[str]
 
 
 class Migrations(Record, frozen=True):
@@ -231,6 +287,12 @@ class Alert(Record, frozen=True):
     request_id: str = ""  # the request it is about, for request alerts
     # what else the rule saw, as text: the GPU, its NUMA node and switch, rates...
     evidence: dict[str, str] = {}
+    # the victim's container identity (ProcessInfo), "" on a bare host
+    pod: str = ""
+    namespace: str = ""
+    container: str = ""
+    victim_stack: U64 = 0  # StackTrace.stack_id, 0 = none
+    suspect_stack: U64 = 0
 
 
 class RequestSpan(Record, frozen=True):
@@ -292,6 +354,12 @@ class RequestAttribution(Record, frozen=True):
     gpu_ioctl_ns: U64 = 0  # time its process spent in slow GPU driver calls during it
     gpu_ioctl_max_ns: U64 = 0
     gpu_ioctls: U32 = 0
+    throttled_ns: U64 = 0  # part of its waits spent with its cgroup throttled (CFS quota)
+    irq_ns: U64 = 0  # interrupt time on the CPUs it waited for, during its waits
+    pids: list[U32] = []  # the serving group's processes whose evidence counted
+    pod: str = ""
+    namespace: str = ""
+    container: str = ""
 
 
 class DeadLetter(msgspec.Struct, kw_only=True, frozen=True):

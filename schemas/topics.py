@@ -20,6 +20,9 @@ GPU_IOCTL = "jitterscope.gpu_ioctl"
 MIGRATIONS = "jitterscope.migrations"
 PAGES = "jitterscope.pages"
 DEVICE_IO = "jitterscope.device_io"
+IRQ = "jitterscope.irq"
+CGROUP_THROTTLE = "jitterscope.cgroup_throttle"
+STACKS = "jitterscope.stacks"
 ATTRIBUTION = "jitterscope.attribution"
 ALERTS = "jitterscope.alerts"
 DEADLETTER = "jitterscope.deadletter"
@@ -36,6 +39,9 @@ INPUT_TOPICS: dict[str, type[events.Record]] = {
     MIGRATIONS: events.Migrations,
     PAGES: events.PagePlacement,
     DEVICE_IO: events.DeviceIo,
+    IRQ: events.IrqTime,
+    CGROUP_THROTTLE: events.CgroupThrottle,
+    STACKS: events.StackTrace,
 }
 
 OUTPUT_TOPICS = (ALERTS, ATTRIBUTION, DEADLETTER)

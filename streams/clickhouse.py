@@ -34,6 +34,9 @@ TABLE_OF: dict[type[events.Record], str] = {
     events.Migrations: "migrations",
     events.PagePlacement: "page_placement",
     events.DeviceIo: "device_io",
+    events.IrqTime: "irq_time",
+    events.CgroupThrottle: "cgroup_throttle",
+    events.StackTrace: "stacks",
 }
 
 # Limits for untrusted, user-typed SQL; `readonly` must come last (it forbids
@@ -192,7 +195,8 @@ def cluster_ddl(cluster: str = "{cluster}") -> list[str]:
 
 #: tables whose rows age out by ``ts`` (day-partitioned time series)
 RETAINABLE = ("runq_events", "latency_histograms", "requests", "request_attribution", "alerts", "deadletter",
-              "gpu_ioctls", "migrations", "page_placement", "device_io", "collector_stats", "processes", "topology")
+              "gpu_ioctls", "migrations", "page_placement", "device_io", "collector_stats", "processes", "topology",
+              "irq_time", "cgroup_throttle", "stacks")
 
 
 def apply_retention(client, retention_days: dict[str, int]) -> None:

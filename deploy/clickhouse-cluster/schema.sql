@@ -362,3 +362,137 @@ ALTER TABLE jitterscope.collector_stats ON CLUSTER '{cluster}' ADD COLUMN IF NOT
 ALTER TABLE jitterscope.collector_stats_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS overhead_share Float64;
 
 ALTER TABLE jitterscope.collector_stats ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS overhead_share Float64;
+
+ALTER TABLE jitterscope.processes_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS ppid UInt32;
+
+ALTER TABLE jitterscope.processes ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS ppid UInt32;
+
+ALTER TABLE jitterscope.processes_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS ns_pid UInt32;
+
+ALTER TABLE jitterscope.processes ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS ns_pid UInt32;
+
+ALTER TABLE jitterscope.processes_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS serving_group UInt32;
+
+ALTER TABLE jitterscope.processes ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS serving_group UInt32;
+
+ALTER TABLE jitterscope.processes_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS container_id String DEFAULT '';
+
+ALTER TABLE jitterscope.processes ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS container_id String DEFAULT '';
+
+ALTER TABLE jitterscope.processes_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS pod_uid LowCardinality(String) DEFAULT '';
+
+ALTER TABLE jitterscope.processes ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS pod_uid LowCardinality(String) DEFAULT '';
+
+ALTER TABLE jitterscope.processes_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS pod LowCardinality(String) DEFAULT '';
+
+ALTER TABLE jitterscope.processes ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS pod LowCardinality(String) DEFAULT '';
+
+ALTER TABLE jitterscope.processes_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS namespace LowCardinality(String) DEFAULT '';
+
+ALTER TABLE jitterscope.processes ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS namespace LowCardinality(String) DEFAULT '';
+
+ALTER TABLE jitterscope.processes_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS container LowCardinality(String) DEFAULT '';
+
+ALTER TABLE jitterscope.processes ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS container LowCardinality(String) DEFAULT '';
+
+ALTER TABLE jitterscope.alerts_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS pod LowCardinality(String) DEFAULT '';
+
+ALTER TABLE jitterscope.alerts ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS pod LowCardinality(String) DEFAULT '';
+
+ALTER TABLE jitterscope.alerts_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS namespace LowCardinality(String) DEFAULT '';
+
+ALTER TABLE jitterscope.alerts ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS namespace LowCardinality(String) DEFAULT '';
+
+ALTER TABLE jitterscope.alerts_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS container LowCardinality(String) DEFAULT '';
+
+ALTER TABLE jitterscope.alerts ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS container LowCardinality(String) DEFAULT '';
+
+ALTER TABLE jitterscope.alerts_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS victim_stack UInt64;
+
+ALTER TABLE jitterscope.alerts ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS victim_stack UInt64;
+
+ALTER TABLE jitterscope.alerts_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS suspect_stack UInt64;
+
+ALTER TABLE jitterscope.alerts ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS suspect_stack UInt64;
+
+ALTER TABLE jitterscope.request_attribution_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS throttled_ns UInt64;
+
+ALTER TABLE jitterscope.request_attribution ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS throttled_ns UInt64;
+
+ALTER TABLE jitterscope.request_attribution_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS irq_ns UInt64;
+
+ALTER TABLE jitterscope.request_attribution ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS irq_ns UInt64;
+
+ALTER TABLE jitterscope.request_attribution_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS pids Array(UInt32);
+
+ALTER TABLE jitterscope.request_attribution ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS pids Array(UInt32);
+
+ALTER TABLE jitterscope.request_attribution_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS pod LowCardinality(String) DEFAULT '';
+
+ALTER TABLE jitterscope.request_attribution ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS pod LowCardinality(String) DEFAULT '';
+
+ALTER TABLE jitterscope.request_attribution_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS namespace LowCardinality(String) DEFAULT '';
+
+ALTER TABLE jitterscope.request_attribution ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS namespace LowCardinality(String) DEFAULT '';
+
+ALTER TABLE jitterscope.request_attribution_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS container LowCardinality(String) DEFAULT '';
+
+ALTER TABLE jitterscope.request_attribution ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS container LowCardinality(String) DEFAULT '';
+
+ALTER TABLE jitterscope.runq_events_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS victim_stack UInt64 CODEC(T64, ZSTD(1));
+
+ALTER TABLE jitterscope.runq_events ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS victim_stack UInt64 CODEC(T64, ZSTD(1));
+
+ALTER TABLE jitterscope.runq_events_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS suspect_stack UInt64 CODEC(T64, ZSTD(1));
+
+ALTER TABLE jitterscope.runq_events ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS suspect_stack UInt64 CODEC(T64, ZSTD(1));
+
+CREATE TABLE IF NOT EXISTS jitterscope.irq_time_local ON CLUSTER '{cluster}' (
+    host LowCardinality(String),
+    boot_id LowCardinality(String),
+    seq UInt64,
+    ts DateTime64(9) CODEC(Delta, ZSTD(1)),
+    cpu UInt16,
+    interval_ns UInt64,
+    kind LowCardinality(String),
+    source LowCardinality(String),
+    count UInt64 CODEC(T64, ZSTD(1)),
+    time_ns UInt64 CODEC(T64, ZSTD(1))
+) ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/jitterscope/irq_time', '{replica}')
+PARTITION BY toDate(ts)
+ORDER BY (host, ts, boot_id, seq);
+
+CREATE TABLE IF NOT EXISTS jitterscope.irq_time ON CLUSTER '{cluster}' AS jitterscope.irq_time_local ENGINE = Distributed('{cluster}', 'jitterscope', 'irq_time_local', cityHash64(host));
+
+CREATE TABLE IF NOT EXISTS jitterscope.cgroup_throttle_local ON CLUSTER '{cluster}' (
+    host LowCardinality(String),
+    boot_id LowCardinality(String),
+    seq UInt64,
+    ts DateTime64(9) CODEC(Delta, ZSTD(1)),
+    cgroup String CODEC(ZSTD(3)),
+    interval_ns UInt64,
+    quota_us Int64,
+    period_us UInt64,
+    nr_periods UInt64,
+    nr_throttled UInt64,
+    throttled_ns UInt64
+) ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/jitterscope/cgroup_throttle', '{replica}')
+PARTITION BY toDate(ts)
+ORDER BY (host, ts, boot_id, seq);
+
+CREATE TABLE IF NOT EXISTS jitterscope.cgroup_throttle ON CLUSTER '{cluster}' AS jitterscope.cgroup_throttle_local ENGINE = Distributed('{cluster}', 'jitterscope', 'cgroup_throttle_local', cityHash64(host));
+
+CREATE TABLE IF NOT EXISTS jitterscope.stacks_local ON CLUSTER '{cluster}' (
+    host LowCardinality(String),
+    boot_id LowCardinality(String),
+    seq UInt64,
+    ts DateTime64(9),
+    stack_id UInt64,
+    pid UInt32,
+    comm LowCardinality(String),
+    kernel Array(String) CODEC(ZSTD(3)),
+    user Array(String) CODEC(ZSTD(3))
+) ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/jitterscope/stacks', '{replica}')(ts)
+ORDER BY (host, stack_id);
+
+CREATE TABLE IF NOT EXISTS jitterscope.stacks ON CLUSTER '{cluster}' AS jitterscope.stacks_local ENGINE = Distributed('{cluster}', 'jitterscope', 'stacks_local', cityHash64(host));
