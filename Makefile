@@ -6,7 +6,7 @@ PYTHON    ?= python3
 STAMP     := $(VENV)/.installed
 ARGS      ?=
 
-.PHONY: setup host venv up test test-deps test-unit bench clean
+.PHONY: setup host venv up test test-deps test-unit bench clean constraints
 
 setup: host venv
 
@@ -15,10 +15,10 @@ host:
 
 # BCC comes from Debian; link just its `bcc` package into the venv so no other
 # system package leaks in.
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
 	@site=$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
 	  if [ -d /usr/lib/python3/dist-packages/bcc ]; then ln -sfn /usr/lib/python3/dist-packages/bcc $$site/bcc; fi
 	@touch $@
@@ -28,10 +28,14 @@ venv: $(STAMP)
 up: setup
 	$(VENV)/bin/jitterscope up $(ARGS)
 
-# Headless Chromium renders the HTML report in the tests.
+# Debian packages the tests use: headless Chromium renders the HTML report;
+# kubectl (kubernetes-client) renders the kustomize manifests, openssl makes
+# test certificates, systemd-analyze verifies the units (tests/unit/test_deploy.py).
+TEST_APT := chromium:chromium kubectl:kubernetes-client openssl:openssl systemd-analyze:systemd
 test-deps:
-	@command -v chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
-	  apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
+	@need=""; for pair in $(TEST_APT); do command -v $${pair%%:*} >/dev/null || need="$$need $${pair#*:}"; done; \
+	  if [ -n "$$need" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	  apt-get install -y -qq --no-install-recommends $$need >/dev/null; fi
 
 test: setup test-deps
 	$(PY) -m pytest $(ARGS)
@@ -41,6 +45,11 @@ test-unit: venv
 
 bench: setup
 	$(PY) bench/run.py $(ARGS)
+
+# the versions in the venv, after an upgrade that passed `make test`
+constraints: venv
+	@{ sed -n '1,2p' constraints.txt; $(PY) -m pip freeze --exclude-editable | grep -vi '^jitterscope'; } > constraints.txt.new
+	mv constraints.txt.new constraints.txt
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -190,6 +190,211 @@ def bench_probe(rounds: int = 100_000) -> str:
             f"(~{per_switch_ns:.0f} ns per switch) |")
 
 
+PING_PONG_C = r"""
+/* Two processes on one CPU bounce a byte over two pipes: every round trip is
+ * two wakeups and two context switches, nothing else. Prints round trips/s. */
+#define _GNU_SOURCE
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+int main(int argc, char **argv)
+{
+    long rounds = atol(argv[1]);
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(atoi(argv[2]), &set);
+    sched_setaffinity(0, sizeof(set), &set);
+    int a[2], b[2];
+    char c = 'x';
+    if (pipe(a) || pipe(b))
+        return 1;
+    if (fork() == 0) {
+        while (read(a[0], &c, 1) == 1 && c != 'q')
+            write(b[1], &c, 1);
+        return 0;
+    }
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (long i = 0; i < rounds; i++) {
+        write(a[1], &c, 1);
+        read(b[0], &c, 1);
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    c = 'q';
+    write(a[1], &c, 1);
+    wait(NULL);
+    printf("%.0f\n", rounds / ((t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9));
+    return 0;
+}
+"""
+
+
+def c_ping_pong_binary(directory: Path) -> Path:
+    binary = directory / "pingpong"
+    source = directory / "pingpong.c"
+    source.write_text(PING_PONG_C)
+    subprocess.run(["gcc", "-O2", "-o", str(binary), str(source)], check=True)
+    return binary
+
+
+class PeerTool:
+    """A libbpf-tools program (runqslower, runqlat) running until closed;
+    started once it says it is tracing (it prints that after attaching)."""
+
+    def __init__(self, *argv: str):
+        self.out = tempfile.NamedTemporaryFile("w+b")
+        self.proc = subprocess.Popen(["stdbuf", "-oL", *argv], stdout=self.out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while b"Tracing" not in Path(self.out.name).read_bytes():
+            assert self.proc.poll() is None and time.monotonic() < deadline, f"{argv[0]} did not start"
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(30)
+        self.out.close()
+
+
+class ConsumedProbe:
+    """A RunqProbe whose events are read (and their stacks resolved, as the
+    collector does) by a thread, as runqslower reads its own."""
+
+    def __init__(self, probe, stacks: bool = True):
+        import threading
+
+        from jitterscope.collector.probes.runq import RunqStacks
+
+        self.probe = probe
+        self._stop = threading.Event()
+        if not stacks:  # HEAD's events carry no stack ids: taken, not decoded
+            probe.decode = lambda _raw: None
+        reader = RunqStacks(lambda *_stack: None) if stacks else None
+
+        def on_event(raw) -> None:
+            if reader:
+                reader.of_event(raw, raw.pid)
+
+        probe.open(on_event)
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.probe.poll(100)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.probe.close()
+
+
+def _head_runq_probe(directory: Path):
+    """The run-queue probe as committed (git HEAD): the 'before' of a probe change."""
+    from bcc import BPF
+
+    from jitterscope.collector.probes import base
+    from jitterscope.collector.probes.runq import RunqProbe
+
+    for name in ("runqlat.bpf.c", "runqlat.h"):
+        shown = subprocess.run(["git", "-C", str(REPO), "show", f"HEAD:bpf/{name}"], capture_output=True, check=True)
+        (directory / name).write_bytes(shown.stdout)
+    for name in ("common.h", "drops.h", "drops.bpf.inc"):
+        (directory / name).write_bytes((REPO / "bpf" / name).read_bytes())
+    probe = RunqProbe.__new__(RunqProbe)
+    probe._bpf = BPF(text=base.spliced_source(directory / "runqlat.bpf.c").encode(), cflags=[f"-I{directory}"])
+    probe.threshold_ns, probe.filtering, probe.stacks = 5_000_000, False, False
+    probe.set_targets(set())  # an older config struct simply lacks the newer fields
+    return probe
+
+
+def _bpf_ns_per_switch(before: dict, after: dict) -> float:
+    """BPF run time of one tool's programs per context switch between two
+    scan_programs readings. The switch count is the run count of its busiest
+    program: every tool here hooks sched_switch, which fires at least as
+    often as the wakeups (names of other processes' programs are not
+    readable from here)."""
+    ran = {pid: (st.run_ns - before[pid].run_ns if pid in before else st.run_ns,
+                 st.run_count - before[pid].run_count if pid in before else st.run_count, st.name)
+           for pid, st in after.items()}
+    switches = max((cnt for _ns, cnt, _name in ran.values()), default=0)
+    return sum(ns for ns, _cnt, _name in ran.values()) / switches if switches else float("nan")
+
+
+def bench_probe_peers(rounds: int = 200_000, repeats: int = 5) -> str:
+    """A C pipe ping-pong pinned to one CPU (a pure context-switch storm)
+    with nothing loaded, with our run-queue probe (as committed at HEAD, and
+    as in this tree with stack capture on and off), and with libbpf-tools'
+    runqslower (5 ms, our probe's event threshold) and runqlat, one after
+    another, ``repeats`` times interleaved. Two measures: the storm's lost
+    throughput (best of 3 runs each, against the best unloaded run of the
+    same repeat: other load on this shared machine only ever slows a run),
+    and the kernel's own count of BPF run time per context switch
+    (kernel.bpf_stats_enabled), which CPU sharing does not skew."""
+    import statistics
+
+    from jitterscope.collector.probes.runq import RunqProbe
+    from jitterscope.collector.selfcost import BpfStats, scan_programs
+
+    for tool in ("/usr/sbin/runqslower", "/usr/sbin/runqlat"):
+        assert Path(tool).exists(), f"{tool} missing: apt-get install libbpf-tools"
+    cpu = 0
+    os.sched_setaffinity(0, set(os.sched_getaffinity(0)) - {cpu} or {cpu})  # readers off the storm's CPU
+    with tempfile.TemporaryDirectory() as tmp, BpfStats():
+        binary = c_ping_pong_binary(Path(tmp))
+
+        def best() -> float:
+            return max(float(subprocess.run([str(binary), str(rounds), str(cpu)], capture_output=True,
+                                            check=True, text=True).stdout) for _ in range(3))
+
+        def programs(loaded) -> dict:
+            if isinstance(loaded, PeerTool):
+                return scan_programs(Path(f"/proc/{loaded.proc.pid}/fdinfo"))
+            fds = loaded.probe.program_fds()
+            return scan_programs(names={fd: name for name, fd in fds.items()})
+
+        setups = {
+            "our probe as committed (HEAD)": lambda: ConsumedProbe(_head_runq_probe(Path(tmp)), stacks=False),
+            "our probe, stack capture off": lambda: ConsumedProbe(RunqProbe(5_000_000, None, stacks=False)),
+            "our probe, stack capture on": lambda: ConsumedProbe(RunqProbe(5_000_000, None)),
+            "runqslower 5000": lambda: PeerTool("/usr/sbin/runqslower", "5000"),
+            "runqlat": lambda: PeerTool("/usr/sbin/runqlat"),
+        }
+        cost: dict[str, list[float]] = {name: [] for name in setups}
+        per_switch: dict[str, list[float]] = {name: [] for name in setups}
+        bases = []
+        for _ in range(repeats):
+            base, rates = [best()], {}
+            for name, setup in setups.items():
+                loaded = setup()
+                try:
+                    before = programs(loaded)
+                    rates[name] = best()
+                    per_switch[name].append(_bpf_ns_per_switch(before, programs(loaded)))
+                finally:
+                    loaded.close()
+                base.append(best())
+            bases.append(max(base))
+            for name, rate in rates.items():
+                cost[name].append(1 - rate / max(base))
+    med = {name: statistics.median(v) for name, v in cost.items()}
+    ns = {name: statistics.median(v) for name, v in per_switch.items()}
+    dearer = max(("runqslower 5000", "runqlat"), key=lambda n: med[n])
+    dearer_ns = max(ns["runqslower 5000"], ns["runqlat"])
+    lines = []
+    for name in setups:
+        lines.append(
+            f"| C pipe ping-pong on CPU {cpu}, {name} | {med[name]:.1%} throughput lost (median of {repeats}, "
+            f"range {min(cost[name]):.1%}..{max(cost[name]):.1%}); BPF {ns[name]:,.0f} ns per switch "
+            f"(range {min(per_switch[name]):,.0f}..{max(per_switch[name]):,.0f}) | unloaded median "
+            f"{statistics.median(bases):,.0f} round trips/s | {med[name] / med[dearer]:.2f}x {dearer}'s loss; "
+            f"{ns[name] / dearer_ns:.2f}x the dearer peer's BPF time |")
+    return "\n".join(lines)
+
+
 def ioctl_loop(calls: int) -> float:
     """ioctl calls/s on an fd nobody watches: what every process on the host
     pays once the GPU ioctl probe attaches to the ioctl syscall tracepoints."""
@@ -305,7 +510,7 @@ def bench_saved_queries() -> str:
     return "\n".join(lines)
 
 
-BENCHES = {"decode": bench_decode, "pipeline": bench_pipeline, "probe": bench_probe,
+BENCHES = {"decode": bench_decode, "pipeline": bench_pipeline, "probe": bench_probe, "peers": bench_probe_peers,
            "attribution": bench_attribution, "hardware": bench_hardware_probes, "saved": bench_saved_queries,
            "storm": bench_storm_memory}
 

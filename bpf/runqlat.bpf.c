@@ -9,6 +9,29 @@
  * each, naming a suspect: of the last RECENT_RUNS tasks on the waiter's CPU,
  * the one that ran longest during the wait. (The task that ran last is often
  * a kernel thread that woke for a moment; blaming it would hide the hog.)
+ *
+ * Stacks (config.stacks) are taken only where an event can use them, because
+ * a stack walk costs far more than the rest of a switch:
+ *  - the suspect's, at the switch into a waiter whose wait is over its
+ *    threshold, when the suspect is the task giving up the CPU (current ==
+ *    prev there, so its own user stack is readable);
+ *  - the waiter's, when it is preempted (current == prev again), only for
+ *    threads whose waits are explained to a person (serving processes, with
+ *    a threshold of their own, and explicitly filtered targets) that waited
+ *    over their threshold within the last LONG_WAIT_WINDOW_NS: threads being
+ *    starved now (the first long wait goes without). It waits in the
+ *    thread's own slot of `victim_stacks` (LRU: never full), stamped with
+ *    the time the wait began, until the wait turns out long.
+ * Both travel inside the event (bpf_get_stack), not as BPF_STACK_TRACE ids:
+ * a stack map is a hash table of one stack per bucket, and a stack that lands
+ * on a taken bucket is lost (or, with BPF_F_REUSE_STACKID, silently replaces
+ * one an event still names). With 1024-4096 buckets and the collector reading
+ * and deleting within milliseconds, tests here still lost a stack now and
+ * then; unread victim stacks (most preemptions end in a short wait) made it
+ * worse. And read from the slot by the collector instead of from the event,
+ * most victim stacks were already overwritten: a starved thread is preempted
+ * again within milliseconds of getting the CPU. An event with stacks is
+ * ~4 KiB; such events are the rare ones, over the threshold.
  */
 #include "runqlat.h"
 #include "drops.bpf.inc"  /* spliced in by the loader, see drops.h */
@@ -27,8 +50,15 @@
 #ifndef MAX_HIST_KEYS  /* -DMAX_HIST_KEYS=... shrinks it (tests) */
 #define MAX_HIST_KEYS 16384
 #endif
+#ifndef MAX_VICTIM_THREADS  /* starved threads with a stack slot; ~2 KiB each */
+#define MAX_VICTIM_THREADS 1024
+#endif
+#define LONG_WAIT_WINDOW_NS 1000000000ULL
+#ifndef MAX_LONG_WAITERS
+#define MAX_LONG_WAITERS 4096
+#endif
 
-BPF_HASH(enqueued_at, u32, u64, MAX_THREADS);      /* tid -> when it became runnable */
+BPF_HASH(enqueued_at, u32, struct runq_start, MAX_THREADS); /* tid -> when it became runnable */
 BPF_TABLE("lru_hash", u32, u32, tid_tgid, MAX_THREADS); /* learned tid -> tgid */
 /* tgid -> its own event threshold in ns (0 = the global one). The tgids to
  * watch when filtering; with or without filtering, serving processes get a
@@ -37,7 +67,11 @@ BPF_HASH(targets, u32, u64, MAX_TARGETS);
 BPF_ARRAY(config, struct runq_config, 1);
 BPF_HASH(hist, struct runq_hist_key, u64, MAX_HIST_KEYS);
 BPF_PERCPU_ARRAY(recent, struct cpu_runs, 1);       /* per-CPU run history */
-BPF_RINGBUF_OUTPUT(events, 64);                     /* 64 pages = 256 KiB */
+BPF_RINGBUF_OUTPUT(events, 256);                    /* 256 pages = 1 MiB: ~250 events of 4 KiB */
+BPF_TABLE("lru_hash", u32, struct victim_stack, victim_stacks, MAX_VICTIM_THREADS); /* tid -> its stacks */
+BPF_PERCPU_ARRAY(victim_blank, struct victim_stack, 1);  /* a zeroed value to create slots from */
+/* tid -> when it last waited over its threshold (written only with an event) */
+BPF_TABLE("lru_hash", u32, u64, long_waits, MAX_LONG_WAITERS);
 
 static __always_inline u32 tgid_of(u32 tid)
 {
@@ -58,6 +92,41 @@ static __always_inline int is_target(u32 tgid)
     return tgid != 0 && targets.lookup(&tgid) != 0;
 }
 
+/* The current (preempted) thread's stacks into its victim_stacks slot. */
+static __always_inline int save_victim_stack(void *ctx, u32 tid, u64 now)
+{
+    int zero = 0;
+    struct victim_stack *blank = victim_blank.lookup(&zero);
+    if (!blank)
+        return 0;
+    struct victim_stack *v = victim_stacks.lookup_or_try_init(&tid, blank);
+    if (!v) {
+        count_drop(DROP_MAP_FULL);
+        return 0;
+    }
+    v->started_ns = now;
+    v->kernel_bytes = bpf_get_stack(ctx, v->kernel, sizeof(v->kernel), 0);
+    v->user_bytes = bpf_get_stack(ctx, v->user, sizeof(v->user), BPF_F_USER_STACK);
+    return 1;
+}
+
+/* Whether a (watched) thread's preemption is worth its stack: it is
+ * explained to a person and is being starved now (see the top). */
+static __always_inline int wants_victim_stack(struct runq_config *cfg, u32 tid, u32 tgid, u64 now)
+{
+    if (!cfg->stacks)
+        return 0;
+    if (!cfg->filter_targets) {  /* with filtering, is_target found it: chosen explicitly */
+        if (!cfg->has_overrides)
+            return 0;
+        u64 *own = targets.lookup(&tgid);
+        if (!own || !*own)
+            return 0;
+    }
+    u64 *last = long_waits.lookup(&tid);
+    return last && now - *last < LONG_WAIT_WINDOW_NS;
+}
+
 static __always_inline void mark_runnable(u32 tid, u64 now)
 {
     int zero = 0;
@@ -67,7 +136,8 @@ static __always_inline void mark_runnable(u32 tid, u64 now)
     /* the tid -> tgid look-up is only paid for when filtering */
     if (cfg->filter_targets && !is_target(tgid_of(tid)))
         return;
-    check_update(enqueued_at.update(&tid, &now));
+    struct runq_start start = {.ts_ns = now};
+    check_update(enqueued_at.update(&tid, &start));
 }
 
 TRACEPOINT_PROBE(task, task_newtask)
@@ -126,17 +196,23 @@ TRACEPOINT_PROBE(sched, sched_switch)
          * entry: its next wakeup overwrites it before it can run again, and
          * sched_process_exit removes it; deleting here would cost a map
          * operation on every switch. */
-        if ((args->prev_state & ~(long)PREEMPT_STATE_BIT) == 0 && is_target(prev_tgid))
-            check_update(enqueued_at.update(&prev_tid, &now));
+        if ((args->prev_state & ~(long)PREEMPT_STATE_BIT) == 0 && is_target(prev_tgid)) {
+            struct runq_start start = {.ts_ns = now};
+            struct runq_config *cfg = config.lookup(&zero);
+            if (cfg && wants_victim_stack(cfg, prev_tid, prev_tgid, now))
+                start.has_stack = save_victim_stack(args, prev_tid, now);
+            check_update(enqueued_at.update(&prev_tid, &start));
+        }
     }
 
     u32 tid = args->next_pid;
     if (tid == 0)
         return 0;
-    u64 *since = enqueued_at.lookup(&tid);
+    struct runq_start *since = enqueued_at.lookup(&tid);
     if (!since)
         return 0;
-    u64 wait_ns = now - *since;
+    u64 wait_ns = now - since->ts_ns;
+    u32 has_stack = since->has_stack;
     enqueued_at.delete(&tid);
 
     u32 tgid = tgid_of(tid);
@@ -162,6 +238,8 @@ TRACEPOINT_PROBE(sched, sched_switch)
     }
     if (wait_ns < threshold)
         return 0;
+    if (cfg->stacks)  /* its next preemptions are worth a stack (LRU: never "full") */
+        long_waits.update(&tid, &now);
 
     struct runq_event *ev = events.ringbuf_reserve(sizeof(*ev));
     if (!ev) {
@@ -179,6 +257,17 @@ TRACEPOINT_PROBE(sched, sched_switch)
     ev->suspect_pid = prev_tgid;
     ev->suspect_tid = prev_tid;
     bpf_probe_read_kernel(&ev->suspect_comm, sizeof(ev->suspect_comm), args->prev_comm);
+    ev->victim_kernel_bytes = -1;
+    ev->victim_user_bytes = -1;
+    if (has_stack) {
+        struct victim_stack *v = victim_stacks.lookup(&tid);
+        if (v && v->started_ns == now - wait_ns) {  /* not evicted and reused by another thread */
+            ev->victim_kernel_bytes = v->kernel_bytes;
+            ev->victim_user_bytes = v->user_bytes;
+            bpf_probe_read_kernel(ev->victim_kernel, sizeof(ev->victim_kernel), v->kernel);
+            bpf_probe_read_kernel(ev->victim_user, sizeof(ev->victim_user), v->user);
+        }
+    }
     if (cpu) {
         u64 waited_from = now - wait_ns, best = 0;
         int best_i = -1;
@@ -198,6 +287,16 @@ TRACEPOINT_PROBE(sched, sched_switch)
             ev->suspect_tid = run->tid;
             __builtin_memcpy(ev->suspect_comm, run->comm, TASK_COMM_LEN);
         }
+    }
+    /* The suspect's stack is readable only while it is current: when it is
+     * the task giving the CPU to the waiter. One that left the CPU earlier
+     * (a kernel thread ran in between) gets none. */
+    ev->suspect_kernel_bytes = -1;
+    ev->suspect_user_bytes = -1;
+    if (cfg->stacks && prev_tid != 0 && ev->suspect_tid == prev_tid) {
+        ev->suspect_kernel_bytes = bpf_get_stack(args, ev->suspect_kernel, sizeof(ev->suspect_kernel), 0);
+        ev->suspect_user_bytes = bpf_get_stack(args, ev->suspect_user, sizeof(ev->suspect_user),
+                                               BPF_F_USER_STACK);
     }
     events.ringbuf_submit(ev, 0);
     return 0;

@@ -13,6 +13,16 @@ struct runq_config {
     u64 threshold_ns;   /* waits at or above this leave the kernel one by one */
     u32 filter_targets; /* 0: every process; 1: only tgids in `targets` */
     u32 has_overrides;  /* some `targets` entries carry their own threshold */
+    u32 stacks;         /* capture stacks for waits that leave as events (0: never) */
+    u32 _pad;
+};
+
+/* When a watched thread became runnable (`enqueued_at`), and whether its
+ * stacks were saved then (in `victim_stacks`, see runqlat.bpf.c). */
+struct runq_start {
+    u64 ts_ns;
+    u32 has_stack;
+    u32 _pad;
 };
 
 /* How many recent runs per CPU are remembered to name a suspect. */
@@ -35,6 +45,17 @@ struct cpu_runs {
     struct cpu_run runs[RECENT_RUNS];
 };
 
+#define STACK_DEPTH 127  /* the kernel's default perf_event_max_stack */
+
+/* A thread's stacks where it was preempted (bpf_get_stack sizes, bytes). */
+struct victim_stack {
+    u64 started_ns;      /* when that wait began: runq_start.ts_ns */
+    s64 kernel_bytes;    /* < 0: none */
+    s64 user_bytes;
+    u64 kernel[STACK_DEPTH];
+    u64 user[STACK_DEPTH];
+};
+
 /* One run-queue wait at or above the threshold. */
 struct runq_event {
     u64 ts_ns;          /* CLOCK_MONOTONIC when the waiter got the CPU */
@@ -47,6 +68,17 @@ struct runq_event {
     u32 _pad;
     char comm[TASK_COMM_LEN];
     char suspect_comm[TASK_COMM_LEN];
+    /* Stacks, innermost first (bytes < 0: none taken): the waiter's where it
+     * was preempted (a wakeup has none), the suspect's when it gave the CPU
+     * to the waiter (none when it had left the CPU earlier). */
+    s64 victim_kernel_bytes;
+    s64 victim_user_bytes;
+    s64 suspect_kernel_bytes;
+    s64 suspect_user_bytes;
+    u64 victim_kernel[STACK_DEPTH];
+    u64 victim_user[STACK_DEPTH];
+    u64 suspect_kernel[STACK_DEPTH];
+    u64 suspect_user[STACK_DEPTH];
 };
 
 /* Per-process log2 histogram of every wait, in microseconds. */

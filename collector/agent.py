@@ -21,7 +21,7 @@ from pathlib import Path
 
 from prometheus_client import Counter, Gauge, start_http_server
 
-from jitterscope.collector import hostinfo, topology
+from jitterscope.collector import hostinfo, serving_group, topology
 from jitterscope.collector.clock import EpochConverter
 from jitterscope.collector.otlp import OtlpReceiver
 from jitterscope.collector.probes import registry
@@ -29,6 +29,7 @@ from jitterscope.collector.probes.interface import Probe, ProbeContext
 from jitterscope.collector.publish import Batcher, KafkaPublisher
 from jitterscope.collector.selfcost import SelfCost
 from jitterscope.collector.spool import Spool, SpoolBusy
+from jitterscope.common import kafka_auth
 from jitterscope.common.logs import fields
 from jitterscope.schemas import events
 from jitterscope.common.settings import Settings
@@ -104,10 +105,11 @@ class Collector:
     def __init__(self, settings: Settings, publisher: KafkaPublisher | None = None,
                  proc: Path = Path("/proc"), sys: Path = Path("/sys")):
         self.settings = settings
-        self.proc, self.sys = proc, sys
-        self.stamp = Stamp(settings.host, proc)
+        self.proc, self.sys = hostinfo.host_roots(settings.host_root, proc, sys)  # the host's, seen from here
+        self.stamp = Stamp(settings.host, self.proc)
         self.publisher = publisher or KafkaPublisher(
-            settings.bootstrap_servers or "", settings.host, idempotence=settings.kafka_idempotence,
+            settings.bootstrap_servers or "", settings.host, kafka_auth.librdkafka_config(settings),
+            idempotence=settings.kafka_idempotence,
             max_message_bytes=settings.kafka_max_message_bytes, max_records=settings.batch_max_records,
             spool=make_spool(settings))
         self._export = _Exported()
@@ -122,6 +124,9 @@ class Collector:
         self.cost: SelfCost | None = None  # what watching costs the host
         self._spans_in: queue.SimpleQueue[list[dict]] = queue.SimpleQueue()  # from the OTLP threads
         self._serving_pids: set[int] = set()  # processes that sent request spans
+        # member pid -> the span process whose serving group it is in
+        # (collector/serving_group.py); re-found at each target rescan
+        self._group_of: dict[int, int] = {}
 
     # -- records ---------------------------------------------------------
     def _queue(self, record: events.Record) -> None:
@@ -149,6 +154,7 @@ class Collector:
             return
         self._comms[pid] = info["comm"]
         gpus, cuda_visible = topology.process_gpus(pid, self.proc, self.topology)
+        info = {**info, "serving_group": self._group_of.get(pid, 0)}
         self._queue(events.ProcessInfo(**self.stamp.header(events.ProcessInfo, time.time_ns()), **info,
                                        gpus=gpus, cuda_visible_devices=cuda_visible))
 
@@ -167,8 +173,7 @@ class Collector:
                 if span["pid"] and span["pid"] not in self._serving_pids:
                     self._serving_pids.add(span["pid"])
                     new_pids = True
-                    self.describe_process(span["pid"])
-        if new_pids and self.probes:
+        if new_pids:  # finds the new groups, describes their members, retargets the probes
             self.update_targets()
 
     def publish_histograms(self, interval_ns: int) -> None:
@@ -265,11 +270,35 @@ class Collector:
     def serving_thresholds(self) -> dict[int, int]:
         """Processes that send request spans report finer waits: their
         requests are explained from them, and short waits add up."""
-        self._serving_pids = {p for p in self._serving_pids if (self.proc / str(p)).exists()}
         ns = int(self.settings.serving_threshold_ms * 1_000_000)
-        return {pid: ns for pid in self._serving_pids}
+        return {pid: ns for pid in self._group_of}
+
+    def refresh_groups(self) -> None:
+        """Re-find each span process's serving group (its children come
+        and go); a process that joins or changes group is described again
+        at once, so the worker learns its ``serving_group`` before its waits
+        are needed for attribution."""
+        self._serving_pids = {p for p in self._serving_pids if (self.proc / str(p)).exists()}
+        mode = self.settings.serving_group
+        containers = set()
+        if mode == "auto":
+            for head in self._serving_pids:
+                try:
+                    found = hostinfo.process_info(head, self.proc).get("container_id", "")
+                except hostinfo.ProcessGone:
+                    continue
+                if serving_group.in_container(head, self.proc, found):
+                    containers.add(head)
+        groups = serving_group.find_groups(self._serving_pids, mode, self.proc, containers)
+        changed = [pid for pid, head in groups.items() if self._group_of.get(pid) != head]
+        changed += [pid for pid in self._group_of if pid not in groups]  # left: described with no group
+        self._group_of = groups
+        for pid in changed:
+            self._processes_sent.pop(pid, None)
+            self.describe_process(pid)
 
     def update_targets(self) -> None:
+        self.refresh_groups()
         targets, thresholds = self.current_targets(), self.serving_thresholds()
         for probe in self.probes:
             probe.set_targets(targets, thresholds)
@@ -299,7 +328,7 @@ class Collector:
         s = self.settings
         if not s.filters_targets:
             return None
-        pids = set(s.target_pids) | self._serving_pids
+        pids = set(s.target_pids) | set(self._group_of)
         if s.target_comms:
             pids |= hostinfo.pids_matching(s.target_comms, self.proc)
         return pids
@@ -310,7 +339,7 @@ class Collector:
 
     def run(self, duration_s: float | None = None) -> None:
         s = self.settings
-        self.publisher.check_reachable()
+        self.publisher.check_reachable(10.0 if duration_s is None else min(10.0, duration_s))  # --duration bounds it
         if s.collector_metrics_port:
             start_http_server(s.collector_metrics_port, addr=s.collector_metrics_bind)
         self.publish_topology()  # before the probes: some are configured from it

@@ -9,8 +9,29 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
+from typing import TYPE_CHECKING, Iterable, NamedTuple
 
+from jitterscope.collector import containers
+from jitterscope.common.errors import BadConfig
 from jitterscope.schemas.topology import parse_cpu_list
+
+if TYPE_CHECKING:
+    from jitterscope.collector.kubelet import KubeletPods
+
+
+def host_roots(host_root: Path | str, proc: Path = Path("/proc"), sys: Path = Path("/sys")) -> tuple[Path, Path]:
+    """The host's /proc and /sys as seen from here: ``proc`` and ``sys`` under
+    ``host_root`` (like node exporter's --path.procfs), so a collector in a
+    container reads the host's through a mount (e.g. ``/host``). Raises
+    BadConfig when the host's /proc is not there."""
+    root = Path(host_root)
+    if root == Path("/"):
+        return proc, sys
+    rooted = tuple(root.joinpath(*p.parts[1:]) if p.is_absolute() else root / p for p in (proc, sys))
+    if not (rooted[0] / "1" / "status").is_file():
+        raise BadConfig(f"host_root={root}: {rooted[0]} is not the host's /proc; mount the host's / there "
+                        "(e.g. hostPath / at /host, read-only) or set host_root to where it is mounted")
+    return rooted
 
 
 def hostname() -> str:
@@ -46,29 +67,138 @@ def _read(path: Path) -> bytes:
         raise ProcessGone(str(path)) from exc
 
 
-def process_info(pid: int, proc: Path = Path("/proc")) -> dict:
-    """comm, cmdline, cgroup and allowed CPUs of ``pid``; raises ProcessGone."""
+def process_info(pid: int, proc: Path = Path("/proc"), kubelet: KubeletPods | None = None) -> dict:
+    """The ProcessInfo fields /proc tells about ``pid`` (comm, cmdline, cgroup,
+    allowed CPUs, parent, its pid in its own PID namespace, its container and
+    pod), named by the kubelet where one is given; raises ProcessGone."""
     base = proc / str(pid)
-    status = _read(base / "status").decode(errors="replace")
-    cpus_allowed: list[int] = []
-    tgid = pid
-    for line in status.splitlines():
-        if line.startswith("Cpus_allowed_list:"):
-            cpus_allowed = parse_cpu_list(line.split(":", 1)[1])
-        elif line.startswith("Tgid:"):
-            tgid = int(line.split(":", 1)[1])
-    cgroup_lines = _read(base / "cgroup").decode(errors="replace").splitlines()
+    status = _status_fields(_read(base / "status").decode(errors="replace"))
+    cgroup_text = _read(base / "cgroup").decode(errors="replace")
+    cgroup_lines = cgroup_text.splitlines()
     # cgroup v2 is the single "0::/path" line; v1 lists controllers, take the first.
     cgroup = next((l.split(":", 2)[2] for l in cgroup_lines if l.startswith("0::")), None)
     if cgroup is None and cgroup_lines:
         cgroup = cgroup_lines[0].split(":", 2)[-1]
+    tgid = _int(status.get("Tgid"), pid)
+    # NStgid, not NSpid: ``pid`` may be a thread, the record names its process.
+    ns_ids = _ids(status.get("NStgid") or status.get("NSpid") or "")
+    ref = containers.identity(cgroup_text)
+    meta = kubelet.lookup(ref.pod_uid, ref.container_id) if kubelet is not None and ref.pod_uid else None
     return {
         "pid": tgid,
         "comm": _read(base / "comm").decode(errors="replace").strip(),
         "cmdline": _read(base / "cmdline").replace(b"\0", b" ").decode(errors="replace").strip(),
         "cgroup": cgroup or "",
-        "cpus_allowed": cpus_allowed,
+        "cpus_allowed": parse_cpu_list(status.get("Cpus_allowed_list", "")),
+        "ppid": _int(status.get("PPid"), 0),
+        "ns_pid": ns_ids[-1] if ns_ids else tgid,
+        "container_id": ref.container_id,
+        "pod_uid": ref.pod_uid,
+        "pod": meta.pod if meta else "",
+        "namespace": meta.namespace if meta else "",
+        "container": meta.container if meta else "",
     }
+
+
+def _status_fields(text: str) -> dict[str, str]:
+    """/proc/PID/status as name -> value text."""
+    out = {}
+    for line in text.splitlines():
+        name, sep, value = line.partition(":")
+        if sep:
+            out[name] = value.strip()
+    return out
+
+
+def _ids(text: str) -> list[int]:
+    """An NSpid/NStgid value: the pid in each PID namespace, outermost first."""
+    try:
+        return [int(x) for x in text.split()]
+    except ValueError:
+        return []
+
+
+def _int(text: str | None, default: int) -> int:
+    try:
+        return int(text) if text is not None else default
+    except ValueError:
+        return default
+
+
+class NsProcess(NamedTuple):
+    """A process as a pid translation sees it."""
+
+    pid: int  # on the host (in the namespace of the /proc read)
+    inner: int  # in its own PID namespace: the last NSpid entry (= pid on the host)
+    ref: containers.ContainerRef  # its container and pod, from its cgroup
+    cgroup: str | None  # `containers.cgroup_path`
+
+
+def ns_processes(proc: Path = Path("/proc")) -> list[NsProcess]:
+    """Every process's NSpid and cgroup identity: one scan of /proc/*/status
+    and /proc/*/cgroup (callers that translate often keep it a while)."""
+    try:
+        entries = [e.name for e in os.scandir(proc) if e.name.isdigit()]
+    except OSError:
+        return []
+    table = []
+    for name in entries:
+        try:
+            ids = _ids(_status_fields((proc / name / "status").read_text(errors="replace")).get("NSpid", ""))
+            text = (proc / name / "cgroup").read_text(errors="replace")
+        except OSError:  # gone, or not ours to read
+            continue
+        if ids:
+            table.append(NsProcess(int(name), ids[-1], containers.identity(text), containers.cgroup_path(text)))
+    return table
+
+
+def _members(table: Iterable[NsProcess], container_id: str | None, pod_uid: str | None,
+             peer_cgroup: str | None) -> list[NsProcess]:
+    """The processes of the container and/or pod, and/or of the cgroup
+    ``peer_cgroup``; all of them when none is given."""
+    return [p for p in table
+            if (not (container_id or pod_uid) or p.ref.matches(container_id, pod_uid))
+            and (peer_cgroup is None or p.cgroup == peer_cgroup)]
+
+
+def host_pid_for(ns_pid: int, container_id: str | None = None, pod_uid: str | None = None,
+                 peer_cgroup: str | None = None, proc: Path = Path("/proc"),
+                 table: Iterable[NsProcess] | None = None) -> int | None:
+    """The host pid of the process that is ``ns_pid`` in its own PID namespace
+    (the last NSpid entry in /proc/*/status; = its pid on the host), among the
+    processes of the container and/or pod given, or in the cgroup
+    ``peer_cgroup`` (as `containers.cgroup_path` names it). None when no process or
+    more than one matches: a guess would blame the wrong process. ``table``:
+    an `ns_processes` scan to use instead of reading ``proc``."""
+    table = ns_processes(proc) if table is None else table
+    matches = [p.pid for p in _members(table, container_id, pod_uid, peer_cgroup) if p.inner == ns_pid]
+    return matches[0] if len(matches) == 1 else None
+
+
+def pid_in_container(ns_pid: int | None, container_id: str | None, pod_uid: str | None,
+                     proc: Path = Path("/proc"), table: Iterable[NsProcess] | None = None) -> tuple[int | None, str]:
+    """A host pid for a span from a container: the process whose innermost pid
+    is ``ns_pid`` if exactly one is ("nspid"), else the lowest host pid of
+    those that match or of the container/pod's processes ("container": the
+    right serving stack, maybe not the right process), else (None, "none")."""
+    if not (container_id or pod_uid):
+        return None, "none"
+    members = _members(ns_processes(proc) if table is None else table, container_id, pod_uid, None)
+    exact = [p.pid for p in members if p.inner == ns_pid]
+    if len(exact) == 1:
+        return exact[0], "nspid"
+    pool = exact or [p.pid for p in members]
+    return (min(pool), "container") if pool else (None, "none")
+
+
+def ns_pids(pid: int, proc: Path = Path("/proc")) -> list[int]:
+    """The NSpid entries of ``pid`` (outermost first; one entry on the host);
+    [] when it is gone."""
+    try:
+        return _ids(_status_fields((proc / str(pid) / "status").read_text()).get("NSpid", ""))
+    except OSError:
+        return []
 
 
 def tgid_of(tid: int, proc: Path = Path("/proc")) -> int | None:

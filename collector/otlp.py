@@ -17,6 +17,17 @@ in /proc for loopback peers (`pid_of_peer`), else 0 (host level). A
 ``process.pid`` is trusted only because the collector listens for this host:
 a span relayed from another host would carry that host's pid.
 
+From a container, ``process.pid`` is a pid in the container's PID namespace
+(`PidResolver`): where the connection's process is known and its innermost
+pid (NSpid) is ``process.pid``, it is the sender; else a resource with
+``container.id`` or ``k8s.pod.uid`` is translated through NSpid among that
+container's processes (a sender in its own network namespace has no
+loopback owner to look up); a sender known to be in another PID namespace
+without those attributes is translated within its own cgroup. A translation
+that finds nothing gives pid 0, never the untranslated pid (which names
+some unrelated host process). How each request's pid was found is counted
+in ``jitterscope_otlp_pid_resolved_total{how}``.
+
 Bodies are untrusted: sizes are capped before reading and after gunzip, parse
 errors answer 400, attribute strings are kept verbatim as data (truncated),
 and nothing a sender does makes a handler raise. Frequent events are
@@ -71,6 +82,7 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 from prometheus_client import Counter
 
+from jitterscope.collector import containers, hostinfo
 from jitterscope.common.errors import JitterscopeError
 from jitterscope.schemas.events import MAX_EPOCH_NS
 
@@ -112,6 +124,13 @@ CONNECTION_ERRORS = Counter("jitterscope_otlp_connection_errors_total",
 TIMEOUTS = Counter("jitterscope_otlp_timeouts_total",
                    "connections closed because a request did not arrive in time, by whether "
                    "part of it had (answered 408) or none (idle, closed quietly)", ["partial"])
+PID_RESOLVED = Counter(
+    "jitterscope_otlp_pid_resolved_total",
+    "request records by how their host pid was found: process_pid (the resource's, as sent), peer (the "
+    "connection's process), peer_nspid (the connection's process, whose pid in its container is process.pid), "
+    "nspid (process.pid translated through NSpid in the container, pod or sender's cgroup), container (a "
+    "process of the container/pod of container.id/k8s.pod.uid: the exact one was not found), unresolved "
+    "(nothing matched: host level, pid 0)", ["how"])
 
 
 class OtlpError(Exception):
@@ -215,21 +234,28 @@ class _Rejected(Exception):
 
 def spans_to_requests(request: ExportTraceServiceRequest,
                       request_id_attributes: Iterable[str] = DEFAULT_REQUEST_ID_ATTRIBUTES,
-                      peer_pid: int | None = None, now_ns: int | None = None) -> Converted:
+                      peer_pid: int | None = None, now_ns: int | None = None,
+                      resolve_pid: Callable[[Resource], tuple[int, str]] | None = None) -> Converted:
     """The RequestSpan fields (less the Record stamps) of every request span in
     ``request``, how many valid spans were not requests, and how many invalid
     ones were rejected, by reason. ``peer_pid`` is the sending process, used
     where a resource has no ``process.pid``; ``now_ns`` the clock for the
-    future bound (default: now)."""
+    future bound (default: now). ``resolve_pid`` (the receiver's
+    `PidResolver`), where given, finds each resource's host pid instead,
+    and its records are counted in PID_RESOLVED by how."""
     request_id_attributes = tuple(request_id_attributes)
     latest_end_ns = min((time.time_ns() if now_ns is None else now_ns) + MAX_FUTURE_NS, MAX_EPOCH_NS)
     records: list[dict] = []
     skipped = 0
     rejected: dict[str, int] = {}
     for resource_spans in request.resource_spans:
-        pid = resource_pid(resource_spans.resource) or peer_pid or 0
+        if resolve_pid is None:
+            pid, how = resource_pid(resource_spans.resource) or peer_pid or 0, None
+        else:
+            pid, how = resolve_pid(resource_spans.resource)
         if not 0 <= pid <= PID_MAX_LIMIT:
             pid = 0  # a pid that cannot be one (the column is a U32): host level
+        produced = len(records)
         for scope_spans in resource_spans.scope_spans:
             for span in scope_spans.spans:
                 try:
@@ -241,6 +267,8 @@ def spans_to_requests(request: ExportTraceServiceRequest,
                     skipped += 1
                 else:
                     records.append(record)
+        if how is not None and len(records) > produced:
+            PID_RESOLVED.labels(how=how).inc(len(records) - produced)
     return Converted(records, skipped, rejected)
 
 
@@ -253,6 +281,14 @@ def resource_pid(resource: Resource) -> int | None:
                 return value
             return None
     return None
+
+
+def resource_string(resource: Resource, key: str) -> str:
+    """A string resource attribute (``container.id``, ``k8s.pod.uid``), "" if absent."""
+    for kv in resource.attributes:
+        if kv.key == key:
+            return kv.value.string_value[:MAX_STRING_CHARS] if kv.value.WhichOneof("value") == "string_value" else ""
+    return ""
 
 
 def _span_to_request(span: Span, pid: int, request_id_attributes: tuple[str, ...],
@@ -326,7 +362,8 @@ def _seconds_to_ns(seconds: int | float | None) -> int:
 
 # -- which process sent it -------------------------------------------------
 
-def pid_of_peer(peer_host: str, peer_port: int, local_port: int, proc: Path = Path("/proc")) -> int | None:
+def pid_of_peer(peer_host: str, peer_port: int, local_port: int, proc: Path = Path("/proc"),
+                hint: int | None = None) -> int | None:
     """The pid of the local process at the other end of a loopback TCP
     connection to our ``local_port``, or None.
 
@@ -334,7 +371,8 @@ def pid_of_peer(peer_host: str, peer_port: int, local_port: int, proc: Path = Pa
     port and whose remote end is our port; the process is the one holding
     ``socket:[inode]`` among its fds. Needs the right to read other processes'
     fds (root, or the same user). A scan of /proc/*/fd is not free, so callers
-    cache the answer per connection.
+    cache the answer per connection, and ``hint`` (the pid the sender
+    claims) is looked at first.
     """
     try:
         address = ipaddress.ip_address(peer_host.split("%", 1)[0])
@@ -344,7 +382,7 @@ def pid_of_peer(peer_host: str, peer_port: int, local_port: int, proc: Path = Pa
     if not address.is_loopback:
         return None  # another host's process: nothing in our /proc
     inode = _socket_inode(proc, address, peer_port, local_port)
-    return _pid_holding(proc, f"socket:[{inode}]") if inode else None
+    return _pid_holding(proc, f"socket:[{inode}]", hint) if inode else None
 
 
 def _unmapped(address: ipaddress.IPv4Address | ipaddress.IPv6Address):
@@ -381,11 +419,13 @@ def _proc_net_address(text: str):
     return _unmapped(ipaddress.ip_address(raw)), int(port_hex, 16)
 
 
-def _pid_holding(proc: Path, target: str) -> int | None:
+def _pid_holding(proc: Path, target: str, first: int | None = None) -> int | None:
     try:
         entries = [e.name for e in os.scandir(proc) if e.name.isdigit()]
     except OSError:
         return None
+    if first is not None and str(first) in entries:
+        entries.insert(0, str(first))
     for pid in entries:
         fd_dir = proc / pid / "fd"
         try:
@@ -399,6 +439,96 @@ def _pid_holding(proc: Path, target: str) -> int | None:
             except OSError:
                 continue
     return None
+
+
+class PidResolver:
+    """The host pid of a resource's process (see the module's docs); one per
+    receiver, shared by its threads.
+
+    Senders are untrusted and an export may carry thousands of resources, so
+    /proc is scanned at most once per ``snapshot_s`` (`hostinfo.ns_processes`),
+    indexed by container, pod and cgroup; answers are kept ``ttl_s`` (a
+    found pid only while it lives; a miss only until the next scan may
+    show a container that just started)."""
+
+    def __init__(self, proc: Path = Path("/proc"), ttl_s: float = 10.0, snapshot_s: float = 1.0,
+                 max_entries: int = 4096):
+        self.proc = proc
+        self.ttl_s = ttl_s
+        self.snapshot_s = snapshot_s
+        self.max_entries = max_entries
+        self._lock = threading.Lock()
+        self._answers: dict[tuple, tuple[float, int, str]] = {}
+        self._scanned_at = -math.inf
+        self._by: dict[str, dict[str, list[hostinfo.NsProcess]]] = {}
+
+    def resolve(self, resource: Resource, peer: Callable[[int | None], int | None]) -> tuple[int, str]:
+        """(host pid or 0, how); ``peer(hint)`` finds the connection's process
+        (None: not on loopback, or gone)."""
+        claimed = resource_pid(resource)
+        container_id = containers.normal_container_id(resource_string(resource, "container.id"))
+        pod_uid = containers.normal_uid(resource_string(resource, "k8s.pod.uid"))
+        sender = peer(claimed)
+        if sender:
+            if claimed is None or sender == claimed:
+                return sender, "process_pid" if claimed else "peer"
+            ids = hostinfo.ns_pids(sender, self.proc)
+            if ids and ids[-1] == claimed:
+                return sender, "peer_nspid"
+            if len(ids) > 1 and not (container_id or pod_uid):
+                # a sender in its own PID namespace speaking for another of
+                # its processes: that process shares its cgroup
+                return self._answer(("cgroup", claimed, self._cgroup(sender)))
+            # else a relay on the host (an OpenTelemetry Collector): the
+            # resource speaks for itself
+        if container_id or pod_uid:
+            return self._answer(("container", claimed, container_id, pod_uid))
+        return (claimed, "process_pid") if claimed else (0, "unresolved")
+
+    def _cgroup(self, pid: int) -> str | None:
+        try:
+            return containers.cgroup_path((self.proc / str(pid) / "cgroup").read_text())
+        except OSError:
+            return None
+
+    def _answer(self, key: tuple) -> tuple[int, str]:
+        now = time.monotonic()
+        with self._lock:
+            hit = self._answers.get(key)
+            if hit and hit[0] > now and (not hit[1] or (self.proc / str(hit[1])).exists()):
+                return hit[1], hit[2]
+            if now - self._scanned_at >= self.snapshot_s:
+                self._scan(now)
+            pid, how = self._find(key)
+            if len(self._answers) >= self.max_entries:
+                self._answers = {k: v for k, v in self._answers.items() if v[0] > now}
+                if len(self._answers) >= self.max_entries:
+                    self._answers.clear()
+            self._answers[key] = (now + (self.ttl_s if pid else self.snapshot_s), pid, how)
+        return pid, how
+
+    def _scan(self, now: float) -> None:
+        self._scanned_at = now
+        self._by = {"container": {}, "pod": {}, "cgroup": {}}
+        for p in hostinfo.ns_processes(self.proc):
+            for index, value in (("container", p.ref.container_id), ("pod", p.ref.pod_uid), ("cgroup", p.cgroup)):
+                if value:
+                    self._by[index].setdefault(value, []).append(p)
+
+    def _find(self, key: tuple) -> tuple[int, str]:
+        if key[0] == "cgroup":
+            _, claimed, cgroup = key
+            pid = hostinfo.host_pid_for(claimed, peer_cgroup=cgroup, table=self._by["cgroup"].get(cgroup, []))
+            return (pid, "nspid") if pid else (0, "unresolved")
+        _, claimed, container_id, pod_uid = key
+        if container_id:  # Docker prints short IDs: look among the (few) containers
+            by_container = self._by["container"]
+            table = by_container.get(container_id) or [
+                p for cid, ps in by_container.items() if cid.startswith(container_id) for p in ps]
+        else:
+            table = self._by["pod"].get(pod_uid, [])
+        pid, how = hostinfo.pid_in_container(claimed, container_id, pod_uid, table=table)
+        return (pid, how) if pid else (0, "unresolved")
 
 
 # -- HTTP ------------------------------------------------------------------
@@ -610,10 +740,8 @@ class _Handler(BaseHTTPRequestHandler):
         self._body_read = True
 
         request = parse_export_request(_decode_content(body, encoding, receiver.max_body_bytes), kind)
-        peer_pid = None
-        if any(resource_pid(rs.resource) is None for rs in request.resource_spans):
-            peer_pid = self._peer_pid()
-        converted = spans_to_requests(request, receiver.request_id_attributes, peer_pid)
+        converted = spans_to_requests(request, receiver.request_id_attributes,
+                                      resolve_pid=lambda resource: receiver.pids.resolve(resource, self._peer_pid))
         SPANS_RECEIVED.inc(sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans))
         SPANS_SKIPPED.inc(converted.skipped)
         for reason, n in converted.rejected.items():
@@ -629,11 +757,11 @@ class _Handler(BaseHTTPRequestHandler):
             return json_format.MessageToJson(answer, indent=None).encode()
         return answer.SerializeToString()
 
-    def _peer_pid(self) -> int | None:
+    def _peer_pid(self, hint: int | None = None) -> int | None:
         if not hasattr(self, "_cached_peer_pid"):
             peer_host, peer_port = self.client_address[:2]
             self._cached_peer_pid = pid_of_peer(
-                peer_host, peer_port, self.connection.getsockname()[1], self.server.receiver.proc)
+                peer_host, peer_port, self.connection.getsockname()[1], self.server.receiver.proc, hint)
         return self._cached_peer_pid
 
 
@@ -705,6 +833,7 @@ class OtlpReceiver:
         self.request_id_attributes = tuple(request_id_attributes)
         self.max_body_bytes = max_body_bytes
         self.proc = proc
+        self.pids = PidResolver(proc)
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 

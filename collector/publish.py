@@ -224,6 +224,7 @@ class KafkaPublisher:
                       error=f"{err.name()}: {err.str()}", bootstrap_servers=self.bootstrap_servers)
 
     def check_reachable(self, timeout_s: float = 10.0) -> None:
+        timeout_s = max(timeout_s, 0.5)  # a --duration shorter than this still gets one answer
         try:
             metadata = self._producer.list_topics(timeout=timeout_s)
         except Exception as exc:
@@ -391,6 +392,13 @@ class KafkaPublisher:
     def close(self) -> None:
         if self.spool is not None:
             self.spool.close()
+
+
+def client_logger(interval_s: float = 60.0) -> logging.Logger:
+    """A ``logger`` for any confluent-kafka client's config (producer,
+    AdminClient): without one librdkafka prints every failed connect to
+    stderr itself, ~20 lines a second while a broker is down."""
+    return _KafkaLog(RateLimitedLog(log, interval_s))
 
 
 class _KafkaLog(logging.Logger):

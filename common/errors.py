@@ -44,3 +44,9 @@ class UnsafeQuery(JitterscopeError):
     """User SQL that could do more than read the store."""
 
     exit_code = 65  # EX_DATAERR
+
+
+class NoData(JitterscopeError):
+    """The store has no jitterscope database yet (nothing was collected)."""
+
+    exit_code = 66  # EX_NOINPUT

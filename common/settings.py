@@ -25,16 +25,16 @@ import os
 import socket
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsError, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
 from jitterscope.common import errors
 
 
 #: sources the collector can run besides the run-queue probe
-HARDWARE_PROBES = ("gpu_ioctl", "migrate", "pages", "blockio", "netdev")
+HARDWARE_PROBES = ("gpu_ioctl", "migrate", "pages", "blockio", "netdev", "irq", "cfs")
 
 
 def default_data_dir() -> Path:
@@ -56,6 +56,44 @@ class KafkaSettings(BaseModel):
         100, ge=1, le=10_000, description="longest a consumer fetch waits for data (bounds alert delay)")
     kafka_max_message_bytes: int = Field(
         900_000, ge=10_000, description="a Kafka message is split below this many bytes (brokers refuse > 1 MB)")
+    # Topics: every topic gets the same count (records are keyed by host, and
+    # one worker must own all of a host's topics), so the count bounds the
+    # number of streams workers that share the work.
+    kafka_partitions: int = Field(
+        4, ge=1, description="partitions of every jitterscope topic (at most this many streams workers share "
+                             "the work); `jitterscope topics create` makes them, workers refuse a mismatch")
+    kafka_replication_factor: int = Field(
+        1, ge=1, description="replicas of every jitterscope topic `jitterscope topics create` makes (3 on a "
+                             "production cluster)")
+    # Security: mapped to librdkafka (collector, topics, up) and to aiokafka
+    # through Faust (streams) by common/kafka_auth.py. The password is a
+    # SecretStr: it never shows in repr, logs or --help.
+    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
+        "PLAINTEXT", description="Kafka security.protocol")
+    kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = Field(
+        None, description="SASL mechanism (with SASL_PLAINTEXT or SASL_SSL)")
+    kafka_sasl_username: str | None = Field(None, description="SASL user name")
+    kafka_sasl_password: SecretStr | None = Field(
+        None, description="SASL password (prefer kafka_sasl_password_file or JITTERSCOPE_KAFKA_SASL_PASSWORD)")
+    kafka_sasl_password_file: Path | None = Field(
+        None, description="file holding the SASL password (e.g. a mounted Kubernetes Secret)")
+    kafka_ssl_ca_file: Path | None = Field(None, description="CA bundle (PEM) that signed the brokers' certificates")
+    kafka_ssl_cert_file: Path | None = Field(None, description="client certificate (PEM) for mutual TLS")
+    kafka_ssl_key_file: Path | None = Field(None, description="client private key (PEM) for mutual TLS")
+
+    @model_validator(mode="after")
+    def _kafka_security_complete(self):
+        sasl = self.kafka_security_protocol.startswith("SASL_")
+        if sasl and not (self.kafka_sasl_mechanism and self.kafka_sasl_username
+                         and (self.kafka_sasl_password or self.kafka_sasl_password_file)):
+            raise ValueError(f"kafka_security_protocol={self.kafka_security_protocol} needs kafka_sasl_mechanism, "
+                             "kafka_sasl_username and kafka_sasl_password (or kafka_sasl_password_file)")
+        if not sasl and self.kafka_sasl_mechanism:
+            raise ValueError("kafka_sasl_mechanism is set but kafka_security_protocol is "
+                             f"{self.kafka_security_protocol}: use SASL_SSL (or SASL_PLAINTEXT)")
+        if bool(self.kafka_ssl_cert_file) != bool(self.kafka_ssl_key_file):
+            raise ValueError("mutual TLS needs both kafka_ssl_cert_file and kafka_ssl_key_file")
+        return self
 
 
 class StoreSettings(BaseModel):
@@ -64,9 +102,29 @@ class StoreSettings(BaseModel):
     clickhouse_url: str | None = Field(
         None, description="ClickHouse HTTP URL (http://user:pass@host:8123); unset = embedded chDB")
     data_dir: Path = Field(default_factory=default_data_dir, description="embedded ClickHouse and state")
+    clickhouse_cluster: str | None = Field(
+        None, pattern=r"^[\w.{}-]+$", description="ClickHouse cluster name: the schema is the operator's (`jitterscope schema --cluster "
+                          "NAME`), the worker applies retention ON CLUSTER to the *_local tables")
     retention_days: dict[str, int] = Field(
         default_factory=dict,
         description='days each table keeps, e.g. {"runq_events": 30, "latency_minute": 400}; unset = forever')
+
+    @field_validator("clickhouse_url")
+    @classmethod
+    def _clickhouse_url(cls, value: str | None) -> str | None:  # a name of its own: Settings merges all sections
+        # clickhouse-connect reads "notaurl" as no host and quietly goes to localhost:8123
+        if value is not None:
+            from urllib.parse import urlparse
+
+            url = urlparse(value)
+            try:
+                url.port  # raises on a port that is not a number
+            except ValueError as exc:
+                raise ValueError(f"{value!r} has a bad port ({exc})") from exc
+            if url.scheme not in ("http", "https") or not url.hostname:
+                raise ValueError(f"{value!r} is not an http:// or https:// URL with a host, "
+                                 "e.g. http://default:secret@clickhouse:8123")
+        return value
 
 
 class CollectorSettings(BaseModel):
@@ -76,9 +134,19 @@ class CollectorSettings(BaseModel):
     runq_threshold_ms: float = Field(5.0, gt=0, description="waits at or above this leave the kernel as events")
     serving_threshold_ms: float = Field(
         1.0, gt=0, description="event threshold for processes that send request spans (finer evidence)")
+    # vLLM V1 emits spans from the API server while its EngineCore and GPU
+    # workers are child processes; in a container, every process of the
+    # serving container counts. "auto" covers both: tree, plus the span
+    # process's cgroup when that process is in a container (own PID namespace
+    # or a container ID). "cgroup" alone suits a systemd unit on a bare host;
+    # on a login session it would sweep in the whole session.
+    serving_group: Literal["auto", "process", "tree", "cgroup"] = Field(
+        "auto", description="which processes a request's evidence comes from: process (the span's only), tree "
+                            "(and its descendants), cgroup (and its cgroup's processes), auto (tree, plus the "
+                            "container's processes when the span process runs in a container)")
     hardware_probes: list[str] = Field(
         default_factory=lambda: list(HARDWARE_PROBES),
-        description="hardware sources besides the run-queue probe (any of gpu_ioctl, migrate, pages, blockio, netdev)")
+        description="hardware sources besides the run-queue probe (any of gpu_ioctl, migrate, pages, blockio, netdev, irq, cfs)")
     gpu_ioctl_threshold_ms: float = Field(
         5.0, gt=0, description="GPU driver calls at or above this leave the kernel as events")
     gpu_device_patterns: list[str] = Field(
@@ -90,6 +158,14 @@ class CollectorSettings(BaseModel):
     batch_max_records: int = Field(500, ge=1, description="records per Kafka message at most")
     batch_max_delay_ms: int = Field(200, ge=1, description="a batch is sent at the latest after this")
     histogram_interval_s: float = Field(10.0, gt=0, description="how often histograms are published")
+    irq_interval_s: float = Field(
+        0.25, gt=0, description="how often IRQ time per CPU is published (short: it is charged to waits of ms)")
+    irq_min_share: float = Field(
+        0.01, ge=0, lt=1, description="IRQ/softirq sources under this share of a CPU in an interval are not "
+                                      "published (the timer tick on every CPU; 0 = every non-zero source)")
+    cfs_interval_s: float = Field(
+        0.25, gt=0, description="how often the CFS throttling of quota cgroups is published (short: it is "
+                                "charged to waits of ms)")
     topology_interval_s: float = Field(60.0, gt=0, description="how often the topology is re-published")
     target_rescan_s: float = Field(2.0, gt=0, description="how often target_comms are matched against /proc")
     collector_metrics_port: int = Field(9464, ge=0, description="Prometheus /metrics of the collector (0 = off)")
@@ -106,6 +182,26 @@ class CollectorSettings(BaseModel):
     request_id_attributes: list[str] = Field(
         default_factory=lambda: ["gen_ai.request.id"],
         description="span attributes holding the request ID, first found wins (else the trace ID)")
+    # In a pod the host's filesystem is mounted elsewhere (hostPath / at /host):
+    # the host's /proc and /sys are then <host_root>/proc and <host_root>/sys.
+    host_root: Path = Field(
+        Path("/"), description="where the host's / is mounted: its /proc and /sys are read under it "
+                               "(like node exporter's --path.procfs; /host in a container)")
+    kubelet_url: str = Field(
+        "", description="kubelet to name pods from its pod list, e.g. https://$NODE_IP:10250 or "
+                        "http://127.0.0.1:10255 (\"\" = off: pods are named by UID)")
+    kubelet_token_file: Path | None = Field(
+        Path("/var/run/secrets/kubernetes.io/serviceaccount/token"),
+        description="bearer token sent to the kubelet (the pod's service account; needs nodes/proxy get)")
+    kubelet_insecure_tls: bool = Field(
+        False, description="accept the kubelet's self-signed serving certificate")
+
+    @field_validator("host_root")
+    @classmethod
+    def _absolute_root(cls, value: Path) -> Path:
+        if not value.is_absolute():
+            raise ValueError(f"host_root must be an absolute path, not {value}")
+        return value
 
     @field_validator("target_comms")
     @classmethod
@@ -128,10 +224,15 @@ class CollectorSettings(BaseModel):
 
 
 class StreamsSettings(BaseModel):
-    """The streams worker (streams/): rule thresholds, request attribution, web port and ClickHouse sink."""
+    """The streams worker (streams/): rules, request attribution, web port, ClickHouse sink, alert notifications."""
 
     runq_alert_ms: float = Field(10.0, gt=0, description="run-queue wait that raises an alert")
     gpu_ioctl_alert_ms: float = Field(50.0, gt=0, description="GPU driver call latency that raises an alert")
+    irq_alert_share: float = Field(
+        0.2, gt=0, le=1, description="share of one CPU taken by one interrupt source in an interval that raises "
+                                     "an irq alert")
+    cfs_throttle_alert_ms: float = Field(
+        10.0, gt=0, description="CFS throttled time of a serving cgroup in one interval that raises cfs_throttling")
     migration_storm_per_s: float = Field(50.0, gt=0, description="migrations/s of one thread that raise an alert")
     numa_remote_share: float = Field(
         0.5, gt=0, le=1, description="share of an inference process's new pages on a node away from its GPU's "
@@ -162,6 +263,32 @@ class StreamsSettings(BaseModel):
                                 "that raise an event_loss alert")
     sink_batch_rows: int = Field(5000, ge=1, description="rows per ClickHouse insert at most")
     sink_flush_s: float = Field(1.0, gt=0, description="ClickHouse inserts happen at least this often")
+    alert_group_window_s: float = Field(
+        60.0, gt=0, description="run-queue/throttling/IRQ alerts of one (host, victim, kind, suspect) group are "
+                                "announced at most once per this window; repeats are folded into the group")
+    alert_group_quiet_s: float = Field(
+        120.0, gt=0, description="an alert group without a new alert for this long is resolved")
+    alert_groups_max: int = Field(
+        10_000, ge=1, description="open alert groups at most (beyond it the longest quiet is resolved early)")
+    alertmanager_url: str | None = Field(
+        None, description="Alertmanager base URL (http://host:9093): alerts are POSTed to <url>/api/v2/alerts")
+    alertmanager_generator_url: str | None = Field(
+        None, description="link sent as the alerts' generatorURL (a dashboard, say)")
+    webhook_url: str | None = Field(None, description="URL that gets every alert as a plain JSON POST")
+    webhook_token_file: Path | None = Field(
+        None, description="file holding the bearer token sent to webhook_url (kept out of the config and logs)")
+    notify_queue_max: int = Field(
+        1000, ge=1, description="alerts waiting per notification target at most (beyond it they are dropped "
+                                "and counted; the stream never waits)")
+    notify_timeout_s: float = Field(5.0, gt=0, description="HTTP timeout of one notification attempt")
+    notify_retries: int = Field(5, ge=0, description="retries of a failed notification (exponential backoff)")
+
+    @field_validator("alertmanager_url", "webhook_url", "alertmanager_generator_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value and not value.startswith(("http://", "https://")):
+            raise ValueError(f"{value!r} is not an http:// or https:// URL")
+        return value or None
 
 
 class UpSettings(BaseModel):
@@ -196,22 +323,51 @@ class Settings(UpSettings, StreamsSettings, CollectorSettings, StoreSettings, Ka
 def load(config_file: Path | None = None, **overrides: Any) -> Settings:
     """Settings from flags (``overrides``, None = not given), env and file."""
     if config_file is not None:
-        if not config_file.is_file():
-            raise errors.BadConfig(f"config file {config_file} does not exist")
+        _check_config_file(Path(config_file), "config file")
         os.environ["JITTERSCOPE_CONFIG"] = str(config_file)
-    env_file = os.environ.get("JITTERSCOPE_CONFIG")
-    if env_file and not Path(env_file).is_file():
-        raise errors.BadConfig(f"JITTERSCOPE_CONFIG={env_file} does not exist")
+    elif env_file := os.environ.get("JITTERSCOPE_CONFIG"):
+        _check_config_file(Path(env_file), "JITTERSCOPE_CONFIG file")
     given = {k: v for k, v in overrides.items() if v is not None and v != []}
     try:
         return Settings(**given)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        problems = "; ".join(_problem(e) for e in exc.errors())
         raise errors.BadConfig(f"bad configuration: {problems}") from exc
     except (SettingsError, tomllib.TOMLDecodeError) as exc:
         raise errors.BadConfig(
             f"bad configuration: {exc} (lists in JITTERSCOPE_* variables are JSON, e.g. '[1, 2]')") from exc
+
+
+def _check_config_file(path: Path, what: str) -> None:
+    """Read and parse the TOML file up front, so each way it can be wrong is
+    one line naming the file (and the line), not pydantic's wording."""
+    try:
+        tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise errors.BadConfig(f"{what} {path} does not exist") from exc
+    except IsADirectoryError as exc:
+        raise errors.BadConfig(f"{what} {path} is a directory, not a TOML file") from exc
+    except PermissionError as exc:
+        raise errors.BadConfig(f"{what} {path} is not readable by this user (permission denied)") from exc
+    except UnicodeDecodeError as exc:
+        raise errors.BadConfig(f"{what} {path} is not UTF-8 text: {exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        where = str(exc)
+        if "end of document" in where:  # tomllib names no line there: the last one
+            where += f", line {len(path.read_text(encoding='utf-8').splitlines())}"
+        raise errors.BadConfig(f"{what} {path} is not valid TOML: {where}") from exc
+
+
+def _problem(error: dict) -> str:
+    """One validation error as ``name: why``; list and map settings say
+    how to write them on the command line and in the environment."""
+    name = ".".join(str(p) for p in error["loc"])
+    text = f"{name}: {error['msg']}"
+    if error["type"] in ("list_type", "dict_type") and len(error["loc"]) == 1:
+        example = '["a", "b"]' if error["type"] == "list_type" else '{"key": 1}'
+        text += (f" (a {'list' if error['type'] == 'list_type' else 'map'} is JSON in --set and JITTERSCOPE_* "
+                 f"variables: --set '{name}={example}' or JITTERSCOPE_{name.upper()}='{example}')")
+    return text
 
 
 def to_env(s: Settings) -> dict[str, str]:
@@ -221,5 +377,52 @@ def to_env(s: Settings) -> dict[str, str]:
     for name, value in s.model_dump(mode="json").items():
         if value is None:
             continue
+        secret = getattr(s, name)
+        if isinstance(secret, SecretStr):  # the dump masks it; a child needs the real value
+            value = secret.get_secret_value()
         env[f"JITTERSCOPE_{name.upper()}"] = json.dumps(value) if isinstance(value, (list, dict)) else str(value)
     return env
+
+
+#: defaults that depend on the machine: the example names them instead
+MACHINE_DEFAULTS = {"host": "this machine's host name",
+                    "data_dir": "/var/lib/jitterscope as root, else ~/.local/share/jitterscope"}
+
+
+def toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{json.dumps(k)} = {toml_value(v)}" for k, v in value.items()) + " }" if value else "{}"
+    if isinstance(value, list):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return json.dumps(str(value))  # a JSON string is a TOML basic string
+
+
+def example_toml() -> str:
+    """Every setting with its description and default, section by section,
+    commented out: deploy/jitterscope.example.toml is this text
+    (`jitterscope config --example`; tests/unit/test_settings_example.py
+    keeps the file current)."""
+    import textwrap
+
+    lines = ["# jitterscope settings: every key is also a JITTERSCOPE_<KEY> variable (lists and maps as JSON)",
+             "# and a flag (--set KEY=VALUE). Precedence: flag > environment > this file > default.",
+             "# Generated from common/settings.py by `jitterscope config --example`; do not edit by hand.",
+             "# Uncomment what you change; a key left out keeps its default."]
+    for section in SECTIONS:
+        lines += ["", f"# == {section.__name__}: {section.__doc__.strip().splitlines()[0]}"]
+        for name, field in section.model_fields.items():
+            lines += [""] + textwrap.wrap(field.description or name, 100, initial_indent="# ",
+                                          subsequent_indent="# ")
+            if name in MACHINE_DEFAULTS:
+                lines.append(f"# {name} = ...   (default: {MACHINE_DEFAULTS[name]})")
+                continue
+            default = field.get_default(call_default_factory=True)
+            if default is None:
+                lines.append(f"# {name} is unset by default")
+            else:
+                lines.append(f"# {name} = {toml_value(default)}")
+    return "\n".join(lines) + "\n"

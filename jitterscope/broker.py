@@ -47,7 +47,9 @@ def create_topics(bootstrap_servers: str, names=topics.ALL_TOPICS, partitions: i
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+    from jitterscope.collector.publish import client_logger
+
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers, "logger": client_logger()})
     try:
         existing = set(admin.list_topics(timeout=timeout_s).topics)
     except KafkaException as exc:
@@ -67,9 +69,10 @@ def create_topics(bootstrap_servers: str, names=topics.ALL_TOPICS, partitions: i
 class EmbeddedBroker:
     """Context manager: a Tansu process for the life of the block."""
 
-    def __init__(self, port: int = 0, log_file: Path | None = None):
+    def __init__(self, port: int = 0, log_file: Path | None = None, partitions: int = topics.PARTITIONS):
         self.port = port or free_port()
         self.log_file = log_file
+        self.partitions = partitions  # the kafka_partitions setting: streams refuses a broker that differs
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -92,7 +95,7 @@ class EmbeddedBroker:
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         try:
             wait_for_port(self.port, timeout_s, self.proc)
-            create_topics(self.bootstrap_servers)
+            create_topics(self.bootstrap_servers, partitions=self.partitions)
         except Exception:
             self.stop()
             raise

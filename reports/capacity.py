@@ -268,3 +268,10 @@ def cost_of_watching(ctx: Context) -> str:
 
 SECTIONS.append(("cost", "Cost of watching"))
 BUILDERS["cost"] = cost_of_watching
+
+
+# -- top culprit stacks (reports/stacks.py) -------------------------------------
+from jitterscope.reports import stacks as _stacks  # noqa: E402  (its own module: it queries, this one lays out)
+
+SECTIONS.append(("stacks", "Top culprit stacks"))
+BUILDERS["stacks"] = _stacks.section

@@ -24,6 +24,11 @@ class SavedQuery:
     question: str
     sql: str
     params: dict[str, tuple[str, str]] = field(default_factory=dict)  # name -> (ClickHouse type, default)
+    choices: dict[str, tuple[str, ...]] = field(default_factory=dict)  # name -> its only valid values
+
+
+#: probes whose latencies are kept as histograms (latency_histograms.probe)
+LATENCY_PROBES = ("runq", "gpu_ioctl")
 
 
 COMMON = {"since": ("UInt32", "7d"), "limit": ("UInt32", "20")}
@@ -45,6 +50,7 @@ FROM (
 ORDER BY q[3] DESC, host
 LIMIT {{limit:UInt32}}""",
         {"probe": ("String", "runq")},
+        {"probe": LATENCY_PROBES},  # anything else matches nothing: say so instead
     ),
     SavedQuery(
         "slo-by-cause",
@@ -134,5 +140,8 @@ def bind(name: str, given: dict[str, str]) -> tuple[str, dict[str, str]]:
     if unknown:
         raise errors.BadConfig(f"{name} takes {', '.join(sorted(declared))}; not {', '.join(sorted(unknown))}")
     values = {k: given.get(k, default) for k, (_type, default) in declared.items()}
+    for key, valid in query.choices.items():
+        if values[key] not in valid:
+            raise errors.BadConfig(f"{name}: {key}={values[key]!r} is not one of {', '.join(valid)}")
     values["since"] = str(parse_duration(values["since"]))
     return query.sql, values

@@ -40,7 +40,8 @@ def statements(hosts: int = 300, runq_events: int = 2_000_000, hours: int = 24) 
     weights = "[40, 20, 15, 10, 10, 5]"
     return [
         # run-queue tail events: suspect drawn by weight, logrotate most often
-        f"""INSERT INTO {DB}.runq_events
+        f"""INSERT INTO {DB}.runq_events (host, boot_id, seq, ts, pid, tid, comm, cpu, wait_ns, suspect_pid, suspect_tid,
+                                  suspect_comm)
 SELECT {_host(h('number'), hosts)} AS host, 'boot-1', number AS seq,
        toDateTime64(now64(9) - toIntervalSecond(cityHash64(number, 2) % {span}), 9) AS ts,
        1000 + cityHash64(number, 3) % 4 AS pid, 2000 + cityHash64(number, 4) % 32 AS tid, 'vllm', cityHash64(number, 5) % 64,
@@ -57,7 +58,9 @@ SELECT host, 'boot-1', number AS seq, toDateTime64(now64(9) - toIntervalMinute(n
 FROM (SELECT number, {_host('intDiv(number, ' + str(minutes) + ')', hosts)} AS host
       FROM numbers({hosts * minutes}))""",
         # request attributions: most fine; breaches by cause in a known order
-        f"""INSERT INTO {DB}.request_attribution
+        f"""INSERT INTO {DB}.request_attribution (host, boot_id, seq, ts, request_id, trace_id, name, pid, start_ns,
+       end_ns, duration_ns, baseline_ns, excess_ns, status, runq_wait_ns, runq_wait_max_ns, runq_waits, suspects,
+       cause, explained, slo_ns, slo_breached, gpu_ioctl_ns, gpu_ioctl_max_ns, gpu_ioctls)
 SELECT {_host(h('number'), hosts)} AS host, 'boot-1', number,
        toDateTime64(now64(9) - toIntervalSecond(if(r < 4500, {span // 2} + number % {span // 2}, number % {span})), 9),
        concat('req-', toString(number)), hex(cityHash64(number)), 'llm_request', 1000, 0, 0,

@@ -9,7 +9,9 @@ carries on.
 Records go to their signal's rules through the topic -> handler table
 (streams/handlers.py); what the rules know about each host is in
 streams/host_state.py; the Kafka client patches are in
-streams/kafka_patches.py; the web pages are in streams/web.py.
+streams/kafka_patches.py; the web pages are in streams/web.py. Alerts are
+grouped (streams/alert_groups.py) before they reach the alerts topic and the
+notification targets (streams/notify.py); every alert is stored.
 """
 
 from __future__ import annotations
@@ -24,10 +26,11 @@ import faust
 import msgspec
 from prometheus_client import Counter, Gauge
 
-from jitterscope.common import logs
+from jitterscope.common import kafka_auth, logs
 from jitterscope.schemas import events, topics
 from jitterscope.common.settings import Settings
-from jitterscope.streams import clickhouse, kafka_patches, web
+from jitterscope.streams import clickhouse, kafka_patches, notify, web
+from jitterscope.streams.alert_groups import AlertGroups, announced
 from jitterscope.streams.attribution import Attributor
 from jitterscope.streams.handlers import Handlers
 from jitterscope.streams.host_state import HostState
@@ -50,6 +53,7 @@ PENDING_REQUESTS = Gauge("jitterscope_streams_pending_requests", "requests waiti
 LATE_EVIDENCE = Gauge("jitterscope_streams_late_evidence", "kernel evidence that arrived after requests it overlapped were attributed")
 
 ATTRIBUTION_TICK_S = 0.25
+ALERT_GROUP_TICK_S = 0.5
 TAKE_MESSAGES = 200  # messages per agent batch (each holds up to batch_max_records records)
 
 
@@ -66,12 +70,24 @@ class Decoded(NamedTuple):
     host: str = ""
 
 
+def faust_credentials(s: Settings) -> "faust.types.auth.CredentialsT | None":
+    """The Kafka security settings as Faust credentials for its aiokafka
+    driver (consumer, producer and admin alike); None = PLAINTEXT. The
+    collector's librdkafka gets the same settings through kafka_auth."""
+    context = kafka_auth.ssl_context(s)
+    if s.kafka_security_protocol.startswith("SASL_"):
+        return faust.SASLCredentials(username=s.kafka_sasl_username, password=kafka_auth.sasl_password(s),
+                                     mechanism=s.kafka_sasl_mechanism, ssl_context=context)
+    return faust.SSLCredentials(context) if context is not None else None
+
+
 class StreamsWorker:
     def __init__(self, settings: Settings, bootstrap_servers: str):
         self.settings = settings
         self.client = clickhouse.connect_with_retry(settings.clickhouse_url, settings.data_dir)
-        clickhouse.migrate(self.client)
-        clickhouse.apply_retention(self.client, settings.retention_days)
+        if not settings.clickhouse_cluster:  # a cluster's schema is the operator's: `jitterscope schema --cluster`
+            clickhouse.migrate(self.client)
+        clickhouse.apply_retention(self.client, settings.retention_days, settings.clickhouse_cluster)
         self.reader = clickhouse.connect(settings.clickhouse_url, settings.data_dir, readonly=True)
         self.sink = ClickHouseSink(self.client)
         self.state = HostState()
@@ -80,9 +96,12 @@ class StreamsWorker:
             grace_ns=int(settings.attribution_grace_s * 1e9), horizon_ns=int(settings.evidence_horizon_s * 1e9),
             slo_ns=int(settings.request_slo_ms * 1e6) if settings.request_slo_ms else None,
             slo_factor=settings.request_slo_factor, min_samples=settings.baseline_min_samples,
-            max_events_per_host=settings.evidence_max_events, max_pending=settings.pending_requests_max)
+            max_events_per_host=settings.evidence_max_events, max_pending=settings.pending_requests_max,
+            processes=self.state)  # serving groups and cgroups, as the collectors describe them
         self.prime_attribution()
         self.handlers = Handlers(self.state, Thresholds.from_settings(settings), self.attributor)
+        self.alert_groups = AlertGroups.from_settings(settings)
+        self.notifier = notify.Notifier.from_settings(settings)
         self.app = self._build_app(bootstrap_servers)
 
     def prime_attribution(self) -> None:
@@ -91,8 +110,9 @@ class StreamsWorker:
         yet attributed (their offsets were committed once stored)."""
         horizon = {"horizon": int(self.settings.evidence_horizon_s)}
         recent = "ts > now64(9) - toIntervalSecond({horizon:UInt32})"
-        for event in clickhouse.select_records(self.client, events.RunqEvent, recent, horizon):
-            self.attributor.add_evidence(event)
+        for kind in (events.RunqEvent, events.CgroupThrottle, events.IrqTime):
+            for event in clickhouse.select_records(self.client, kind, recent, horizon):
+                self.attributor.add_evidence(event)
         for done in clickhouse.select_records(self.client, events.RequestAttribution, recent, horizon):
             self.attributor.remember(done)
         pending = (recent + f" AND (host, boot_id, seq) NOT IN (SELECT host, boot_id, seq FROM "
@@ -106,9 +126,11 @@ class StreamsWorker:
         app = faust.App(
             "jitterscope-streams",
             broker=f"kafka://{bootstrap_servers}",
+            broker_credentials=faust_credentials(s),
             store="memory://",
-            topic_partitions=topics.PARTITIONS,
-            topic_replication_factor=1,
+            # what `jitterscope topics` made, and the front door checked before start
+            topic_partitions=s.kafka_partitions,
+            topic_replication_factor=s.kafka_replication_factor,
             topic_disable_leader=True,
             topic_allow_declare=False,  # topics are created up front with the shared partition count
             broker_session_timeout=s.kafka_session_timeout_s,
@@ -127,7 +149,7 @@ class StreamsWorker:
 
         def raw_topic(name: str):
             return app.topic(name, key_type=bytes, key_serializer="raw", value_type=bytes,
-                             value_serializer="raw", partitions=topics.PARTITIONS)
+                             value_serializer="raw", partitions=s.kafka_partitions)
 
         self.alerts_topic = raw_topic(topics.ALERTS)
         self.deadletter_topic = raw_topic(topics.DEADLETTER)
@@ -143,6 +165,13 @@ class StreamsWorker:
                 await self.attribute_due(time.time_ns())
             except Exception:  # the timer must keep running: the next tick retries what is pending
                 log.exception("attribution tick failed")
+
+        @app.timer(interval=ALERT_GROUP_TICK_S)
+        async def resolve_alert_groups() -> None:
+            try:
+                await self.alert_groups_due(time.time_ns())
+            except Exception:  # the timer must keep running: groups stay open until the next tick
+                log.exception("alert group tick failed")
 
         @app.task
         async def announce() -> None:
@@ -207,9 +236,26 @@ class StreamsWorker:
         alerts = await self.handlers.handle(topic, good, time.time_ns())
         for alert in alerts:
             ALERTS.labels(alert.kind).inc()
+        return await self.announce_alerts(alerts)
+
+    async def announce_alerts(self, alerts: list[events.Alert]) -> list[events.Alert]:
+        """Group the alerts (streams/alert_groups.py); send the announced ones
+        to the alerts topic and the notification targets; return them all,
+        folded ones included, for the store (one row per event)."""
+        alerts = self.alert_groups.offer(alerts, time.time_ns())
+        out = [a for a in alerts if announced(a)]
+        if out:
+            await self.publish(self.alerts_topic, out)
+            self.notifier.offer(out)  # only queues: a dead receiver never holds up the stream
+        return alerts
+
+    async def alert_groups_due(self, now_ns: int) -> None:
+        """Resolve quiet alert groups and re-announce those still firing."""
+        alerts = self.alert_groups.tick(now_ns)
         if alerts:
             await self.publish(self.alerts_topic, alerts)
-        return alerts
+            self.notifier.offer(alerts)
+            await self.store(topics.ALERTS, "alerts", [Decoded([], [], alerts)])
 
     async def store(self, topic: str, table: str, batch: list["Decoded"]) -> None:
         """Write a batch; returns only when every record is stored or
@@ -262,14 +308,14 @@ class StreamsWorker:
         alerts = []
         for a in done:
             process = self.state.processes.get((a.host, a.pid))
+            culprits = self.attributor.culprits(a)
             alert = request_slo(a, process.comm if process else "", process.cpus_allowed if process else [],
-                                self.state.host_cpus(a.host), time.time_ns())
+                                self.state.host_cpus(a.host), time.time_ns(), culprits.throttle, culprits.irq)
             if alert:
                 ALERTS.labels(alert.kind).inc()
                 alerts.append(alert)
         await self.publish(self.attribution_topic, done)
-        if alerts:
-            await self.publish(self.alerts_topic, alerts)
+        alerts = await self.announce_alerts(alerts)
         await self.store(topics.ATTRIBUTION, "request_attribution", [Decoded(done, [], alerts)])
 
     async def publish(self, topic, records: list[events.Record]) -> None:
@@ -301,4 +347,5 @@ class StreamsWorker:
             worker.execute_from_commandline()
         finally:
             state_file(self.settings.data_dir).unlink(missing_ok=True)
+            self.notifier.close()
             self.sink.close()

@@ -5,11 +5,30 @@ arrive (in any order) and asks, on a timer, for the requests whose span ended
 more than ``grace_ns`` ago, by then late kernel evidence has arrived too.
 
 Evidence is matched at process level: a run-queue wait counts for a request
-when it happened on one of the request's process's threads (any thread of the
-host when the process is not known) and overlapped the request's time window;
-only the overlapping part counts. Requests served together (continuous
-batching) overlap the same waits and each is charged with them: they really
-were all delayed by them.
+when it happened on a thread of the request's serving group (the span's
+process and the processes the collector found serving with it, e.g. vLLM's
+EngineCore: ProcessInfo.serving_group; any thread of the host when the
+process is not known) and overlapped the request's time window; only the
+overlapping part counts, and a thread's time is counted once (a redelivered
+or re-primed event does not double it). Requests served together
+(continuous batching) overlap the same waits and each is charged with them:
+they really were all delayed by them.
+
+A wait is then split by what kept the CPU from the thread:
+
+- ``cfs_throttling``: the part that overlaps intervals in which the cgroup of
+  the thread's process (or an ancestor: a pod's limit throttles its
+  containers) was throttled. A CgroupThrottle record only says how long the
+  cgroup was throttled over its interval, not when, so the charge assumes it
+  was spread evenly: throttled_ns x overlap / interval_ns, at most the
+  overlap. Exception: when nothing else ran on the CPU during the wait (its
+  suspect is the idle task, pid 0), a runnable thread can only have been
+  held back by its quota, and the whole overlap is throttling.
+- ``irq``: interrupt time on the wait's CPU during the wait: each
+  overlapping IrqTime interval's time_ns prorated by the overlap (again
+  assuming an even spread), at most what the wait has left after throttling.
+- ``runq_starvation``: the rest; only this part is charged to the suspects
+  (the tasks that held the CPU).
 """
 
 from __future__ import annotations
@@ -19,14 +38,55 @@ import statistics
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
 
-from jitterscope.schemas.events import GpuIoctl, RequestAttribution, RequestSpan, RunqEvent, Suspect
+from typing import Protocol
 
-Evidence = RunqEvent | GpuIoctl
+from jitterscope.schemas.events import (CgroupThrottle, GpuIoctl, IrqTime, ProcessInfo, RequestAttribution,
+                                        RequestSpan, RunqEvent, Suspect)
+
+Evidence = RunqEvent | GpuIoctl | CgroupThrottle | IrqTime
 
 
 def duration_ns(event: Evidence) -> int:
-    """How long the evidence kept the thread from working, ending at ts_ns."""
-    return event.wait_ns if isinstance(event, RunqEvent) else event.latency_ns
+    """How long the evidence lasted, ending at ts_ns: the wait or the call
+    of a thread, or the interval a cgroup's or a CPU's sums cover."""
+    if isinstance(event, RunqEvent):
+        return event.wait_ns
+    if isinstance(event, GpuIoctl):
+        return event.latency_ns
+    return event.interval_ns
+
+
+def _index(event: Evidence) -> int | str:
+    """What evidence of its kind is looked up by: the process for a
+    thread's evidence, the cgroup for throttling, the CPU for interrupts."""
+    if isinstance(event, CgroupThrottle):
+        return event.cgroup
+    if isinstance(event, IrqTime):
+        return event.cpu
+    return event.pid
+
+
+def _ancestors(cgroup: str) -> list[str]:
+    """The cgroup and the ones above it (not the root: it has no limit)."""
+    parts = [p for p in cgroup.split("/") if p]
+    return ["/" + "/".join(parts[:i]) for i in range(len(parts), 0, -1)]
+
+
+class ProcessBook(Protocol):
+    """What the attributor asks the worker's host state (HostState)."""
+
+    processes: dict[tuple[str, int], ProcessInfo]
+
+    def serving_group(self, host: str, pid: int) -> set[int]: ...
+
+
+@dataclass(frozen=True)
+class Culprits:
+    """The records behind a request's throttling and interrupt charges, for
+    a remedy that names the limit or the interrupt (None: none charged)."""
+
+    throttle: CgroupThrottle | None = None  # the latest interval of the cgroup charged most
+    irq: IrqTime | None = None  # the interrupt source charged most, with its CPU
 
 TOP_SUSPECTS = 3
 # Excess under max(1 ms, a quarter of the baseline) is ordinary jitter: nothing to explain.
@@ -77,14 +137,16 @@ class Attributor:
     def __init__(self, grace_ns: int = 2_000_000_000, horizon_ns: int = 300_000_000_000,
                  slo_ns: int | None = None, slo_factor: float = 5.0, min_samples: int = 20,
                  baseline_window: int = 500, max_events_per_host: int = 200_000,
-                 max_pending: int = 100_000):
+                 max_pending: int = 100_000, processes: ProcessBook | None = None):
         self.grace_ns = grace_ns
         self.horizon_ns = horizon_ns
         self.slo_ns = slo_ns
         self.slo_factor = slo_factor
         self.min_samples = min_samples
-        # host -> (pid, kind) -> evidence; requests look up their own process directly
-        self._evidence: dict[str, dict[tuple[int, type], _Evidence]] = defaultdict(lambda: defaultdict(_Evidence))
+        self.processes = processes  # serving groups and cgroups; None = each process alone, no cgroups
+        self._culprits: dict[tuple[str, str, int], Culprits] = {}  # of the last due() batch
+        # host -> (pid | cgroup | cpu, kind) -> evidence; requests look up their processes directly
+        self._evidence: dict[str, dict[tuple[int | str, type], _Evidence]] = defaultdict(lambda: defaultdict(_Evidence))
         self._newest: dict[str, int] = defaultdict(int)
         self._pending: list[RequestSpan] = []
         self._durations: dict[tuple[str, str], deque[int]] = defaultdict(lambda: deque(maxlen=baseline_window))
@@ -100,9 +162,12 @@ class Attributor:
 
     # -- input -------------------------------------------------------------
     def add_evidence(self, event: Evidence) -> None:
+        if isinstance(event, (CgroupThrottle, IrqTime)) and not (
+                event.interval_ns and (event.throttled_ns if isinstance(event, CgroupThrottle) else event.time_ns)):
+            return  # an interval with nothing to charge (or none at all): not worth its memory
         if event.ts_ns - duration_ns(event) < self._attributed_until.get(event.host, 0):
             self.late_evidence += 1  # some request it overlapped may already be out
-        self._evidence[event.host][(event.pid, type(event))].add(event)
+        self._evidence[event.host][(_index(event), type(event))].add(event)
         self._events_per_host[event.host] += 1
         if event.ts_ns > self._newest[event.host] + self.horizon_ns // 10:
             # expire in steps of a tenth of the horizon, not on every event
@@ -157,6 +222,7 @@ class Attributor:
         if not ready:
             return []
         self._pending = waiting
+        self._culprits = {}
         ready.sort(key=lambda s: s.end_ns)
         out = []
         for span in ready:
@@ -176,6 +242,11 @@ class Attributor:
             return 0, False
         return int(statistics.median(samples)), len(samples) >= self.min_samples
 
+    def culprits(self, done: RequestAttribution) -> Culprits:
+        """The throttled cgroup and the interrupt source behind a request of
+        the last due() batch (empty when none was charged)."""
+        return self._culprits.get((done.host, done.boot_id, done.seq), Culprits())
+
     def attribute(self, span: RequestSpan) -> RequestAttribution:
         """The span's record key (host, boot_id, seq) is reused, so attributing
         the same span again replaces, not adds, its row."""
@@ -185,17 +256,47 @@ class Attributor:
         if not baseline:
             baseline = duration
         excess = max(0, duration - baseline)
+        group = (self.processes.serving_group(span.host, span.pid) if self.processes and span.pid
+                 else {span.pid} if span.pid else None)
 
         # Suspects are grouped by command name: a job of many processes (a
         # backup with workers, a pool of hogs) is one suspect to move; its pid
         # is the process that held the CPU longest.
         by_suspect: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
-
-        def charge(event: RunqEvent, part: int) -> None:
-            by_suspect[event.suspect_comm][event.suspect_pid] += part
-
-        runq = self._overlaps(span, RunqEvent, on_each=charge)
-        ioctl = self._overlaps(span, GpuIoctl)
+        throttled = irq = 0
+        throttles: dict[str, int] = defaultdict(int)
+        sources: dict[tuple[int, str, str], int] = defaultdict(int)
+        irq_records: dict[tuple[int, str, str], IrqTime] = {}
+        contributed: set[int] = set()
+        runq = ioctl = (0, 0, 0)
+        for kind in (RunqEvent, GpuIoctl):
+            total = longest = count = 0
+            for event, lo, hi in self._thread_parts(span, kind, group):
+                part = hi - lo
+                total += part
+                longest = max(longest, part)
+                count += 1
+                contributed.add(event.pid)
+                if kind is not RunqEvent:
+                    continue
+                cut, cgroup = self._throttled(event, lo, hi)
+                throttles[cgroup] += cut
+                left = part - cut
+                on_cpu = self._irq(event.host, event.cpu, lo, hi)
+                spent = sum(ns for ns, _ in on_cpu.values())
+                scale = min(1.0, left / spent) if spent else 0.0  # at most what the wait has left
+                for key, (ns, record) in on_cpu.items():
+                    sources[key] += int(ns * scale)
+                    irq_records[key] = record
+                stolen = int(spent * scale)
+                throttled += cut
+                irq += stolen
+                if left - stolen > 0:
+                    by_suspect[event.suspect_comm][event.suspect_pid] += left - stolen
+            if kind is RunqEvent:
+                runq = (total, longest, count)
+            else:
+                ioctl = (total, longest, count)
         ranked = sorted(by_suspect.items(), key=lambda item: -sum(item[1].values()))[:TOP_SUSPECTS]
         suspects = [Suspect(pid=max(pids, key=pids.get), comm=comm, wait_ns=sum(pids.values()))
                     for comm, pids in ranked]
@@ -204,10 +305,17 @@ class Attributor:
             cause, explained = "none", 0.0
         else:
             # the cause that explains the most of the excess, if it explains enough
-            name, ns = max((("runq_starvation", runq[0]), ("gpu_ioctl_stall", ioctl[0])), key=lambda c: c[1])
+            name, ns = max((("runq_starvation", runq[0] - throttled - irq), ("cfs_throttling", throttled),
+                            ("irq", irq), ("gpu_ioctl_stall", ioctl[0])), key=lambda c: c[1])
             explained = min(1.0, ns / excess)
             cause = name if explained >= DOMINANT_SHARE else "unexplained"
         slo = self.slo_ns or (int(self.slo_factor * baseline) if trusted else 0)
+        if throttled or irq:
+            self._culprits[(span.host, span.boot_id, span.seq)] = Culprits(
+                throttle=self._latest_throttle(span.host, max(throttles, key=throttles.get), span.end_ns)
+                if throttled else None,
+                irq=irq_records[max(sources, key=sources.get)] if irq else None)
+        info = self.processes.processes.get((span.host, span.pid)) if self.processes else None
         return RequestAttribution(
             host=span.host, boot_id=span.boot_id, seq=span.seq, ts_ns=span.end_ns, request_id=span.request_id,
             trace_id=span.trace_id, name=span.name, pid=span.pid, start_ns=span.start_ns, end_ns=span.end_ns, duration_ns=duration, baseline_ns=baseline,
@@ -215,24 +323,79 @@ class Attributor:
             runq_waits=runq[2], suspects=suspects, cause=cause, explained=round(explained, 4),
             slo_ns=slo, slo_breached=bool(slo) and duration > slo,
             gpu_ioctl_ns=ioctl[0], gpu_ioctl_max_ns=ioctl[1], gpu_ioctls=ioctl[2],
+            throttled_ns=throttled, irq_ns=irq, pids=sorted(contributed),
+            pod=info.pod if info else "", namespace=info.namespace if info else "",
+            container=info.container if info else "",
         )
 
-    def _overlaps(self, span: RequestSpan, kind: type, on_each=None) -> tuple[int, int, int]:
-        """(total, longest, count) of the overlap of ``kind`` evidence with the
-        request; pid 0 (process not known) takes every process of the host."""
+    def _thread_parts(self, span: RequestSpan, kind: type, group: set[int] | None) -> list[tuple[Evidence, int, int]]:
+        """(event, start, end) of each part of ``kind`` evidence inside the
+        request, from the processes of ``group`` (None: every process of the
+        host), each thread's time counted once: one thread cannot wait twice
+        at the same moment, so an overlap is a duplicate (a redelivered or
+        re-primed event) and is dropped."""
         processes = self._evidence.get(span.host, {})
-        if span.pid:
-            sources = [processes[(span.pid, kind)]] if (span.pid, kind) in processes else []
+        if group is None:
+            sources = [e for (_, k), e in processes.items() if k is kind]
         else:
-            sources = [e for (pid, k), e in processes.items() if k is kind]
-        total = longest = count = 0
+            sources = [processes[(pid, kind)] for pid in group if (pid, kind) in processes]
+        parts = []
         for evidence in sources:
             for event in evidence.overlapping(span.start_ns, span.end_ns):
-                part = overlap_ns(event, span.start_ns, span.end_ns)
-                if part > 0:
-                    total += part
-                    longest = max(longest, part)
-                    count += 1
-                    if on_each:
-                        on_each(event, part)
-        return total, longest, count
+                lo = max(span.start_ns, event.ts_ns - duration_ns(event))
+                hi = min(span.end_ns, event.ts_ns)
+                if hi > lo:
+                    parts.append((event, lo, hi))
+        parts.sort(key=lambda p: (p[0].pid, p[0].tid, p[1]))
+        out = []
+        thread, covered = None, 0
+        for event, lo, hi in parts:
+            if (event.pid, event.tid) != thread:
+                thread, covered = (event.pid, event.tid), 0
+            lo = max(lo, covered)
+            if hi > lo:
+                out.append((event, lo, hi))
+                covered = hi
+        return out
+
+    def _throttled(self, event: RunqEvent, lo: int, hi: int) -> tuple[int, str]:
+        """How much of a wait's part [lo, hi] its cgroup (or an ancestor) was
+        throttled, and which cgroup: the one that explains the most."""
+        info = self.processes.processes.get((event.host, event.pid)) if self.processes else None
+        if not info or not info.cgroup:
+            return 0, ""
+        processes = self._evidence.get(event.host, {})
+        best, which = 0, ""
+        for path in _ancestors(info.cgroup):
+            evidence = processes.get((path, CgroupThrottle))
+            if evidence is None:
+                continue
+            ns = 0
+            for record in evidence.overlapping(lo, hi):
+                part = overlap_ns(record, lo, hi)
+                ns += part if event.suspect_pid == 0 else min(part, record.throttled_ns * part // record.interval_ns)
+            if ns > best:
+                best, which = ns, path
+        return min(best, hi - lo), which
+
+    def _irq(self, host: str, cpu: int, lo: int, hi: int) -> dict[tuple[int, str, str], tuple[int, IrqTime]]:
+        """Interrupt time on ``cpu`` during [lo, hi] per source, prorated
+        from the overlapping intervals: (cpu, kind, source) -> (ns, the
+        latest record of that source)."""
+        evidence = self._evidence.get(host, {}).get((cpu, IrqTime))
+        out: dict[tuple[int, str, str], tuple[int, IrqTime]] = {}
+        for record in evidence.overlapping(lo, hi) if evidence else ():
+            part = overlap_ns(record, lo, hi)
+            if part > 0:
+                key = (record.cpu, record.kind, record.source)
+                before = out.get(key, (0, record))[0]
+                out[key] = (before + record.time_ns * part // record.interval_ns, record)
+        return out
+
+    def _latest_throttle(self, host: str, cgroup: str, before_ns: int) -> CgroupThrottle | None:
+        """The cgroup's latest throttled interval up to the request's end (its limit as it was)."""
+        evidence = self._evidence.get(host, {}).get((cgroup, CgroupThrottle))
+        if not evidence:
+            return None
+        earlier = [r for r in evidence.events if r.ts_ns - r.interval_ns <= before_ns]
+        return max(earlier or evidence.events, key=lambda r: r.ts_ns)

@@ -199,17 +199,25 @@ RETAINABLE = ("runq_events", "latency_histograms", "requests", "request_attribut
               "irq_time", "cgroup_throttle", "stacks")
 
 
-def apply_retention(client, retention_days: dict[str, int]) -> None:
-    """Per-table TTL from settings (``retention_days``), idempotently: N > 0
-    keeps N days, 0 keeps rows forever. Rollups are tables too
-    (latency_minute, attribution_minute: by ``minute``)."""
+def retention_statements(retention_days: dict[str, int], cluster: str | None = None) -> list[str]:
+    """Per-table TTL from settings (``retention_days``): N > 0 keeps N days, 0
+    keeps rows forever. Rollups are tables too (latency_minute,
+    attribution_minute: by ``minute``). On a cluster (``cluster_ddl``) the
+    rows live in the Replicated ``<table>_local`` tables, so the TTL goes
+    there, ON CLUSTER; the Distributed table holds no rows and takes no TTL."""
+    statements = []
     for table, days in sorted(retention_days.items()):
         column = "minute" if table in ("latency_minute", "attribution_minute") else "ts"
         if table not in RETAINABLE and column == "ts":
             raise errors.BadConfig(f"retention_days: no table {table!r}; one of {', '.join(RETAINABLE)}, "
                                    "latency_minute, attribution_minute")
-        if int(days) > 0:
-            client.command(f"ALTER TABLE {DATABASE}.{table} MODIFY TTL toDateTime({column}) + "
-                           f"INTERVAL {int(days)} DAY")
-        else:
-            client.command(f"ALTER TABLE {DATABASE}.{table} REMOVE TTL")
+        target = f"{DATABASE}.{table}" if cluster is None else f"{DATABASE}.{table}_local ON CLUSTER '{cluster}'"
+        action = (f"MODIFY TTL toDateTime({column}) + INTERVAL {int(days)} DAY" if int(days) > 0 else "REMOVE TTL")
+        statements.append(f"ALTER TABLE {target} {action}")
+    return statements
+
+
+def apply_retention(client, retention_days: dict[str, int], cluster: str | None = None) -> None:
+    """``retention_statements``, applied; idempotent."""
+    for statement in retention_statements(retention_days, cluster):
+        client.command(statement)

@@ -16,8 +16,11 @@ from typing import Awaitable, Callable
 
 from jitterscope.schemas import events, topics
 from jitterscope.streams.rules import blockio, gpu_ioctl, migrate, pages, processes, runq
+from jitterscope.streams.rules import irq as irq_rules
+from jitterscope.streams.rules import throttle
 from jitterscope.streams.rules.base import Thresholds
 from jitterscope.streams.rules.losses import LossWatch
+from jitterscope.streams.throttle_index import ThrottleIndex, contains
 
 #: how long the same finding about the same process/thread stays quiet
 REPEAT_AFTER_NS = {
@@ -25,9 +28,16 @@ REPEAT_AFTER_NS = {
     "numa_remote_memory": 300_000_000_000,
     "numa_node_filler": 60_000_000_000,
     "migration_storm": 60_000_000_000,
+    "irq": 60_000_000_000,  # per (CPU, source): a storm lasts; one alert a minute says so
+    "cfs_throttling": 60_000_000_000,  # per cgroup: a quota too small throttles every period
 }
 
 Handler = Callable[[list, int], Awaitable[list[events.Alert]]]
+
+#: how long a run-queue wait in a quota cgroup waits for the throttling
+#: record that covers it (the cfs sampler publishes every cfs_interval_s,
+#: then the batch delay): judged without it after that
+THROTTLE_WAIT_S = 2.0
 
 
 class Handlers:
@@ -41,6 +51,7 @@ class Handlers:
         self.attributor = attributor
         self.losses = LossWatch(self.t.loss_alert_events)
         self._last: dict[tuple, int] = {}
+        self.throttles = ThrottleIndex()
         #: input topic -> its signal's handler
         self.table: dict[str, Handler] = {
             topics.RUNQ: self.runq,
@@ -50,6 +61,8 @@ class Handlers:
             topics.PROCESSES: self.processes,
             topics.MIGRATIONS: self.migrations,
             topics.PAGES: self.pages,
+            topics.IRQ: self.irq,
+            topics.CGROUP_THROTTLE: self.cgroup_throttle,
         }
 
     async def handle(self, topic: str, records: list, now_ns: int) -> list[events.Alert]:
@@ -79,13 +92,63 @@ class Handlers:
         victims = dict(zip(wanted, await asyncio.gather(*(self.state.process(h, p) for h, p in wanted))))
         hosts = sorted({e.host for e in worthy})
         cpus = dict(zip(hosts, await asyncio.gather(*(self.state.cpus(h) for h in hosts))))
+        throttles = await asyncio.gather(*(self._throttled(e, victims[(e.host, e.pid)]) for e in worthy))
         alerts = []
-        for event in worthy:
+        for event, throttled in zip(worthy, throttles):
             alert = runq.runq_starvation(event, alert_ns, victims[(event.host, event.pid)],
-                                         cpus[event.host], time.time_ns())
-            if alert:
+                                         cpus[event.host], time.time_ns(), throttled)
+            if alert and (alert.kind != "cfs_throttling" or self._fresh(alert, alert.evidence.get("cgroup"))):
                 alerts.append(alert)
         return alerts
+
+    async def _throttled(self, event: events.RunqEvent, victim) -> list[events.CgroupThrottle]:
+        """Throttling of the quota cgroups above the waiting thread during its
+        wait; when its cgroup has a quota, waits briefly for the record that
+        covers the wait's end (it travels on another topic)."""
+        cgroup = getattr(victim, "cgroup", "")
+        if not cgroup or not self.throttles.limits(event.host, cgroup):
+            return []
+        deadline = time.monotonic() + THROTTLE_WAIT_S
+        while self.throttles.covered_until(event.host, cgroup) < event.ts_ns and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return self.throttles.throttled(event.host, cgroup, event.ts_ns - event.wait_ns, event.ts_ns)
+
+    async def irq(self, records: list[events.IrqTime], now_ns: int) -> list[events.Alert]:
+        """Interrupt time per CPU: charged to the request waits on that CPU,
+        and an alert when one source takes a large share of a CPU."""
+        if self.attributor is not None:
+            for record in records:
+                self.attributor.add_evidence(record)
+        out = []
+        for r in records:
+            if r.time_ns < self.t.irq_share * r.interval_ns:
+                continue  # most records: spare them the look-up below
+            serving = {c for (host, _), p in self.state.processes.items()
+                       if host == r.host and (p.serving_group or p.gpus) for c in p.cpus_allowed}
+            alert = irq_rules.irq_time(r, serving, self.state.host_cpus(r.host), self.t, now_ns)
+            if self._fresh(alert, r.cpu, r.source):
+                out.append(alert)
+        return out
+
+    async def cgroup_throttle(self, records: list[events.CgroupThrottle], now_ns: int) -> list[events.Alert]:
+        """CFS throttling per cgroup: charged to the request waits of its
+        processes, kept for the run-queue rule, and an alert when a cgroup
+        holding a watched process was throttled."""
+        if self.attributor is not None:
+            for record in records:
+                self.attributor.add_evidence(record)
+        out = []
+        for r in records:
+            self.throttles.add(r)
+            if r.throttled_ns < self.t.cfs_throttle_ns:
+                continue
+            holders = sorted((p for (host, _), p in self.state.processes.items()
+                              if host == r.host and p.cgroup and contains(r.cgroup, p.cgroup)),
+                             key=lambda p: (not p.serving_group, p.pid))  # a serving process first
+            alert = throttle.cfs_throttling(r, holders[0] if holders else None, self.t, now_ns)
+            if self._fresh(alert, r.cgroup):
+                out.append(alert)
+        return out
 
     async def requests(self, spans: list[events.RequestSpan], now_ns: int) -> list[events.Alert]:
         """Spans wait for attribution; rules/requests.py judges them when it is done."""

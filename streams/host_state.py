@@ -31,12 +31,19 @@ class HostState:
         self.processes: dict[tuple[str, int], events.ProcessInfo] = {}
         # per-host indexes, so per-event look-ups do not scan the whole fleet
         self._host_processes: dict[str, dict[int, events.ProcessInfo]] = defaultdict(dict)
+        # host -> span process -> the processes of its serving group (ProcessInfo.serving_group)
+        self._groups: dict[str, dict[int, set[int]]] = defaultdict(lambda: defaultdict(set))
         self._traffic: dict[str, dict[str, events.DeviceIo]] = defaultdict(dict)  # host -> PCI address -> latest
 
     def learn(self, record: events.Record) -> None:
         if isinstance(record, events.Topology):
             self.topology[record.host] = record
         elif isinstance(record, events.ProcessInfo):
+            before = self.processes.get((record.host, record.pid))
+            if before and before.serving_group and before.serving_group != record.serving_group:
+                self._groups[record.host][before.serving_group].discard(record.pid)
+            if record.serving_group:
+                self._groups[record.host][record.serving_group].add(record.pid)
             self.processes[(record.host, record.pid)] = record
             self._host_processes[record.host][record.pid] = record
         elif isinstance(record, events.DeviceIo) and record.pci:
@@ -65,6 +72,14 @@ class HostState:
             for gpu in process.gpus:
                 users.setdefault(gpu, []).append(process.comm)
         return users
+
+    def serving_group(self, host: str, pid: int) -> set[int]:
+        """The processes whose evidence counts for the requests ``pid``
+        sends: its serving group as the collector found it, itself included.
+        A member that exited stays until its pid is described again: its
+        old evidence ages out of the attributor's horizon anyway."""
+        group = self._groups.get(host, {}).get(pid)
+        return {pid, *group} if group else {pid}
 
     def host_traffic(self, host: str) -> dict[str, events.DeviceIo]:
         return self._traffic.get(host, {})

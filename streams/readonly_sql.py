@@ -35,6 +35,7 @@ So the guard checks exactly the text clickhouse-connect will send.
 
 from __future__ import annotations
 
+import json
 from typing import NamedTuple
 
 from jitterscope.common.errors import UnsafeQuery
@@ -232,6 +233,31 @@ def check_sql(sql: str) -> None:
                 and after == Token("punct", ".") and i + 2 < len(statement)
                 and statement[i + 2].text.lower() in DENIED_SYSTEM_TABLES):
             raise UnsafeQuery(f"refused: system.{statement[i + 2].text} holds credentials")
+
+
+def output_format(sql: str) -> str | None:
+    """The format a query names itself (``... FORMAT TSV``), else None. Only
+    a trailing clause counts: ``format(...)`` is a table function, and a
+    FORMAT clause cannot be followed by anything the guard allows. Call
+    after ``check``."""
+    statements = _statements(tokenize(sql))
+    last = statements[-1] if statements else []
+    if len(last) >= 3 and _is(last[-2], "FORMAT") and last[-1].kind in ("word", "quoted"):
+        return last[-1].text
+    return None
+
+
+def run(client, sql: str, parameters: dict | None = None) -> tuple[list[str], list[list]]:
+    """(columns, rows) of checked ``sql`` on a read-only client.
+    clickhouse-connect reports no columns for an empty result, so their
+    names are asked for again then: an empty answer still has its header."""
+    result = client.query(sql, parameters=parameters or None)
+    columns, rows = list(result.column_names), [list(r) for r in result.result_rows]
+    if not rows and not columns:
+        names = client.raw_query(sql, parameters=parameters or None, fmt="JSONCompactEachRowWithNames")
+        first = names.split(b"\n", 1)[0].strip()
+        columns = json.loads(first) if first else []
+    return columns, rows
 
 
 def bound_sql(sql: str, parameters: dict | None) -> str:

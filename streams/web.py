@@ -15,6 +15,7 @@ import faust
 from faust.web import Request, Response, View
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from jitterscope.common import values
 from jitterscope.common.errors import UnsafeQuery
 from jitterscope.streams import readonly_sql
 
@@ -35,8 +36,9 @@ def add_routes(app: faust.App, worker) -> None:
     @app.page("/query")
     class Query(View):
         """POST {"sql": "...", "parameters": {...}} with `Authorization:
-        Bearer <token>` -> {"columns": [...], "rows": [...]}. Runs on a
-        read-only client, after the read-only guard."""
+        Bearer <token>` -> {"columns": [...], "rows": [...]}, or the raw bytes
+        of a query that ends in FORMAT <name>. Runs on a read-only client,
+        after the read-only guard."""
 
         async def post(self, request: Request) -> Response:
             refused = authorization_error(request.headers.get("Authorization"), getattr(worker, "query_token", None))
@@ -51,11 +53,14 @@ def add_routes(app: faust.App, worker) -> None:
             except Exception as exc:  # not JSON, or no "sql"
                 return self.json({"error": f"bad request: {exc!r}"}, status=400)
             try:
-                result = await worker.sink.run(lambda: worker.reader.query(sql, parameters=parameters or None))
+                if readonly_sql.output_format(sql):  # the query names its FORMAT: ClickHouse's bytes, as written
+                    data = await worker.sink.run(lambda: worker.reader.raw_query(sql, parameters=parameters or None))
+                    return self.bytes(data, content_type="application/octet-stream")
+                columns, rows = await worker.sink.run(lambda: readonly_sql.run(worker.reader, sql, parameters))
             except Exception as exc:
                 return self.json({"error": str(exc)}, status=400)
-            rows = json.loads(json.dumps(result.result_rows, default=str))
-            return self.json({"columns": list(result.column_names), "rows": rows})
+            rows = json.loads(json.dumps(rows, default=values.plain))  # timestamps ISO 8601 UTC
+            return self.json({"columns": columns, "rows": rows})
 
     @app.page("/metrics")
     async def metrics(web, request: Request) -> Response:

@@ -44,9 +44,18 @@ def check_privileges() -> Check:
     )
 
 
+def _exists(path: Path) -> bool | None:
+    """Whether ``path`` exists; None when this user may not look (tracefs is
+    root-only: check_privileges then says what to do, not a traceback)."""
+    try:
+        return path.exists()
+    except PermissionError:
+        return None
+
+
 def tracefs_root() -> Path | None:
     for root in TRACEFS_ROOTS:
-        if (root / "events/sched/sched_switch/format").exists():
+        if _exists(root / "events/sched/sched_switch/format") is not False:
             return root
     return None
 
@@ -91,8 +100,10 @@ def check_bcc() -> Check:
 
 def check_kprobes() -> Check:
     root = tracefs_root()
-    has = bool(root and (root / "kprobe_events").exists())
-    return Check("kprobes", True, "available" if has else "not compiled in (tracepoint paths are used)")
+    has = _exists(root / "kprobe_events") if root else False
+    detail = {True: "available", False: "not compiled in (tracepoint paths are used)",
+              None: "cannot tell without root (tracepoint paths are used)"}[has]
+    return Check("kprobes", True, detail)
 
 
 def preflight() -> list[Check]:

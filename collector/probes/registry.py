@@ -12,10 +12,12 @@ from typing import Callable
 from jitterscope.collector.probes.blockio import BlockIoSignal
 from jitterscope.collector.probes.gpu_ioctl import GpuIoctlSignal
 from jitterscope.collector.probes.interface import Probe
+from jitterscope.collector.probes.irq import IrqSignal
 from jitterscope.collector.probes.migrate import MigrateSignal
 from jitterscope.collector.probes.netdev import NetdevSignal
 from jitterscope.collector.probes.pages import PagesSignal
 from jitterscope.collector.probes.runq import RunqSignal
+from jitterscope.collector.probes.throttle import CfsSignal
 from jitterscope.common.settings import CollectorSettings
 
 ALWAYS_ON = ("runq",)
@@ -23,7 +25,8 @@ ALWAYS_ON = ("runq",)
 #: name -> factory (a Probe subclass: call it for an unopened signal)
 PROBES: dict[str, Callable[[], Probe]] = {
     cls.name: cls
-    for cls in (RunqSignal, GpuIoctlSignal, MigrateSignal, PagesSignal, BlockIoSignal, NetdevSignal)
+    for cls in (RunqSignal, GpuIoctlSignal, MigrateSignal, PagesSignal, BlockIoSignal, NetdevSignal,
+                IrqSignal, CfsSignal)
 }
 
 

@@ -1,5 +1,7 @@
 """The "runq" signal (always on) and its loader for bpf/runqlat.bpf.c:
-run-queue latency with the first suspect.
+run-queue latency with the first suspect, and the stacks at alarm (the
+victim's where it was preempted, the suspect's where it gave up the CPU;
+collector/stacks.py turns them into StackTrace records).
 
 Tail waits arrive one by one through the ring buffer; every wait is in the
 per-process log2 histogram, which `read_histograms` turns into deltas since
@@ -10,9 +12,11 @@ read/clear race).
 from __future__ import annotations
 
 import ctypes
+import time
 from dataclasses import dataclass
 
 from jitterscope.collector import hostinfo
+from jitterscope.collector.stacks import StackTable
 from jitterscope.collector.probes import base
 from jitterscope.collector.probes.interface import LatencySignal, ProbeContext
 from jitterscope.schemas import events
@@ -31,12 +35,26 @@ class RawRunqEvent:
     suspect_tid: int
     comm: str
     suspect_comm: str
+    # stacks, innermost first: where the waiter was preempted, and the
+    # suspect's when it gave up the CPU (empty: none taken)
+    victim_kernel: tuple[int, ...] = ()
+    victim_user: tuple[int, ...] = ()
+    suspect_kernel: tuple[int, ...] = ()
+    suspect_user: tuple[int, ...] = ()
+
+
+def _addrs(frames, size: int) -> tuple[int, ...]:
+    """A bpf_get_stack buffer of ``size`` bytes (< 0: none) as addresses."""
+    return tuple(frames[:max(0, size) // 8])
 
 
 def decode_event(e) -> RawRunqEvent:
     """A ``struct runq_event`` (bpf/runqlat.h) as BCC's ctypes view gives it."""
     return RawRunqEvent(e.ts_ns, e.wait_ns, e.pid, e.tid, e.cpu, e.suspect_pid, e.suspect_tid,
-                        base.c_string(bytes(e.comm)), base.c_string(bytes(e.suspect_comm)))
+                        base.c_string(bytes(e.comm)), base.c_string(bytes(e.suspect_comm)),
+                        _addrs(e.victim_kernel, e.victim_kernel_bytes), _addrs(e.victim_user, e.victim_user_bytes),
+                        _addrs(e.suspect_kernel, e.suspect_kernel_bytes),
+                        _addrs(e.suspect_user, e.suspect_user_bytes))
 
 
 class RunqProbe(base.LatencyProbe):
@@ -44,12 +62,14 @@ class RunqProbe(base.LatencyProbe):
     decode = staticmethod(decode_event)
 
     def __init__(self, threshold_ns: int, target_pids: set[int] | None = None,
-                 thresholds: dict[int, int] | None = None):
+                 thresholds: dict[int, int] | None = None, stacks: bool = True):
         """``target_pids`` None watches every process; ``thresholds`` gives
-        some processes their own event threshold (ns)."""
+        some processes their own event threshold (ns); ``stacks`` False
+        takes no stacks."""
         super().__init__()
         self.threshold_ns = max(1, threshold_ns)  # 0 means "not configured" to the kernel
         self.filtering = target_pids is not None
+        self.stacks = stacks
         self.set_targets(target_pids or set(), thresholds or {})
 
     def set_targets(self, pids: set[int], thresholds: dict[int, int] | None = None) -> None:
@@ -69,7 +89,19 @@ class RunqProbe(base.LatencyProbe):
         leaf.threshold_ns = self.threshold_ns
         leaf.filter_targets = int(self.filtering)
         leaf.has_overrides = int(bool(thresholds))
+        leaf.stacks = int(self.stacks)
         config[ctypes.c_int(0)] = leaf
+
+
+
+class RunqStacks(StackTable):
+    """An event's victim and suspect stacks as stack ids; each distinct stack
+    published once (collector/stacks.py)."""
+
+    def of_event(self, raw: RawRunqEvent, pid: int) -> tuple[int, int]:
+        """(victim stack id, suspect stack id), 0 for none."""
+        return (self.resolve(pid, raw.comm, raw.victim_kernel, raw.victim_user),
+                self.resolve(raw.suspect_pid, raw.suspect_comm, raw.suspect_kernel, raw.suspect_user))
 
 
 class RunqSignal(LatencySignal):
@@ -77,14 +109,23 @@ class RunqSignal(LatencySignal):
     Always on (not one of the ``hardware_probes``)."""
 
     name = "runq"
-    publishes = (events.RunqEvent, events.LatencyHistogram)
+    publishes = (events.RunqEvent, events.LatencyHistogram, events.StackTrace)
     metric_label = "runqlat"
+
+    def __init__(self):
+        super().__init__()
+        self.stacks: RunqStacks | None = None
 
     def open(self, context: ProbeContext) -> None:
         self.ctx = context
         s = context.settings
         self.probe = RunqProbe(int(s.runq_threshold_ms * 1_000_000), context.targets, context.thresholds)
+        self.stacks = RunqStacks(self.publish_stack)
         self.probe.open(self.on_event)
+
+    def publish_stack(self, stack_id: int, pid: int, comm: str, kernel: list[str], user: list[str]) -> None:
+        self.ctx.publish(self.ctx.record(events.StackTrace, time.time_ns(), stack_id=stack_id, pid=pid,
+                                         comm=comm, kernel=kernel, user=user))
 
     def on_event(self, raw: RawRunqEvent) -> None:
         self.events_read += 1
@@ -92,10 +133,23 @@ class RunqSignal(LatencySignal):
         pid = raw.pid or hostinfo.tgid_of(raw.tid, ctx.proc) or raw.tid
         ctx.describe_process(pid)
         ctx.describe_process(raw.suspect_pid)
+        # the stacks first: a StackTrace goes out before the event naming it
+        victim_stack, suspect_stack = self.stacks.of_event(raw, pid) if self.stacks else (0, 0)
         ctx.publish(ctx.event(
             events.RunqEvent, raw.ts_ns, pid=pid, tid=raw.tid, comm=raw.comm, cpu=raw.cpu,
             wait_ns=raw.wait_ns, suspect_pid=raw.suspect_pid, suspect_tid=raw.suspect_tid,
-            suspect_comm=raw.suspect_comm))
+            suspect_comm=raw.suspect_comm, victim_stack=victim_stack, suspect_stack=suspect_stack))
+
+    def forget(self, pids: set[int]) -> None:
+        super().forget(pids)
+        if self.stacks:
+            self.stacks.forget(pids)
+
+    def close(self) -> None:
+        if self.stacks:
+            self.stacks.close()
+            self.stacks = None
+        super().close()
 
     def set_targets(self, targets: set[int] | None, thresholds: dict[int, int]) -> None:
         if self.probe:

@@ -32,6 +32,8 @@ class Thresholds:
     remote_min_pages: int  # numa_remote_min_mb: below that, placement is noise
     filler_bytes_per_s: float  # numa_filler_mb_per_s: page cache another process adds to a GPU's node
     neighbour_bytes_per_s: float  # pcie_neighbour_mb_per_s: NVMe/NIC traffic that contends on a shared switch
+    irq_share: float  # irq_alert_share: of one CPU taken by one interrupt source
+    cfs_throttle_ns: int  # cfs_throttle_alert_ms: throttled time of a serving cgroup per interval
 
     @classmethod
     def from_settings(cls, s: StreamsSettings) -> "Thresholds":
@@ -44,6 +46,8 @@ class Thresholds:
             remote_min_pages=int(s.numa_remote_min_mb * MB) // PAGE,
             filler_bytes_per_s=s.numa_filler_mb_per_s * MB,
             neighbour_bytes_per_s=s.pcie_neighbour_mb_per_s * MB,
+            irq_share=s.irq_alert_share,
+            cfs_throttle_ns=int(s.cfs_throttle_alert_ms * 1e6),
         )
 
     @classmethod

@@ -4,14 +4,57 @@ objective. Pure: no I/O."""
 
 from __future__ import annotations
 
-from jitterscope.schemas.events import Alert, RequestAttribution
+from jitterscope.schemas.events import Alert, CgroupThrottle, IrqTime, RequestAttribution
 from jitterscope.schemas.topology import cpu_list
+
+# what to do about a softirq vector on a serving CPU, beside moving its source
+SOFTIRQ_FIX = {
+    "NET_RX": "spread receive processing off these CPUs: the NIC queue IRQs' smp_affinity_list and RPS "
+              "(/sys/class/net/DEV/queues/rx-*/rps_cpus)",
+    "NET_TX": "move the NIC's transmit queue IRQs (/proc/irq/N/smp_affinity_list) and XPS "
+              "(/sys/class/net/DEV/queues/tx-*/xps_cpus) off these CPUs",
+    "BLOCK": "move the storage device's completion IRQs (/proc/irq/N/smp_affinity_list, e.g. nvme queues) "
+             "off these CPUs",
+}
+
+
+def _limit(t: CgroupThrottle) -> str:
+    if t.quota_us < 0:
+        return f"cgroup {t.cgroup} (a parent's limit applies)"
+    return (f"cgroup {t.cgroup}: quota {t.quota_us / 1000:g} ms per {t.period_us / 1000:g} ms period "
+            f"(= {t.quota_us / t.period_us:.2f} CPUs)")
+
+
+def _throttle_remedy(a: RequestAttribution, t: CgroupThrottle | None) -> str:
+    where = _limit(t) if t else "its cgroup's CPU limit"
+    if a.pod:
+        return (f"pod {a.namespace}/{a.pod} (container {a.container or '?'}) is held to its CPU limit, {where}: "
+                f"raise resources.limits.cpu, or make the pod Guaranteed with integer CPU requests under the "
+                f"kubelet's static CPU manager policy (--cpu-manager-policy=static) so it gets whole CPUs, unthrottled")
+    return (f"pid {a.pid} is held to its CPU limit, {where}: raise cpu.cfs_quota_us (CPUQuota= of its systemd "
+            f"unit, --cpus of its container) or remove it")
+
+
+def _irq_remedy(a: RequestAttribution, irq: IrqTime | None, others: list[int]) -> str:
+    if irq is None:
+        return f"interrupts took the CPUs of pid {a.pid}: move them elsewhere"
+    move_to = cpu_list(others) if others else "other CPUs"
+    if irq.kind == "hardirq":
+        number = irq.source.split(":", 1)[0]
+        return (f"IRQ {irq.source} ran on CPU {irq.cpu}, which pid {a.pid} serves on: "
+                f"echo {move_to} > /proc/irq/{number}/smp_affinity_list (and keep irqbalance from moving it back)")
+    fix = SOFTIRQ_FIX.get(irq.source, "move the device interrupts that raise it off these CPUs, or isolate them")
+    return f"softirq {irq.source} ran on CPU {irq.cpu}, which pid {a.pid} serves on: {fix} (to {move_to})"
 
 
 def request_slo(attribution: RequestAttribution, comm: str, cpus_allowed: list[int],
-                host_cpus: list[int] | None, now_ns: int) -> Alert | None:
+                host_cpus: list[int] | None, now_ns: int, throttle: CgroupThrottle | None = None,
+                irq: IrqTime | None = None) -> Alert | None:
     """A request broke its latency objective: say how long, against what
-    normal, what the kernel evidence explains, and who to move."""
+    normal, what the kernel evidence explains, and what to change: the
+    neighbour to move, the CPU limit to raise (``throttle``: the latest
+    throttled interval of the cgroup charged), or the interrupt to move
+    (``irq``: the source charged most)."""
     a = attribution
     if not a.slo_breached:
         return None
@@ -19,19 +62,37 @@ def request_slo(attribution: RequestAttribution, comm: str, cpus_allowed: list[i
     top = a.suspects[0] if a.suspects else None
     summary = (f"request {a.request_id} ({a.name}) took {ms(a.duration_ns)}, SLO {ms(a.slo_ns)}, "
                f"normal {ms(a.baseline_ns)}; ")
+    others = [c for c in (host_cpus or []) if c not in cpus_allowed] if cpus_allowed else []
+    pids = ",".join(map(str, a.pids))
+    processes = f" across pids {pids}" if len(a.pids) > 1 else ""
     if a.cause == "runq_starvation":
-        summary += f"its threads waited {ms(a.runq_wait_ns)} for a CPU ({a.explained:.0%} of the excess)"
+        summary += (f"its threads{processes} waited {ms(a.runq_wait_ns)} for a CPU "
+                    f"({a.explained:.0%} of the excess)")
         if top:
             summary += f"; top suspect {top.comm} (pid {top.pid}) {ms(top.wait_ns)}"
+    elif a.cause == "cfs_throttling":
+        summary += (f"its threads{processes} were CPU-throttled by their cgroup for {ms(a.throttled_ns)} "
+                    f"({a.explained:.0%} of the excess)")
+    elif a.cause == "irq":
+        summary += f"interrupts held its CPUs for {ms(a.irq_ns)} of its threads' waits ({a.explained:.0%} of the excess)"
+        if irq:
+            summary += f"; top source {irq.kind} {irq.source} on CPU {irq.cpu}"
+    elif a.cause == "gpu_ioctl_stall":
+        summary += f"GPU driver calls took {ms(a.gpu_ioctl_ns)} ({a.explained:.0%} of the excess)"
     else:
         summary += f"cause {a.cause}: run-queue waits explain {a.explained:.0%} of the excess"
-    if a.cause == "runq_starvation" and top and top.pid and top.pid != a.pid:
-        others = [c for c in (host_cpus or []) if c not in cpus_allowed] if cpus_allowed else []
+    if a.cause == "cfs_throttling":
+        remedy = _throttle_remedy(a, throttle)
+    elif a.cause == "irq":
+        remedy = _irq_remedy(a, irq, others)
+    elif a.cause == "runq_starvation" and top and top.pid and top.pid != a.pid:
         remedy = (f"move {top.comm} (pid {top.pid}) off the CPUs of pid {a.pid}: "
                   + (f"taskset -apc {cpu_list(others)} {top.pid}" if others
                      else f"renice 19 -p {top.pid}, or give pid {a.pid} dedicated CPUs"))
     elif a.cause == "runq_starvation":
         remedy = f"pid {a.pid} starves itself: allow it more CPUs or run fewer busy threads"
+    elif a.cause == "gpu_ioctl_stall":
+        remedy = "the GPU driver was slow: see the gpu_ioctl_stall / pcie_contention alerts of these pids"
     else:
         remedy = "no kernel evidence explains it yet: check the model/batch size and GPU-side timings"
     return Alert(
@@ -39,4 +100,7 @@ def request_slo(attribution: RequestAttribution, comm: str, cpus_allowed: list[i
         severity="critical" if a.duration_ns >= 2 * a.slo_ns else "warning", pid=a.pid, tid=0, comm=comm,
         cpu=0, wait_ns=a.runq_wait_ns, suspect_pid=top.pid if top else 0, suspect_comm=top.comm if top else "",
         cpus_allowed=cpus_allowed, summary=summary, remedy=remedy, request_id=a.request_id,
+        pod=a.pod, namespace=a.namespace, container=a.container,
+        evidence={k: str(v) for k, v in (("pids", pids), ("throttled_ms", a.throttled_ns / 1e6),
+                                         ("irq_ms", a.irq_ns / 1e6)) if v},
     )

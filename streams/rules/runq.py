@@ -1,13 +1,16 @@
 """Run-queue rule (signal: the run-queue probe, topic jitterscope.runq): a
 thread waited too long for a CPU; name who held it and how to separate the
-two. Pure: no I/O."""
+two -- unless its cgroup was throttled by its CPU quota during the wait:
+then the task that ran next (often idle) did not take the CPU from it, and
+the alert is cfs_throttling (streams/rules/throttle.py). Pure: no I/O."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from jitterscope.schemas.events import Alert, RunqEvent
+from jitterscope.schemas.events import Alert, CgroupThrottle, RunqEvent
 from jitterscope.schemas.topology import cpu_list
+from jitterscope.streams.rules import throttle
 
 
 @dataclass(frozen=True)
@@ -22,11 +25,15 @@ def runq_starvation(
     victim: ProcessView | None,
     host_cpus: list[int] | None,
     now_ns: int,
+    throttles: list[CgroupThrottle] = (),
 ) -> Alert | None:
     """A thread waited at least ``alert_ns`` for a CPU: name who held it and
-    how to separate the two."""
+    how to separate the two. ``throttles``: records of the quota cgroups
+    above the thread that throttled during the wait (the throttle index)."""
     if event.wait_ns < alert_ns:
         return None
+    if throttles and (throttled := throttle.throttled_wait(event, list(throttles), victim, now_ns)):
+        return throttled
     wait_ms = event.wait_ns / 1e6
     victim_cpus = victim.cpus_allowed if victim else []
     suspect_name = f"{event.suspect_comm} (pid {event.suspect_pid})" if event.suspect_pid else "the idle/kernel task"
@@ -63,4 +70,5 @@ def runq_starvation(
         kind="runq_starvation", severity=severity, pid=event.pid, tid=event.tid, comm=event.comm,
         cpu=event.cpu, wait_ns=event.wait_ns, suspect_pid=event.suspect_pid,
         suspect_comm=event.suspect_comm, cpus_allowed=victim_cpus, summary=summary, remedy=remedy,
+        victim_stack=event.victim_stack, suspect_stack=event.suspect_stack,
     )

@@ -71,8 +71,11 @@ def test_pcie_contention(fleet):
 
 
 def test_parameters_are_bound_not_pasted(fleet):
-    hostile = "runq' OR 1=1 --"
-    assert saved(fleet, "worst-hosts", f"probe={hostile}") == []  # no such probe: no rows, no injection
+    hostile = "h100-001' OR 1=1 --"
+    assert saved(fleet, "ledger", f"host={hostile}") == []  # no such host: no rows, no injection
+    refused = subprocess.run([sys.executable, "-m", "jitterscope.cli", "query", "--saved", "worst-hosts", "-p",
+                              "probe=runq' OR 1=1 --"], env=fleet, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 78 and "runq, gpu_ioctl" in refused.stderr  # a closed set names its values
 
 
 def test_bad_saved_query_use_is_one_clear_line(fleet):

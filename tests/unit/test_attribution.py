@@ -239,3 +239,201 @@ def test_pending_requests_are_bounded_by_count():
     early = attributor.due(T0)  # none is due by time yet
     assert [a.request_id for a in early] == [f"r{i}" for i in range(500)]
     assert attributor.pending == 1000
+
+
+# -- serving groups, throttling and interrupts ------------------------------
+
+def process(pid: int, group: int = 0, cgroup: str = "/", host: str = "h1", **kw):
+    from jitterscope.schemas.events import ProcessInfo
+
+    return ProcessInfo(host=host, boot_id="b", seq=pid, ts_ns=T0, pid=pid, comm=f"p{pid}", cmdline="", cgroup=cgroup,
+                       cpus_allowed=[3], serving_group=group, **kw)
+
+
+def book(*processes):
+    """The worker's host state, taught the given process records."""
+    from jitterscope.streams.host_state import HostState
+
+    state = HostState()
+    for p in processes:
+        state.learn(p)
+    return state
+
+
+def throttle(end_ms: float, interval_ms: float, throttled_ms: float, cgroup: str = "/kubepods/pod1/c1",
+             quota_us: int = 50_000, period_us: int = 100_000):
+    from jitterscope.schemas.events import CgroupThrottle
+
+    return CgroupThrottle(host="h1", boot_id="b", seq=0, ts_ns=T0 + int(end_ms * MS), cgroup=cgroup,
+                          interval_ns=int(interval_ms * MS), quota_us=quota_us, period_us=period_us, nr_periods=10,
+                          nr_throttled=5 if throttled_ms else 0, throttled_ns=int(throttled_ms * MS))
+
+
+def irq_time(end_ms: float, interval_ms: float, time_ms: float, cpu: int = 3, kind: str = "hardirq",
+             source: str = "42:nvme0q3"):
+    from jitterscope.schemas.events import IrqTime
+
+    return IrqTime(host="h1", boot_id="b", seq=0, ts_ns=T0 + int(end_ms * MS), cpu=cpu, interval_ns=int(interval_ms * MS),
+                   kind=kind, source=source, count=100, time_ns=int(time_ms * MS))
+
+
+def engine_wait(on_cpu_ms: float, wait_ms: float, pid: int = 200, tid: int = 201, suspect=(900, "jshog"), cpu: int = 3):
+    return RunqEvent(host="h1", boot_id="b", seq=0, ts_ns=T0 + int(on_cpu_ms * MS), pid=pid, tid=tid,
+                     comm="VLLM::EngineCor", cpu=cpu, wait_ns=int(wait_ms * MS), suspect_pid=suspect[0],
+                     suspect_tid=suspect[0], suspect_comm=suspect[1])
+
+
+def test_the_serving_group_s_waits_count_and_are_named():
+    # pid 100 sends the spans; 200 (its engine) is in its group; 300 is a neighbour process
+    a = Attributor(grace_ns=GRACE, processes=book(process(100, group=100), process(200, group=100),
+                                                  process(300, group=0)))
+    baseline(a)
+    a.add_request(span("r", 0, 100, pid=100))
+    a.add_evidence(engine_wait(60, 50))
+    a.add_evidence(wait(80, 10, pid=100))
+    a.add_evidence(engine_wait(80, 20, pid=300, tid=301))
+    [result] = due_after(a, 100)
+    assert result.runq_wait_ns == 60 * MS and result.runq_waits == 2
+    assert result.pids == [100, 200] and result.cause == "runq_starvation"
+    assert result.suspects[0].comm == "jshog"
+
+
+def test_without_a_group_only_the_span_process_counts():
+    a = Attributor(grace_ns=GRACE, processes=book(process(100), process(200)))
+    baseline(a)
+    a.add_request(span("r", 0, 100, pid=100))
+    a.add_evidence(engine_wait(40, 30))
+    [result] = due_after(a, 100)
+    assert result.runq_wait_ns == 0 and result.pids == [] and result.cause == "unexplained"
+
+
+def test_a_process_that_leaves_the_group_stops_counting():
+    state = book(process(100, group=100), process(200, group=100))
+    state.learn(process(200, group=0))  # re-described after it left the tree
+    assert state.serving_group("h1", 100) == {100}
+
+
+def test_a_thread_s_time_is_counted_once():
+    a = Attributor(grace_ns=GRACE, processes=book(process(100, group=100), process(200, group=100)))
+    baseline(a)
+    a.add_request(span("r", 0, 100, pid=100))
+    a.add_evidence(engine_wait(40, 30))
+    a.add_evidence(engine_wait(40, 30))  # redelivered
+    a.add_evidence(engine_wait(45, 20))  # overlaps the same thread's wait: a duplicate by another route
+    a.add_evidence(engine_wait(40, 30, tid=202))  # another thread, same time: counts
+    [result] = due_after(a, 100)
+    assert result.runq_wait_ns == (30 + 5 + 30) * MS
+    assert result.suspects[0].wait_ns == 65 * MS
+
+
+def test_throttled_cgroup_is_the_cause_and_named():
+    a = Attributor(grace_ns=GRACE, processes=book(
+        process(100, group=100, cgroup="/kubepods/pod1/c1", pod="vllm-0", namespace="serving", container="vllm"),
+        process(200, group=100, cgroup="/kubepods/pod1/c1")))
+    baseline(a)
+    a.add_request(span("r", 0, 100, pid=100))
+    a.add_evidence(engine_wait(90, 80, suspect=(900, "kworker/3:1")))  # waited 10..90 ms
+    # throttled 80% of the interval that covers the request: 64 of the 80 ms
+    a.add_evidence(throttle(end_ms=500, interval_ms=1000, throttled_ms=800))
+    [result] = due_after(a, 100)
+    assert result.throttled_ns == 64 * MS and result.irq_ns == 0
+    assert result.cause == "cfs_throttling" and result.explained == pytest.approx(64 / 90, abs=1e-3)
+    assert result.suspects[0].wait_ns == 16 * MS, "only the unthrottled rest is the neighbour's"
+    assert (result.pod, result.namespace, result.container) == ("vllm-0", "serving", "vllm")
+    culprits = a.culprits(result)
+    assert culprits.throttle.cgroup == "/kubepods/pod1/c1" and culprits.throttle.quota_us == 50_000
+
+
+def test_a_pod_level_limit_throttles_its_containers_and_an_idle_cpu_means_throttled():
+    a = Attributor(grace_ns=GRACE, processes=book(process(100, group=100, cgroup="/kubepods/pod1/c1")))
+    baseline(a)
+    a.add_request(span("r", 0, 100, pid=100))
+    # nothing else ran on the CPU while it waited (suspect: the idle task)
+    a.add_evidence(wait(90, 80, pid=100, suspect=(0, "swapper/3")))
+    a.add_evidence(throttle(end_ms=500, interval_ms=1000, throttled_ms=100, cgroup="/kubepods/pod1"))
+    [result] = due_after(a, 100)
+    assert result.throttled_ns == 80 * MS and result.cause == "cfs_throttling"
+    assert a.culprits(result).throttle.cgroup == "/kubepods/pod1"
+
+
+def test_throttling_of_another_cgroup_or_time_is_not_charged():
+    a = Attributor(grace_ns=GRACE, processes=book(process(100, group=100, cgroup="/kubepods/pod1/c1")))
+    baseline(a)
+    a.add_request(span("r", 0, 100, pid=100))
+    a.add_evidence(wait(90, 80, pid=100))
+    a.add_evidence(throttle(end_ms=500, interval_ms=1000, throttled_ms=800, cgroup="/kubepods/pod2/c1"))
+    a.add_evidence(throttle(end_ms=-1000, interval_ms=1000, throttled_ms=800))  # before the wait
+    a.add_evidence(throttle(end_ms=1500, interval_ms=1000, throttled_ms=0))  # unthrottled: not even kept
+    [result] = due_after(a, 100)
+    assert result.throttled_ns == 0 and result.cause == "runq_starvation"
+    assert a.culprits(result).throttle is None
+    kept = [r.ts_ns for (key, _), e in a._evidence["h1"].items() if key == "/kubepods/pod1/c1" for r in e.events]
+    assert kept == [T0 - 1000 * MS], "an unthrottled interval is not kept"
+
+
+def test_interrupts_on_the_wait_s_cpu_are_the_cause():
+    a = Attributor(grace_ns=GRACE, processes=book(process(100, group=100), process(200, group=100)))
+    baseline(a)
+    a.add_request(span("r", 0, 100, pid=100))
+    a.add_evidence(engine_wait(90, 80, suspect=(900, "jshog"), cpu=3))  # waited 10..90 ms on CPU 3
+    # CPU 3 spent 70% of a 200 ms interval in one IRQ and 5% in NET_RX softirq
+    a.add_evidence(irq_time(end_ms=150, interval_ms=200, time_ms=140, cpu=3))
+    a.add_evidence(irq_time(end_ms=150, interval_ms=200, time_ms=10, cpu=3, kind="softirq", source="NET_RX"))
+    a.add_evidence(irq_time(end_ms=150, interval_ms=200, time_ms=190, cpu=2))  # another CPU: not its wait's
+    [result] = due_after(a, 100)
+    assert result.irq_ns == 60 * MS  # 80 ms x (70% + 5%)
+    assert result.cause == "irq" and result.throttled_ns == 0
+    culprits = a.culprits(result)
+    assert (culprits.irq.cpu, culprits.irq.source) == (3, "42:nvme0q3")
+
+
+def test_interrupt_time_is_capped_by_the_wait():
+    a = Attributor(grace_ns=GRACE, processes=book(process(100, group=100)))
+    baseline(a)
+    a.add_request(span("r", 0, 100, pid=100))
+    a.add_evidence(wait(90, 80, pid=100))
+    a.add_evidence(irq_time(end_ms=100, interval_ms=100, time_ms=300))  # summed over sources beyond the wall
+    [result] = due_after(a, 100)
+    assert result.irq_ns == 80 * MS and result.cause == "irq" and result.suspects == []
+
+
+def test_unloaded_host_gets_no_cause_from_throttle_or_irq_records():
+    """Interrupts and throttling that happened while the request's threads
+    did not wait explain nothing: no false cause on quiet requests."""
+    a = Attributor(grace_ns=GRACE, processes=book(process(100, group=100, cgroup="/kubepods/pod1/c1")))
+    baseline(a)
+    a.add_request(span("quiet", 0, 10, pid=100))
+    a.add_request(span("slow", 100, 150, pid=100))  # slow for reasons the kernel did not see
+    a.add_evidence(throttle(end_ms=500, interval_ms=1000, throttled_ms=900))
+    a.add_evidence(irq_time(end_ms=500, interval_ms=1000, time_ms=500))
+    quiet, slow = due_after(a, 150)
+    assert quiet.cause == "none" and slow.cause == "unexplained"
+    assert quiet.throttled_ns == slow.throttled_ns == quiet.irq_ns == slow.irq_ns == 0
+    assert a.culprits(slow).throttle is None and a.culprits(slow).irq is None
+
+
+def test_throttle_and_irq_evidence_are_bounded_by_count():
+    a = Attributor(grace_ns=GRACE, max_events_per_host=1000)
+    for i in range(3000):
+        a.add_evidence(irq_time(end_ms=i, interval_ms=1, time_ms=0.1, cpu=i % 4))
+        a.add_evidence(throttle(end_ms=i, interval_ms=1, throttled_ms=0.5))
+    kept = sum(len(e.events) for e in a._evidence["h1"].values())
+    assert 800 <= kept <= 1000 and a.evidence_evicted == 6000 - kept
+
+
+def test_the_worker_hands_throttle_and_irq_records_to_the_attributor():
+    import asyncio
+
+    from jitterscope.schemas import topics
+    from jitterscope.streams.handlers import Handlers
+
+    state = book(process(100, group=100, cgroup="/kubepods/pod1/c1"))
+    a = Attributor(grace_ns=GRACE, processes=state)
+    handlers = Handlers(state, attributor=a)
+    baseline(a)
+    a.add_request(span("r", 0, 100, pid=100))
+    asyncio.run(handlers.handle(topics.RUNQ, [wait(90, 80, pid=100)], T0))
+    asyncio.run(handlers.handle(topics.CGROUP_THROTTLE, [throttle(end_ms=500, interval_ms=1000, throttled_ms=500)], T0))
+    asyncio.run(handlers.handle(topics.IRQ, [irq_time(end_ms=500, interval_ms=1000, time_ms=250)], T0))
+    [result] = due_after(a, 100)
+    assert result.throttled_ns == 40 * MS and result.irq_ns == 20 * MS  # 50% and 25% of the 80 ms wait

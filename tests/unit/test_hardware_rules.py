@@ -162,18 +162,21 @@ def test_thresholds_come_from_the_settings():
     every threshold follows its setting."""
     assert T == Thresholds(runq_alert_ns=10 * MS, loss_alert_events=1000, gpu_ioctl_ns=50 * MS,
                            migrations_per_s=50.0, remote_share=0.5, remote_min_pages=25_600,
-                           filler_bytes_per_s=50 * MB, neighbour_bytes_per_s=200 * MB)
+                           filler_bytes_per_s=50 * MB, neighbour_bytes_per_s=200 * MB, irq_share=0.2,
+                           cfs_throttle_ns=10 * MS)
     t = Thresholds.from_settings(Settings.model_construct(
         runq_alert_ms=2.5, loss_alert_events=7, gpu_ioctl_alert_ms=20.0, migration_storm_per_s=5.0,
-        numa_remote_share=0.25, numa_remote_min_mb=1.0, numa_filler_mb_per_s=10.0, pcie_neighbour_mb_per_s=30.0))
+        numa_remote_share=0.25, numa_remote_min_mb=1.0, numa_filler_mb_per_s=10.0, pcie_neighbour_mb_per_s=30.0,
+        irq_alert_share=0.3, cfs_throttle_alert_ms=4.0))
     assert t == Thresholds(runq_alert_ns=2_500_000, loss_alert_events=7, gpu_ioctl_ns=20 * MS, migrations_per_s=5.0,
                            remote_share=0.25, remote_min_pages=256, filler_bytes_per_s=10 * MB,
-                           neighbour_bytes_per_s=30 * MB)
+                           neighbour_bytes_per_s=30 * MB, irq_share=0.3, cfs_throttle_ns=4 * MS)
 
 
 def test_the_table_routes_each_topic_to_its_signal_only(topo):
     judge = Handlers(State(topo, [process()]))
     assert set(judge.table) == {topics.RUNQ, topics.REQUESTS, topics.COLLECTOR_STATS, topics.GPU_IOCTL,
-                                topics.PROCESSES, topics.MIGRATIONS, topics.PAGES}
+                                topics.PROCESSES, topics.MIGRATIONS, topics.PAGES,
+                                topics.IRQ, topics.CGROUP_THROTTLE}
     assert set(judge.table) <= set(topics.INPUT_TOPICS)
     assert handle(judge, topics.TOPOLOGY, [topo], NOW) == []  # state only, no rule

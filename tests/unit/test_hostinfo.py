@@ -35,6 +35,13 @@ def test_process_info_of_a_cgroup_v2_process():
         "cmdline": "python3 -m vllm.entrypoints.openai.api_server --model /models/llama-3-8b",
         "cgroup": "/system.slice/vllm.service",
         "cpus_allowed": [0, 1, 2, 3],
+        "ppid": 1,
+        "ns_pid": 1234,  # on the host: its own pid
+        "container_id": "",
+        "pod_uid": "",
+        "pod": "",
+        "namespace": "",
+        "container": "",
     }
 
 
@@ -106,3 +113,117 @@ def test_no_numa_falls_back_to_one_node_with_all_online_cpus():
 
 def test_boot_id():
     assert hostinfo.boot_id(PROC) == "3f0e6c2a-9b1d-4f7e-8a53-2d1c0b9e7f11"
+
+
+# -- containers (tests/fixtures/host-containers) -------------------------------
+
+CPROC = FIXTURES / "host-containers" / "proc"
+DOCKER_ID = "3f4b8c2e1d0a9b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f5a4b3c"
+TRITON_ID = "9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f5a4b3c2d1e0f9a8b"
+SGLANG_ID = "c0ffee00c0ffee00c0ffee00c0ffee00c0ffee00c0ffee00c0ffee00c0ffee00"
+POD1 = "7d1e2c3b-4a5f-4e6d-9c8b-1a2b3c4d5e6f"
+POD2 = "5b6c7d8e-9f0a-4b1c-8d2e-3f4a5b6c7d8e"
+
+
+def test_process_info_makes_a_valid_process_info_record():
+    """The collector builds the record as ProcessInfo(**stamp, **process_info(...)):
+    every key must be a field, of the field's type."""
+    import msgspec
+    from jitterscope.schemas.events import ProcessInfo
+    for proc, pid in ((PROC, 1234), (PROC, 4321), (PROC, 2), (CPROC, 2002), (CPROC, 4001)):
+        info = hostinfo.process_info(pid, proc)
+        assert set(info) <= set(ProcessInfo.__struct_fields__)
+        record = ProcessInfo(host="h", boot_id="b", seq=1, ts_ns=1, **info)
+        assert msgspec.json.decode(msgspec.json.encode(record), type=ProcessInfo) == record
+
+
+def test_process_info_in_a_docker_container():
+    info = hostinfo.process_info(2002, CPROC)
+    assert (info["pid"], info["ppid"], info["ns_pid"]) == (2002, 2001, 7)
+    assert info["container_id"] == DOCKER_ID and info["pod_uid"] == ""
+    # the cgroup field keeps its rule (hybrid: the v2 line); identity comes from the cpu line
+    assert info["cgroup"] == f"/system.slice/docker-{DOCKER_ID}.scope"
+
+
+def test_process_info_in_a_pod_v1_cgroupfs_and_v2_systemd():
+    info = hostinfo.process_info(3001, CPROC)
+    assert (info["ns_pid"], info["container_id"], info["pod_uid"]) == (1, TRITON_ID, POD1)
+    info = hostinfo.process_info(4001, CPROC)
+    assert (info["ns_pid"], info["container_id"], info["pod_uid"]) == (7, SGLANG_ID, POD2)
+    assert info["pod"] == info["namespace"] == info["container"] == ""  # no kubelet: the UID alone
+
+
+def test_process_info_names_the_pod_from_the_kubelet():
+    from jitterscope.collector.kubelet import PodMeta
+
+    class Kubelet:
+        def __init__(self):
+            self.asked = []
+
+        def lookup(self, pod_uid, container_id=""):
+            self.asked.append((pod_uid, container_id))
+            return PodMeta("triton-0", "serving", "triton", {"app": "triton"})
+
+    kubelet = Kubelet()
+    info = hostinfo.process_info(3001, CPROC, kubelet)
+    assert (info["pod"], info["namespace"], info["container"]) == ("triton-0", "serving", "triton")
+    assert kubelet.asked == [(POD1, TRITON_ID)]
+    hostinfo.process_info(2001, CPROC, kubelet)  # plain Docker: no pod, nothing to ask
+    assert len(kubelet.asked) == 1
+
+
+@pytest.mark.parametrize("ns_pid, kw, host_pid", [
+    (7, {"container_id": DOCKER_ID}, 2002),
+    (7, {"container_id": DOCKER_ID[:12]}, 2002),  # docker's short ID
+    (1, {"container_id": DOCKER_ID}, 2001),
+    (7, {"container_id": SGLANG_ID}, 4001),
+    (7, {"pod_uid": POD2}, 4001),
+    (7, {"pod_uid": POD2.replace("-", "_")}, 4001),
+    (1, {"container_id": TRITON_ID}, 3001),
+    (1, {"container_id": TRITON_ID, "pod_uid": POD1}, 3001),
+    (7, {}, None),  # two containers have a pid 7: ambiguous
+    (1, {}, None),  # the host's init and three containers' inits
+    (1, {"pod_uid": POD1}, None),  # both containers of the pod have a pid 1
+    (9, {"container_id": DOCKER_ID}, None),  # none
+    (7, {"container_id": TRITON_ID}, None),  # that container has no pid 7
+    (1, {"container_id": DOCKER_ID, "pod_uid": POD1}, None),  # the container is not in that pod
+    (2001, {}, None),  # a host pid is not an innermost pid of a containerised process
+    (7, {"peer_cgroup": f"/docker/{DOCKER_ID}"}, 2002),
+    (7, {"peer_cgroup": "/system.slice/vllm.service"}, None),
+])
+def test_host_pid_for(ns_pid, kw, host_pid):
+    assert hostinfo.host_pid_for(ns_pid, proc=CPROC, **kw) == host_pid
+
+
+def test_host_pid_for_a_host_process_is_itself():
+    assert hostinfo.host_pid_for(1234, proc=PROC) == 1234
+    assert hostinfo.host_pid_for(1, proc=CPROC, peer_cgroup="/") == 1  # the cpu line of 3001 is its container
+
+
+@pytest.mark.parametrize("ns_pid, cid, uid, answer", [
+    (7, DOCKER_ID, "", (2002, "nspid")),
+    (99, DOCKER_ID, "", (2001, "container")),  # not found exactly: the container's lowest host pid
+    (None, DOCKER_ID, "", (2001, "container")),
+    (1, "", POD1, (3001, "container")),  # two pid 1s in the pod: the lowest of them
+    (1, "0" * 64, "", (None, "none")),
+    (1, "", "", (None, "none")),
+])
+def test_pid_in_container(ns_pid, cid, uid, answer):
+    assert hostinfo.pid_in_container(ns_pid, cid, uid, CPROC) == answer
+
+
+def test_ns_pids():
+    assert hostinfo.ns_pids(2002, CPROC) == [2002, 7]
+    assert hostinfo.ns_pids(1234, PROC) == [1234]
+    assert hostinfo.ns_pids(99999, CPROC) == []
+
+
+def test_host_roots(tmp_path):
+    from pathlib import Path
+    from jitterscope.common.errors import BadConfig
+    assert hostinfo.host_roots("/") == (Path("/proc"), Path("/sys"))
+    (tmp_path / "proc/1").mkdir(parents=True)
+    (tmp_path / "proc/1/status").write_text("Name:\tsystemd\n")
+    assert hostinfo.host_roots(tmp_path) == (tmp_path / "proc", tmp_path / "sys")
+    with pytest.raises(BadConfig, match="host_root"):
+        hostinfo.host_roots(tmp_path / "nothing")

@@ -662,3 +662,95 @@ def test_standin_requests_arrive_with_its_pid(receiver, args):
         assert (record["start_ns"], record["end_ns"]) == (int(start_ns), int(end_ns))
         assert (record["pid"], record["name"], record["status"]) == (pid, "llm_request", "ok")
         assert record["prefill_ns"] >= 1_000_000 and record["ttft_ns"] == record["prefill_ns"]
+
+
+# -- pids of senders in containers (tests/fixtures/host-containers) ----------
+
+CPROC = ROOT / "tests" / "fixtures" / "host-containers" / "proc"
+DOCKER_ID = "3f4b8c2e1d0a9b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f5a4b3c"
+POD1 = "7d1e2c3b-4a5f-4e6d-9c8b-1a2b3c4d5e6f"
+
+
+def resource(**attributes) -> Resource:
+    return Resource(attributes=attrs({k.replace("__", "."): v for k, v in attributes.items()}))
+
+
+@pytest.mark.parametrize("attributes, peer, answer", [
+    # container.id / k8s.pod.uid: process.pid is the container's, translated through NSpid
+    ({"process__pid": 7, "container__id": DOCKER_ID}, None, (2002, "nspid")),
+    ({"process__pid": 7, "container__id": DOCKER_ID}, 1, (2002, "nspid")),  # through a relay on the host
+    ({"process__pid": 1, "k8s__pod__uid": POD1}, None, (3001, "container")),  # two pid 1s in the pod
+    ({"container__id": DOCKER_ID}, None, (2001, "container")),
+    ({"process__pid": 7, "container__id": "0" * 64}, None, (0, "unresolved")),  # never the raw pid
+    # the connection's process is in a container
+    ({"process__pid": 7}, 2002, (2002, "peer_nspid")),
+    ({"process__pid": 1}, 2002, (2001, "nspid")),  # another process of the sender's cgroup
+    ({"process__pid": 99}, 2002, (0, "unresolved")),
+    # on the host, as before
+    ({"process__pid": 4242}, None, (4242, "process_pid")),
+    ({"process__pid": 1}, 1, (1, "process_pid")),
+    ({"process__pid": 4242}, 1, (4242, "process_pid")),  # a relay on the host: the resource speaks
+    ({}, 555, (555, "peer")),
+    ({}, None, (0, "unresolved")),
+])
+def test_pid_resolver(attributes, peer, answer):
+    hints = []
+    resolver = otlp.PidResolver(CPROC)
+    assert resolver.resolve(resource(**attributes), lambda hint: hints.append(hint) or peer) == answer
+    assert hints == [attributes.get("process__pid")]  # the claimed pid is the scan's first guess
+
+
+def test_pid_resolver_forgets_a_process_that_exited(tmp_path):
+    proc = tmp_path / "proc"
+    shutil.copytree(CPROC, proc)
+    resolver = otlp.PidResolver(proc, snapshot_s=0)
+    span_resource = resource(process__pid=7, container__id=DOCKER_ID)
+    assert resolver.resolve(span_resource, lambda hint: None) == (2002, "nspid")
+    shutil.rmtree(proc / "2002")
+    assert resolver.resolve(span_resource, lambda hint: None) == (2001, "container")
+
+
+def test_resolved_pids_are_counted_per_request():
+    def resolve(res):
+        return otlp.PidResolver(CPROC).resolve(res, lambda hint: None)
+
+    before = metric("jitterscope_otlp_pid_resolved_total", how="nspid")
+    request = export(with_id("a"), with_id("b", span_id=b"\x01" * 8), with_id("c", span_id=b"\x02" * 8, parent=b"\x03" * 8))
+    request.resource_spans[0].resource.CopyFrom(resource(process__pid=7, container__id=DOCKER_ID))
+    records, _, _ = spans_to_requests(request, resolve_pid=resolve)
+    assert {r["pid"] for r in records} == {2002} and len(records) == 3
+    assert metric("jitterscope_otlp_pid_resolved_total", how="nspid") == before + 3
+
+
+def test_receiver_translates_a_container_pid_over_http():
+    got: list[dict] = []
+    before = metric("jitterscope_otlp_pid_resolved_total", how="nspid")
+    request = export(with_id("from-a-container"))
+    request.resource_spans[0].resource.CopyFrom(
+        resource(service__name="vllm", process__pid=7, container__id=DOCKER_ID))
+    # proc is the fixture: the connection's owner is not in it (as from another network namespace)
+    with OtlpReceiver("127.0.0.1", 0, got.extend, proc=CPROC) as r:
+        conn = http.client.HTTPConnection("127.0.0.1", r.port, timeout=10)
+        conn.request("POST", "/v1/traces", request.SerializeToString(), {"Content-Type": otlp.PROTOBUF})
+        assert conn.getresponse().status == 200
+        conn.close()
+    assert [(g["request_id"], g["pid"]) for g in got] == [("from-a-container", 2002)]
+    assert metric("jitterscope_otlp_pid_resolved_total", how="nspid") == before + 1
+
+
+def test_a_flood_of_unknown_containers_scans_proc_once(monkeypatch):
+    """An export may carry thousands of resources: /proc is scanned at most
+    once per snapshot period, whatever the senders claim."""
+    from jitterscope.collector import hostinfo
+    scans = []
+    real = hostinfo.ns_processes
+    monkeypatch.setattr(hostinfo, "ns_processes", lambda proc: scans.append(proc) or real(proc))
+    resolver = otlp.PidResolver(CPROC, snapshot_s=60)
+    answers = {resolver.resolve(resource(process__pid=7, container__id=f"{i:064x}"), lambda hint: None)
+               for i in range(2000)}
+    assert answers == {(0, "unresolved")} and len(scans) == 1
+    # short IDs and the kubelet's "containerd://" spelling find the container in that same scan
+    assert resolver.resolve(resource(process__pid=7, container__id=DOCKER_ID[:12]), lambda hint: None) == (2002, "nspid")
+    assert resolver.resolve(resource(process__pid=1, container__id="containerd://" + DOCKER_ID.upper()),
+                            lambda hint: None) == (2001, "nspid")
+    assert len(scans) == 1

@@ -32,7 +32,24 @@ class RunqEventStruct(ctypes.Structure):  # struct runq_event
     _fields_ = [("ts_ns", ctypes.c_uint64), ("wait_ns", ctypes.c_uint64), ("pid", ctypes.c_uint32),
                 ("tid", ctypes.c_uint32), ("cpu", ctypes.c_uint32), ("suspect_pid", ctypes.c_uint32),
                 ("suspect_tid", ctypes.c_uint32), ("_pad", ctypes.c_uint32), ("comm", COMM),
-                ("suspect_comm", COMM)]
+                ("suspect_comm", COMM), ("victim_kernel_bytes", ctypes.c_int64),
+                ("victim_user_bytes", ctypes.c_int64), ("suspect_kernel_bytes", ctypes.c_int64),
+                ("suspect_user_bytes", ctypes.c_int64), ("victim_kernel", ctypes.c_uint64 * 127),
+                ("victim_user", ctypes.c_uint64 * 127), ("suspect_kernel", ctypes.c_uint64 * 127),
+                ("suspect_user", ctypes.c_uint64 * 127)]
+    STACKS = struct.Struct("<4q508Q")  # the stack fields after the comms
+
+
+NO_STACKS = RunqEventStruct.STACKS.pack(-1, -1, -1, -1, *[0] * 508)
+
+
+def test_runq_event_carries_the_victims_stack():
+    frames = [0xffff1, 0xffff2, 0x401000] + [0] * 124
+    raw = struct.pack("<QQ6I16s16s", 1, 2, 3, 4, 0, 0, 0, 0, comm(b"a"), comm(b"b")) + \
+        RunqEventStruct.STACKS.pack(16, 8, -14, 24, *frames, *frames, *frames, *frames)
+    e = runq.decode_event(RunqEventStruct.from_buffer_copy(raw))
+    assert (e.victim_kernel, e.victim_user) == ((0xffff1, 0xffff2), (0xffff1,))
+    assert (e.suspect_kernel, e.suspect_user) == ((), (0xffff1, 0xffff2, 0x401000)), "-EFAULT: none"
 
 
 class GpuIoctlEventStruct(ctypes.Structure):  # struct gpu_ioctl_event
@@ -87,7 +104,7 @@ def fake_context(**kw) -> ProbeContext:
 # -- ring-buffer events ------------------------------------------------------------------
 def test_runq_event():
     raw = struct.pack("<QQ6I16s16s", 5_000_000_123, 12_000_000, 41, 42, 1, 77, 78, 0,
-                      comm(b"python3"), comm(b"stress-ng\xff"))
+                      comm(b"python3"), comm(b"stress-ng\xff")) + NO_STACKS
     e = runq.decode_event(RunqEventStruct.from_buffer_copy(raw))
     assert e == runq.RawRunqEvent(ts_ns=5_000_000_123, wait_ns=12_000_000, pid=41, tid=42, cpu=1,
                                      suspect_pid=77, suspect_tid=78, comm="python3",
@@ -95,7 +112,8 @@ def test_runq_event():
 
 
 def test_runq_comm_of_full_length_and_garbage_after_the_nul():
-    raw = struct.pack("<QQ6I16s16s", 1, 2, 3, 4, 0, 0, 0, 0, b"fifteen-chars-x\0", b"ab\0junk".ljust(16, b"z"))
+    raw = struct.pack("<QQ6I16s16s", 1, 2, 3, 4, 0, 0, 0, 0, b"fifteen-chars-x\0",
+                      b"ab\0junk".ljust(16, b"z")) + NO_STACKS
     e = runq.decode_event(RunqEventStruct.from_buffer_copy(raw))
     assert (e.comm, e.suspect_comm) == ("fifteen-chars-x", "ab")
 

@@ -157,7 +157,7 @@ def test_malformed_env_list_is_bad_config_with_a_hint(monkeypatch):
 def test_toml_syntax_error_is_bad_config(tmp_path):
     path = tmp_path / "broken.toml"
     path.write_text("host = \n")
-    with pytest.raises(errors.BadConfig, match="bad configuration"):
+    with pytest.raises(errors.BadConfig, match=f"config file {path} is not valid TOML: .*line 1"):
         load(config_file=path)
 
 
@@ -169,9 +169,8 @@ def test_missing_file_named_by_env_is_bad_config(monkeypatch, tmp_path):
 
 def test_the_shipped_example_config_loads():
     example = Path(__file__).resolve().parents[2] / "deploy/jitterscope.example.toml"
-    s = load(config_file=example)
-    assert s.bootstrap_servers == "kafka-1:9092,kafka-2:9092"
-    assert s.target_comms == ["vllm*", "tritonserver", "python*"]
+    s = load(config_file=example)  # every key commented out (tests/unit/test_settings_example.py)
+    assert s.bootstrap_servers is None and s.runq_alert_ms == Settings.model_fields["runq_alert_ms"].default
 
 
 def test_every_field_is_in_exactly_one_section():

@@ -53,6 +53,13 @@ def test_hostile_comm_is_kept_verbatim():
     assert "[red]x (pid 4321)" in line
 
 
+def test_group_announcements_say_how_many_and_resolutions_say_quiet():
+    again = format_alert(alert(evidence={"state": "firing", "group_count": "7"}))
+    assert again.endswith("(7 so far)")
+    done = format_alert(alert(evidence={"state": "resolved", "group_count": "7", "group_worst_ns": "25000000"}))
+    assert "[resolved]" in done and "7 alert(s)" in done and "worst 25.0 ms" in done and "waited" not in done
+
+
 def test_request_alerts_print_their_summary():
     from jitterscope.schemas.events import Alert
     from jitterscope.stack import format_alert

@@ -1,0 +1,182 @@
+"""The "cfs" signal: CFS bandwidth throttling of the watched processes'
+cgroups, from the kernel's own counters (no BPF program: cpu.stat has them).
+
+Which cgroups: those of the target processes and their ancestors (a pod's
+quota sits on the pod cgroup above its containers'); when every process is
+watched, every cgroup with a quota, found again on each ``rescan``. Only a
+cgroup with a quota can be throttled, so only those are sampled.
+
+cgroup v1 (``cpu`` or ``cpu,cpuacct`` hierarchy): cpu.cfs_quota_us (-1 = no
+limit), cpu.cfs_period_us, cpu.stat ``nr_periods nr_throttled
+throttled_time`` (ns). cgroup v2: cpu.max ("max 100000" or "20000 100000")
+and cpu.stat ``nr_periods nr_throttled throttled_usec``.
+
+A record (deltas) goes out every ``cfs_interval_s`` for each cgroup that ran
+under its quota in that interval (nr_periods grew): idle ones make none, and
+a run of records tells the streams worker up to when a cgroup is covered.
+Roots come from the probe context (a collector in a container sees the
+host's /proc and /sys elsewhere).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from jitterscope.collector.probes.interface import ProbeContext
+from jitterscope.collector.probes.sampled import SampledSignal
+from jitterscope.schemas import events
+
+
+@dataclass(frozen=True)
+class CpuCgroup:
+    path: str   # below the cpu controller's root, "/" for the root
+    dir: Path   # its directory
+    v2: bool
+
+
+@dataclass(frozen=True)
+class CpuStat:
+    quota_us: int  # -1: no limit
+    period_us: int
+    nr_periods: int
+    nr_throttled: int
+    throttled_ns: int
+
+
+def _join(root: Path, path: str) -> Path:
+    return root / path.lstrip("/") if path.strip("/") else root
+
+
+def cpu_cgroup(cgroup_file: str, sys: Path = Path("/sys")) -> CpuCgroup | None:
+    """The cpu-controller cgroup named in a /proc/PID/cgroup text: the v1
+    line whose controllers include cpu, else the v2 ("0::") line where the
+    v2 hierarchy has the cpu controller. None when neither is mounted."""
+    root = sys / "fs/cgroup"
+    v2_path = None
+    for line in cgroup_file.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        if not controllers:
+            v2_path = path
+        elif "cpu" in controllers.split(","):
+            for mount in (controllers, "cpu", "cpu,cpuacct", "cpuacct,cpu"):
+                if (root / mount).is_dir():
+                    return CpuCgroup(path, _join(root / mount, path), False)
+    if v2_path is not None:
+        for mount in (root, root / "unified"):  # pure v2, or the hybrid layout's v2 part
+            if "cpu" in _read(mount / "cgroup.controllers").split():
+                return CpuCgroup(v2_path, _join(mount, v2_path), True)
+    return None
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+def read_stat(group: CpuCgroup) -> CpuStat | None:
+    """The cgroup's limit and cumulative throttling counters (None if it is gone)."""
+    stat = dict(line.split(maxsplit=1) for line in _read(group.dir / "cpu.stat").splitlines() if " " in line)
+    try:
+        if group.v2:
+            limit = _read(group.dir / "cpu.max").split()
+            if len(limit) != 2:
+                return None
+            quota = -1 if limit[0] == "max" else int(limit[0])
+            period, throttled = int(limit[1]), int(stat.get("throttled_usec", 0)) * 1000
+        else:
+            quota = int(_read(group.dir / "cpu.cfs_quota_us"))
+            period, throttled = int(_read(group.dir / "cpu.cfs_period_us")), int(stat.get("throttled_time", 0))
+        return CpuStat(quota, period, int(stat.get("nr_periods", 0)), int(stat.get("nr_throttled", 0)), throttled)
+    except ValueError:  # removed while read (empty files)
+        return None
+
+
+def ancestors(group: CpuCgroup) -> list[CpuCgroup]:
+    """The cgroup and each parent up to (not including) the root."""
+    out, path, d = [], group.path.rstrip("/"), group.dir
+    while path:
+        out.append(CpuCgroup(path, d, group.v2))
+        path, d = path.rsplit("/", 1)[0], d.parent
+    return out
+
+
+def quota_cgroups(sys: Path = Path("/sys")) -> list[CpuCgroup]:
+    """Every cgroup with a CPU quota on the host (the cpu hierarchy walked)."""
+    probe = cpu_cgroup("1:cpu:/\n0::/", sys)  # where the cpu hierarchy's root is, v1 first
+    if probe is None:
+        return []
+    out = []
+    for d, subdirs, _ in os.walk(probe.dir):
+        rel = os.path.relpath(d, probe.dir)
+        if rel == ".":
+            continue  # the root has no quota
+        group = CpuCgroup("/" + rel, Path(d), probe.v2)
+        limit = _read(Path(d) / ("cpu.max" if probe.v2 else "cpu.cfs_quota_us")).split()
+        if limit and limit[0] not in ("max", "-1"):
+            out.append(group)
+    return out
+
+
+class CfsSignal(SampledSignal):
+    name = "cfs"
+    publishes = (events.CgroupThrottle,)
+
+    def open(self, context: ProbeContext) -> None:
+        self.ctx = context
+        self._targets = context.targets
+        self._groups: dict[str, CpuCgroup] = {}
+        self._seen: dict[str, CpuStat] = {}
+        self.start_clock(context, context.settings.cfs_interval_s)
+        self.rescan()
+
+    def set_targets(self, targets: set[int] | None, thresholds: dict[int, int]) -> None:
+        self._targets = targets
+        self.rescan()
+
+    def rescan(self) -> None:
+        """Find the cgroups to sample again: processes move, containers come and go."""
+        if not hasattr(self, "lock"):
+            return
+        if self._targets is None:
+            groups = quota_cgroups(self.ctx.sys)
+        else:
+            groups = []
+            for pid in sorted(self._targets):
+                group = cpu_cgroup(_read(self.ctx.proc / str(pid) / "cgroup"), self.ctx.sys)
+                groups.extend(ancestors(group) if group else [])
+        with self.lock:  # the sampler thread reads both
+            self._groups = {g.path: g for g in groups}
+            for path in list(self._seen):
+                if path not in self._groups:
+                    del self._seen[path]
+            for path, group in self._groups.items():  # a new cgroup's baseline: counted from now
+                if path not in self._seen and (stat := read_stat(group)):
+                    self._seen[path] = stat
+
+    def read(self) -> list[tuple[str, CpuStat, CpuStat]]:
+        """(cgroup, before, now) of the quota cgroups that ran under their quota since the last read."""
+        out = []
+        for path, group in sorted(self._groups.items()):
+            stat = read_stat(group)
+            if stat is None:
+                continue
+            before = self._seen.get(path)
+            self._seen[path] = stat
+            if before is not None and stat.quota_us >= 0 and stat.nr_periods > before.nr_periods:
+                out.append((path, before, stat))  # not: a baseline, no limit, or it did not run
+        return out
+
+    def records(self, reading: list[tuple[str, CpuStat, CpuStat]], interval_ns: int,
+                now_ns: int) -> list[events.Record]:
+        return [self.ctx.record(
+            events.CgroupThrottle, now_ns, cgroup=path, interval_ns=interval_ns, quota_us=stat.quota_us,
+            period_us=stat.period_us, nr_periods=stat.nr_periods - before.nr_periods,
+            nr_throttled=max(0, stat.nr_throttled - before.nr_throttled),
+            throttled_ns=max(0, stat.throttled_ns - before.throttled_ns)) for path, before, stat in reading]

@@ -1,0 +1,109 @@
+"""The stacks behind run-queue waits: which code held the CPUs the waiters
+wanted (culprit = the suspect's stack), and where the waiters were when they
+were preempted (the victim's stack).
+
+Stack ids are hashes of the symbolized frames (collector/stacks.py), the
+same on every host, so waits add up across the fleet. Used by
+`jitterscope stacks` and by the capacity report's "Top culprit stacks".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from html import escape
+from typing import Callable
+
+from jitterscope.streams.clickhouse import DATABASE as DB
+
+ROLES = {"suspect": "suspect_stack", "victim": "victim_stack"}  # role -> runq_events column
+
+Query = Callable[[str, dict], list]  # (sql, parameters) -> rows
+
+
+@dataclass(frozen=True)
+class Stack:
+    stack_id: int
+    comm: str
+    kernel: list[str]   # innermost frame first
+    user: list[str]
+    waits: int = 0      # run-queue events naming it
+    wait_ns: int = 0    # their total wait
+    hosts: int = 0
+
+    def frames(self) -> list[str]:
+        """Root first, as a flame graph stacks them: the process, its user
+        frames, then the kernel frames (marked ``_[k]``, as Brendan Gregg's
+        stackcollapse tools do)."""
+        return [self.comm, *reversed(self.user), *(f"{f}_[k]" for f in reversed(self.kernel))]
+
+
+_STACKS = f"""(SELECT stack_id, any(comm) AS comm, any(kernel) AS kernel, any(user) AS user
+               FROM {DB}.stacks GROUP BY stack_id)"""
+
+
+def top(query: Query, start_ns: int, end_ns: int, host: str = "", role: str = "suspect",
+        limit: int = 20) -> list[Stack]:
+    """The stacks of ``role`` ("suspect": the culprits; "victim") behind the
+    most run-queue waiting in [start_ns, end_ns), on ``host`` or everywhere."""
+    column = ROLES[role]  # from the fixed table above, never from the user
+    rows = query(f"""
+        SELECT e.stack_id, s.comm, s.kernel, s.user, e.waits, e.wait_ns, e.hosts FROM (
+            SELECT {column} AS stack_id, count() AS waits, sum(wait_ns) AS wait_ns, uniqExact(host) AS hosts
+            FROM {DB}.runq_events FINAL
+            WHERE ts >= fromUnixTimestamp64Nano({{start_ns:Int64}}) AND ts < fromUnixTimestamp64Nano({{end_ns:Int64}})
+              AND {column} != 0 AND ({{host:String}} = '' OR host = {{host:String}})
+            GROUP BY stack_id) AS e
+        INNER JOIN {_STACKS} AS s ON s.stack_id = e.stack_id
+        ORDER BY e.wait_ns DESC, e.stack_id LIMIT {{limit:UInt32}}""",
+        {"start_ns": start_ns, "end_ns": end_ns, "host": host, "limit": limit})
+    return [Stack(int(r[0]), r[1], list(r[2]), list(r[3]), int(r[4]), int(r[5]), int(r[6])) for r in rows]
+
+
+def of_alert(query: Query, host: str, seq: int) -> tuple[list, dict[str, Stack | None]]:
+    """One run-queue alert (host, seq: as stored in ``alerts``): its row
+    (ts, comm, pid, suspect_comm, suspect_pid, wait_ns) and its stacks by role
+    (None where none was captured or it is not stored)."""
+    rows = query(f"""
+        SELECT ts, comm, pid, suspect_comm, suspect_pid, wait_ns, victim_stack, suspect_stack
+        FROM {DB}.alerts FINAL WHERE host = {{host:String}} AND seq = {{seq:UInt64}} AND kind = 'runq_starvation'
+        ORDER BY ts DESC LIMIT 1""", {"host": host, "seq": seq})
+    if not rows:
+        return [], {}
+    alert = rows[0]
+    ids = {"victim": int(alert[6]), "suspect": int(alert[7])}
+    found = {int(r[0]): Stack(int(r[0]), r[1], list(r[2]), list(r[3])) for r in query(
+        f"SELECT stack_id, comm, kernel, user FROM {_STACKS} WHERE stack_id IN ({{victim:UInt64}}, {{suspect:UInt64}})",
+        ids)}
+    return alert[:6], {role: found.get(i) for role, i in ids.items()}
+
+
+def _folded_frame(frame: str) -> str:
+    # ';' separates frames and the last space the count: neither may appear inside one
+    return frame.replace(";", ":").replace("\n", " ").replace(" ", "_")
+
+
+def folded(stacks: list[Stack]) -> list[str]:
+    """Folded stacks ("frame;frame;frame count"), weighted by the wait each
+    caused in microseconds, for flamegraph.pl / speedscope / inferno."""
+    return [";".join(map(_folded_frame, s.frames())) + f" {max(1, s.wait_ns // 1000)}" for s in stacks]
+
+
+def section(ctx) -> str:
+    """The capacity report's "Top culprit stacks": ``ctx`` is the report's
+    Context (query, since_s). Every frame is escaped: names come from the
+    watched programs."""
+    import time
+
+    end_ns = time.time_ns()
+    stacks = top(ctx.query, end_ns - ctx.since_s * 1_000_000_000, end_ns, limit=10)
+    if not stacks:
+        return '<p class="empty">no culprit stacks captured in this period</p>'
+    items = []
+    for s in stacks:
+        frames = "<br>".join(escape(f) for f in [*s.user, *(f"{k} [kernel]" for k in s.kernel)][:12])
+        items.append(f"<tr><td>{escape(s.comm)}</td><td>{s.wait_ns / 1e9:,.2f}</td><td>{s.waits:,}</td>"
+                     f"<td>{s.hosts:,}</td><td><code>{frames}</code></td></tr>")
+    return ("<p>The code that held the CPUs inference threads waited for, ranked by the wait it caused "
+            "(innermost frame first; <code>jitterscope stacks --folded</code> exports them for flame graphs).</p>"
+            "<table><thead><tr><th>process</th><th>wait caused (s)</th><th>waits</th><th>hosts</th>"
+            f"<th>stack</th></tr></thead><tbody>{''.join(items)}</tbody></table>")

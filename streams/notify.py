@@ -1,0 +1,241 @@
+"""Alert notifications: Alertmanager (``POST <url>/api/v2/alerts``) and a
+plain JSON webhook, both optional settings.
+
+Each target has its own bounded queue and its own thread: the stream only
+puts alerts in the queue (never waits), a full queue drops and counts, and a
+slow or dead receiver holds up nothing but its own thread. A POST is retried
+with exponential backoff and jitter; what still fails is counted. Stdlib HTTP
+(urllib) only: the sender is a thread, so a blocking client is the simple
+choice and adds no dependency.
+
+Alertmanager identifies an alert by its label set, so the labels are the
+alert group's identity (kind, host, victim pid and comm, suspect, pod...) and
+stay the same from its first announcement to its resolution; what changes
+(count, worst wait) goes in the annotations. While a group fires, ``endsAt``
+is now + ``resolve_timeout`` (longer than the gap between two announcements
+of a firing group), so Alertmanager keeps it firing and resolves it by itself
+only if this worker goes away; the resolution sets ``endsAt`` to its time.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import random
+import threading
+import urllib.error
+import urllib.request
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Iterable
+
+import msgspec
+from prometheus_client import Counter
+
+from jitterscope.common import errors
+from jitterscope.schemas.events import Alert
+from jitterscope.streams.alert_groups import RESOLVED, suspect_of
+
+log = logging.getLogger("jitterscope.streams.notify")
+
+SENT = Counter("jitterscope_streams_notifications_sent_total", "alerts a notification target accepted", ["target"])
+FAILED = Counter("jitterscope_streams_notifications_failed_total",
+                 "alerts a notification target did not accept after every retry", ["target"])
+DROPPED = Counter("jitterscope_streams_notifications_dropped_total",
+                  "alerts not queued for a notification target because its queue was full", ["target"])
+
+BATCH_MAX = 64  # alerts per POST at most
+
+# -- payloads (pure) ---------------------------------------------------------
+
+_FNV_OFFSET, _FNV_PRIME, _SEPARATOR = 14695981039346656037, 1099511628211, 0xFF
+
+
+def fingerprint(labels: dict[str, str]) -> str:
+    """Prometheus' label-set fingerprint (FNV-1a 64 over the sorted names and
+    values, each followed by 0xff), as Alertmanager shows it: the same alert
+    group has the same fingerprint here, in Alertmanager and across restarts."""
+    h = _FNV_OFFSET
+    for name in sorted(labels):
+        for part in (name, labels[name]):
+            for byte in part.encode():
+                h = ((h ^ byte) * _FNV_PRIME) & 0xFFFFFFFFFFFFFFFF
+            h = ((h ^ _SEPARATOR) * _FNV_PRIME) & 0xFFFFFFFFFFFFFFFF
+    return f"{h:016x}"
+
+
+def labels(alert: Alert) -> dict[str, str]:
+    """The alert's identity: what stays the same while its group fires.
+    Empty values are left out (Alertmanager treats empty as absent)."""
+    raw = {
+        "alertname": alert.kind,
+        # a group keeps its first alert's severity: a changed label would be another alert
+        "severity": alert.evidence.get("group_severity") or alert.severity,
+        "host": alert.host,
+        "comm": alert.comm,
+        "pid": str(alert.pid) if alert.pid else "",
+        "cpu": "" if alert.pid else str(alert.cpu),  # host-level findings (irq): per CPU
+        "suspect": suspect_of(alert),
+        "pod": alert.pod,
+        "namespace": alert.namespace,
+        "container": alert.container,
+        "request_id": alert.request_id,
+    }
+    return {k: v for k, v in raw.items() if v}
+
+
+def rfc3339(ns: int) -> str:
+    return datetime.fromtimestamp(ns / 1e9, tz=timezone.utc).isoformat(timespec="milliseconds").replace(
+        "+00:00", "Z")
+
+
+def is_resolved(alert: Alert) -> bool:
+    return alert.evidence.get("state") == RESOLVED
+
+
+def postable_alert(alert: Alert, resolve_timeout_ns: int, generator_url: str | None = None) -> dict:
+    """One Alertmanager API v2 PostableAlert."""
+    ev = alert.evidence
+    annotations = {"summary": alert.summary, "remedy": alert.remedy}
+    if "group_count" in ev:
+        annotations.update(count=ev["group_count"], worst_ms=f"{int(ev['group_worst_ns']) / 1e6:.1f}")
+    starts = int(ev.get("group_first_ns", alert.ts_ns))
+    ends = alert.raised_ns if is_resolved(alert) else alert.raised_ns + resolve_timeout_ns
+    body = {"labels": labels(alert), "annotations": annotations, "startsAt": rfc3339(starts),
+            "endsAt": rfc3339(ends)}
+    if generator_url:
+        body["generatorURL"] = generator_url
+    return body
+
+
+def alertmanager_body(alerts: list[Alert], resolve_timeout_ns: int, generator_url: str | None = None) -> bytes:
+    return json.dumps([postable_alert(a, resolve_timeout_ns, generator_url) for a in alerts]).encode()
+
+
+def webhook_body(alerts: list[Alert]) -> bytes:
+    """{"alerts": [{"state", "fingerprint", "labels", "alert": <the Alert record>}]}"""
+    return json.dumps({"alerts": [{
+        "state": a.evidence.get("state", "firing"), "fingerprint": fingerprint(labels(a)), "labels": labels(a),
+        "alert": msgspec.to_builtins(a)} for a in alerts]}).encode()
+
+
+def backoff_s(attempt: int, base_s: float, cap_s: float, rand: Callable[[], float] = random.random) -> float:
+    """Exponential backoff with equal jitter: half of min(cap, base * 2**attempt)
+    fixed, half random, so retries of many workers spread out but never retry
+    at once."""
+    step = min(cap_s, base_s * (2 ** attempt))
+    return step / 2 + rand() * step / 2
+
+
+# -- sending -------------------------------------------------------------------
+
+class Target:
+    """One destination: a bounded queue drained by a daemon thread."""
+
+    def __init__(self, name: str, url: str, encode: Callable[[list[Alert]], bytes], *,
+                 headers: dict[str, str] | None = None, queue_max: int = 1000, timeout_s: float = 5.0,
+                 retries: int = 5, backoff_base_s: float = 0.5, backoff_cap_s: float = 30.0):
+        self.name, self.url, self.encode = name, url, encode
+        self.headers = {"Content-Type": "application/json", **(headers or {})}
+        self.timeout_s, self.retries = timeout_s, retries
+        self.backoff_base_s, self.backoff_cap_s = backoff_base_s, backoff_cap_s
+        self.queue: queue.Queue[Alert] = queue.Queue(maxsize=queue_max)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"notify-{name}", daemon=True)
+        self._thread.start()
+
+    def offer(self, alerts: Iterable[Alert]) -> None:
+        for alert in alerts:
+            try:
+                self.queue.put_nowait(alert)
+            except queue.Full:
+                DROPPED.labels(self.name).inc()
+
+    def close(self, timeout_s: float = 2.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                batch = [self.queue.get(timeout=0.5)]
+            except queue.Empty:
+                continue
+            while len(batch) < BATCH_MAX:
+                try:
+                    batch.append(self.queue.get_nowait())
+                except queue.Empty:
+                    break
+            try:
+                ok = self._deliver(self.encode(batch))
+            except Exception:  # the thread must outlive any one bad batch
+                log.exception("notification to %s failed", self.name)
+                ok = False
+            (SENT if ok else FAILED).labels(self.name).inc(len(batch))
+
+    def _deliver(self, body: bytes) -> bool:
+        for attempt in range(self.retries + 1):
+            if attempt:
+                if self._stop.wait(backoff_s(attempt - 1, self.backoff_base_s, self.backoff_cap_s)):
+                    return False
+            request = urllib.request.Request(self.url, data=body, headers=self.headers, method="POST")
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                    response.read()
+                return True
+            except urllib.error.HTTPError as exc:
+                # a receiver that refuses the payload will refuse it again
+                if 400 <= exc.code < 500 and exc.code not in (408, 429):
+                    log.warning("%s refused %d bytes of alerts: HTTP %d", self.name, len(body), exc.code)
+                    return False
+                why = f"HTTP {exc.code}"
+            except (OSError, ValueError) as exc:  # refused, reset, timed out, bad URL
+                why = type(exc).__name__
+            # the URL may carry credentials: name the target, not the URL
+            log.debug("%s: attempt %d failed (%s)", self.name, attempt + 1, why)
+        # one line per batch given up (retries take seconds): an outage is not a flood
+        log.warning("%s: %d bytes of alerts not delivered after %d attempts (%s); counted in "
+                    "jitterscope_streams_notifications_failed_total", self.name, len(body), self.retries + 1, why)
+        return False
+
+
+class Notifier:
+    """The configured targets (none: every call is a no-op)."""
+
+    def __init__(self, targets: list[Target]):
+        self.targets = targets
+
+    @classmethod
+    def from_settings(cls, s) -> "Notifier":
+        common = dict(queue_max=s.notify_queue_max, timeout_s=s.notify_timeout_s, retries=s.notify_retries)
+        resolve_timeout_ns = int(2 * max(s.alert_group_window_s, s.alert_group_quiet_s) * 1e9)
+        targets = []
+        if s.alertmanager_url:
+            url = s.alertmanager_url.rstrip("/") + "/api/v2/alerts"
+            generator = s.alertmanager_generator_url
+            targets.append(Target("alertmanager", url,
+                                  lambda batch: alertmanager_body(batch, resolve_timeout_ns, generator), **common))
+        if s.webhook_url:
+            headers = {"Authorization": f"Bearer {read_token(s.webhook_token_file)}"} if s.webhook_token_file else {}
+            targets.append(Target("webhook", s.webhook_url, webhook_body, headers=headers, **common))
+        return cls(targets)
+
+    def offer(self, alerts: list[Alert]) -> None:
+        for target in self.targets:
+            target.offer(alerts)
+
+    def close(self) -> None:
+        for target in self.targets:
+            target.close()
+
+
+def read_token(path: Path) -> str:
+    try:
+        token = Path(path).read_text().strip()
+    except OSError as exc:
+        raise errors.BadConfig(f"webhook_token_file {path} cannot be read ({exc.strerror}): "
+                               "point it at a readable file holding the bearer token") from None
+    if not token:
+        raise errors.BadConfig(f"webhook_token_file {path} is empty: write the bearer token into it")
+    return token

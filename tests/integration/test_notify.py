@@ -1,0 +1,234 @@
+"""Alert notifications from a real pipeline (issue 10, part 6): hogs pinned
+with a victim on one CPU -> BPF -> Kafka -> streams worker -> a local HTTP
+receiver that gets grouped alerts in Alertmanager's format (and the plain
+webhook), then their resolution once the hogs stop. A dead receiver (one
+that accepts and never answers, one that refuses) does not slow the stream:
+a known burst is stored within the normal deadline while it hangs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+import threading
+import time
+import urllib.request
+import uuid
+from datetime import datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from jitterscope.broker import free_port
+from jitterscope.collector.publish import KafkaPublisher
+from jitterscope.schemas import events, topics
+from jitterscope.workload import HOG_COMM, VICTIM_COMM, starvation
+from tests.conftest import wait_until
+
+pytestmark = [pytest.mark.bpf, pytest.mark.integration]
+
+WINDOW_S, QUIET_S = 2, 3
+TOKEN = "hook-token-" + uuid.uuid4().hex[:8]
+POSTABLE_KEYS = {"labels", "annotations", "startsAt", "endsAt"}  # Alertmanager API v2 PostableAlert (+generatorURL)
+
+
+class Receiver:
+    """Records every POST (path, headers, JSON body, time received)."""
+
+    def __init__(self):
+        self.posts: list[tuple[str, dict, object, float]] = []
+        lock = threading.Lock()
+        posts = self.posts
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with lock:
+                    posts.append((self.path, dict(self.headers), body, time.time()))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def alertmanager(self) -> list[tuple[dict, float]]:
+        return [(a, t) for path, _, body, t in list(self.posts) if path == "/api/v2/alerts" for a in body]
+
+    def close(self):
+        self.server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def notified(stack, tmp_path_factory):
+    receiver = Receiver()
+    token = tmp_path_factory.mktemp("secret") / "token"
+    token.write_text(TOKEN)
+    worker = stack.start_worker_with(
+        JITTERSCOPE_ALERTMANAGER_URL=receiver.url, JITTERSCOPE_WEBHOOK_URL=f"{receiver.url}/hook",
+        JITTERSCOPE_WEBHOOK_TOKEN_FILE=str(token), JITTERSCOPE_ALERT_GROUP_WINDOW_S=str(WINDOW_S),
+        JITTERSCOPE_ALERT_GROUP_QUIET_S=str(QUIET_S))
+    stack.start_collector(
+        JITTERSCOPE_TARGET_COMMS=f'["{VICTIM_COMM}*"]', JITTERSCOPE_TARGET_RESCAN_S="0.2",
+        JITTERSCOPE_RUNQ_ALERT_MS="10")
+    yield stack, worker, receiver
+    receiver.close()
+
+
+def seconds(ts: str) -> float:
+    return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
+
+
+def test_grouped_alerts_reach_alertmanager_and_resolve_when_the_hogs_stop(notified):
+    stack, worker, receiver = notified
+    with starvation(seconds=6, hogs=3, delay=1.0) as victim:
+        pass
+
+    def ours():
+        return [(a, t) for a, t in receiver.alertmanager() if a["labels"].get("pid") == str(victim.pid)]
+
+    def resolved(a, t):  # endsAt in the past = resolved
+        return seconds(a["endsAt"]) <= t + 1
+
+    def by_group(posted) -> dict[str, list]:
+        """label set (the group's identity) -> its posts in the order received"""
+        groups: dict[str, list] = {}
+        for a, t in sorted(posted, key=lambda p: p[1]):
+            groups.setdefault(json.dumps(a["labels"], sort_keys=True), []).append((a, t))
+        return groups
+
+    def all_resolved():  # the victim has exited: every group ends with its resolution
+        posted = ours()
+        groups = by_group(posted)
+        return posted if groups and all(resolved(*g[-1]) for g in groups.values()) else None
+
+    posted = wait_until(all_resolved, 90, "firing and resolved alerts for the victim at the receiver", worker)
+    for a, _ in posted:
+        assert POSTABLE_KEYS <= set(a) and {"summary", "remedy", "count", "worst_ms"} <= set(a["annotations"])
+        assert a["labels"]["alertname"] == "runq_starvation" and a["labels"]["comm"] == VICTIM_COMM
+        assert a["labels"]["host"] == stack.env["JITTERSCOPE_HOST"] and a["labels"]["severity"]
+    assert any(a["labels"].get("suspect") == HOG_COMM for a, _ in posted), "a hog named as suspect"
+
+    # grouped: an episode of a group (up to its resolution; a group quiet for QUIET_S and firing again
+    # is a new one) is one first announcement, at most one more per window, then one resolution
+    episodes = []
+    for group in by_group(posted).values():
+        episode = []
+        for a, t in group:
+            episode.append((a, t))
+            if resolved(a, t):
+                episodes.append(episode)
+                episode = []
+        assert not episode, "every episode ends with its resolution"
+    for episode in episodes:
+        firing = [t for a, t in episode[:-1]]
+        assert firing and not any(resolved(a, t) for a, t in episode[:-1]), episode
+        assert len(firing) <= math.ceil((max(firing) - min(firing)) / WINDOW_S) + 2, episode
+    # nothing lost: the resolutions count every alert the store holds for the victim
+    resolved_count = sum(int(e[-1][0]["annotations"]["count"]) for e in episodes)
+    stored = wait_until(lambda: (n := stack.query(
+        "SELECT countIf(evidence['state'] != 'resolved'), countIf(evidence['state'] = 'resolved') "
+        "FROM jitterscope.alerts FINAL WHERE pid = {pid:UInt32}", pid=victim.pid)[0]) == [resolved_count,
+                                                                                          len(episodes)] and n,
+        30, f"{resolved_count} alerts and {len(episodes)} resolutions stored", worker)
+    firing_posts = len(posted) - len(episodes)
+    assert firing_posts < stored[0], "repeats were folded, not each sent"
+
+    # the alerts topic carries the same grouped stream, and its readers (`up`) can decode every record
+    on_topic = [a for a in alerts_on_topic(stack) if a.pid == victim.pid]
+    assert len(on_topic) == len(posted)
+    assert sum(a.evidence["state"] == "resolved" for a in on_topic) == len(episodes)
+
+    hook = [(h, body) for path, h, body, _ in list(receiver.posts) if path == "/hook"]
+    items = [i for _, body in hook for i in body["alerts"] if i["alert"]["pid"] == victim.pid]
+    assert len(items) == len(posted) and {i["state"] for i in items} == {"firing", "resolved"}
+    assert all(h["Authorization"] == f"Bearer {TOKEN}" for h, _ in hook)
+    assert TOKEN not in worker.text(), "the token is never logged"
+    print(f"\n[measured] victim: {stored[0]} alerts stored in {len(by_group(posted))} group(s), "
+          f"{len(episodes)} episode(s); {firing_posts} firing + {len(episodes)} resolved notifications")
+
+
+def alerts_on_topic(stack) -> list[events.Alert]:
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": stack.broker.bootstrap_servers, "group.id": f"t-{uuid.uuid4()}",
+                         "enable.auto.commit": False})
+    try:
+        partitions = consumer.list_topics(topics.ALERTS, timeout=10).topics[topics.ALERTS].partitions
+        consumer.assign([TopicPartition(topics.ALERTS, p, OFFSET_BEGINNING) for p in partitions])
+        decoder, out, idle_until = events.BatchDecoder(events.Alert), [], time.monotonic() + 5
+        while time.monotonic() < idle_until:  # read until nothing new for 5 s
+            message = consumer.poll(0.5)
+            if message is None or message.error():
+                continue
+            good, bad = decoder.decode(message.value())
+            assert not bad, bad
+            out += good
+            idle_until = time.monotonic() + 5
+        return out
+    finally:
+        consumer.close()
+
+
+def burst(stack, host: str, victims: int = 200, per_victim: int = 10) -> float:
+    """Seconds from sending ``victims`` x ``per_victim`` alerting run-queue
+    waits (distinct victims: each its own alert group) to all of them stored."""
+    publisher = KafkaPublisher(stack.broker.bootstrap_servers, host)
+    publisher.check_reachable()
+    now = time.time_ns()
+    head = lambda seq: dict(host=host, boot_id="burst", seq=seq, ts_ns=now + seq)  # noqa: E731
+    publisher.send(topics.TOPOLOGY, [events.Topology(**head(1), cpus=[0, 1], numa_nodes=[])])
+    publisher.send(topics.PROCESSES, [events.ProcessInfo(**head(1 + v), pid=1000 + v, comm="engine", cmdline="",
+                                                         cgroup="/", cpus_allowed=[0]) for v in range(victims)])
+    publisher.flush()
+    wait_until(lambda: stack.query("SELECT count() FROM jitterscope.processes WHERE host = {h:String}",
+                                   h=host)[0][0] == victims, 60, "the burst's processes stored")
+    waits = [events.RunqEvent(**head(10_000 + i), pid=1000 + i % victims, tid=1000 + i % victims, comm="engine",
+                              cpu=0, wait_ns=15_000_000, suspect_pid=7, suspect_tid=7, suspect_comm="tar")
+             for i in range(victims * per_victim)]
+    started = time.monotonic()
+    publisher.send(topics.RUNQ, waits)
+    assert publisher.flush() == 0
+    publisher.close()
+    wait_until(lambda: stack.query("SELECT count() FROM jitterscope.runq_events FINAL WHERE host = {h:String}",
+                                   h=host)[0][0] == len(waits), 60, f"{len(waits)} runq events stored")
+    return time.monotonic() - started
+
+
+def metric(port: int, name: str) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
+
+
+def test_a_dead_receiver_does_not_slow_the_stream(notified):
+    stack, worker, receiver = notified
+    live_s = burst(stack, f"live-{uuid.uuid4().hex[:6]}")
+
+    hung = socket.socket()  # accepts connections and never answers
+    hung.bind(("127.0.0.1", 0))
+    hung.listen(64)
+    accepted = []
+    threading.Thread(target=lambda: [accepted.append(hung.accept()) for _ in iter(int, 1)], daemon=True).start()
+    refused = free_port()  # nothing listens there
+    worker.stop()
+    worker = stack.start_worker_with(
+        JITTERSCOPE_ALERTMANAGER_URL=f"http://127.0.0.1:{hung.getsockname()[1]}",
+        JITTERSCOPE_WEBHOOK_URL=f"http://127.0.0.1:{refused}/hook", JITTERSCOPE_NOTIFY_QUEUE_MAX="10",
+        JITTERSCOPE_NOTIFY_TIMEOUT_S="60", JITTERSCOPE_ALERT_GROUP_WINDOW_S=str(WINDOW_S),
+        JITTERSCOPE_ALERT_GROUP_QUIET_S=str(QUIET_S))
+    try:
+        dead_s = burst(stack, f"dead-{uuid.uuid4().hex[:6]}")
+        assert accepted, "the worker did reach the hung receiver"
+        dropped = wait_until(lambda: metric(stack.web_port, "jitterscope_streams_notifications_dropped_total"
+                                                            '{target="alertmanager"}'), 30, "dropped count", worker)
+        assert dropped > 0 and metric(stack.web_port, "jitterscope_streams_notifications_sent_total") == 0
+        assert metric(stack.web_port, 'jitterscope_streams_notifications_dropped_total{target="webhook"}') > 0
+        print(f"\n[measured] burst of 2000 alerting waits stored in {live_s:.1f} s with a live receiver, "
+              f"{dead_s:.1f} s with a hung one ({dropped:.0f} alertmanager notifications dropped)")
+    finally:
+        worker.stop()
+        hung.close()

@@ -1,0 +1,54 @@
+"""Stacks at alarm, end to end: the collector captures the culprit's stack
+for a starved victim (a frame-pointer hog on its CPU), the StackTrace lands
+in ClickHouse's `stacks` table, the alert names it, and `jitterscope stacks
+--folded` prints the hog's busy loop for a flame graph."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from jitterscope.workload import last_cpu
+from tests.bpf import fphog
+from tests.conftest import wait_until
+
+pytestmark = [pytest.mark.bpf, pytest.mark.integration]
+
+
+@pytest.fixture(scope="module")
+def pipeline(stack, tmp_path_factory):
+    binary = fphog.build(tmp_path_factory.mktemp("fphog"))
+    worker = stack.start_worker()
+    collector = stack.start_collector(
+        JITTERSCOPE_TARGET_COMMS=f'["{fphog.VICTIM_COMM}"]', JITTERSCOPE_TARGET_RESCAN_S="0.2",
+        JITTERSCOPE_RUNQ_THRESHOLD_MS="2", JITTERSCOPE_RUNQ_ALERT_MS="2")
+    yield stack, worker, collector, binary
+
+
+def test_culprit_stack_stored_alerted_and_folded(pipeline):
+    stack, worker, collector, binary = pipeline
+    with fphog.contention(binary, last_cpu(), seconds=60) as victim:
+        stored = wait_until(lambda: stack.query(
+            "SELECT e.suspect_stack FROM jitterscope.runq_events AS e "
+            "INNER JOIN jitterscope.stacks AS s ON s.stack_id = e.suspect_stack "
+            "WHERE e.pid = {pid:UInt32} AND has(s.user, {fn:String}) LIMIT 1",
+            pid=victim.pid, fn=fphog.HOG_FUNCTION), 90, "a stored culprit stack naming the hog's loop", worker)
+    stack_id = stored[0][0]
+    [[comm, kernel, copies]] = stack.query(
+        "SELECT any(comm), any(kernel), count() FROM jitterscope.stacks WHERE stack_id = {id:UInt64}", id=stack_id)
+    assert comm == fphog.HOG_COMM and kernel, "a hog preempted in user space still has a kernel stack"
+    assert copies == 1, "each distinct stack is published once"
+    alerts = wait_until(lambda: stack.query(
+        "SELECT count() FROM jitterscope.alerts WHERE pid = {pid:UInt32} AND suspect_stack = {id:UInt64}",
+        pid=victim.pid, id=stack_id)[0][0], 60, "an alert carrying the culprit stack", worker)
+    assert alerts >= 1
+
+    out = subprocess.run([sys.executable, "-m", "jitterscope.cli", "stacks", "--folded", "--since", "1h"],
+                         env=stack.env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = [line for line in out.stdout.splitlines() if fphog.HOG_FUNCTION in line]
+    assert lines, out.stdout
+    frames, count = lines[0].rsplit(" ", 1)
+    assert frames.startswith(f"{fphog.HOG_COMM};") and int(count) > 0

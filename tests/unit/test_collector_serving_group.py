@@ -1,0 +1,76 @@
+"""The collector's serving groups on this machine's real /proc: a process
+that sends spans and the process tree it spawned are described with
+``serving_group`` = the span process and get the finer serving threshold;
+an unrelated process does not."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from jitterscope.collector.agent import Collector
+from jitterscope.common.settings import Settings
+from jitterscope.schemas import events
+from tests.conftest import wait_until
+
+# a front process whose child spawns a grandchild; all sleep until killed
+TREE = ("import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', "
+        "'import subprocess, sys, time; subprocess.Popen([sys.executable, \"-c\", \"import time; time.sleep(60)\"]); "
+        "time.sleep(60)'])\n"
+        "time.sleep(60)\n")
+
+
+class Discard:
+    def send(self, topic, batch):
+        pass
+
+
+def children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except FileNotFoundError:
+        return []
+
+
+def test_span_process_descendants_are_its_serving_group(tmp_path):
+    front = subprocess.Popen([sys.executable, "-c", TREE])
+    neighbour = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    spawned: list[int] = []
+    try:
+        engine = wait_until(lambda: (children(front.pid) or [None])[0], 30, "the front's child")
+        spawned.append(engine)
+        worker = wait_until(lambda: (children(engine) or [None])[0], 30, "the engine's child")
+        spawned.append(worker)
+        collector = Collector(Settings(serving_group="auto", serving_threshold_ms=1.0, data_dir=tmp_path,
+                                       spool_max_mb=0), publisher=Discard())
+        collector._serving_pids.add(front.pid)  # as take_requests does for a span's pid
+        collector.update_targets()
+        described = {r.pid: r for _, batch in collector.batcher.drain() for r in batch
+                     if isinstance(r, events.ProcessInfo)}
+        assert {p: described[p].serving_group for p in (front.pid, engine, worker)} == dict.fromkeys(
+            (front.pid, engine, worker), front.pid)
+        assert neighbour.pid not in described
+        assert set(collector.serving_thresholds()) == {front.pid, engine, worker}
+        assert collector.serving_thresholds()[engine] == 1_000_000
+
+        # the engine's child exits (a zombie its parent never reaps): out of the group at the next rescan
+        os.kill(worker, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while worker in collector.serving_thresholds() and time.monotonic() < deadline:
+            collector.update_targets()
+            time.sleep(0.1)
+        assert set(collector.serving_thresholds()) == {front.pid, engine}
+    finally:
+        for pid in spawned:  # the ones this test started, by pid
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for p in (front, neighbour):
+            p.kill()
+            p.wait()
