@@ -21,7 +21,7 @@ from pathlib import Path
 
 from prometheus_client import Counter, Gauge, start_http_server
 
-from jitterscope.collector import hostinfo, serving_group, topology
+from jitterscope.collector import hostinfo, kubelet, serving_group, topology
 from jitterscope.collector.clock import EpochConverter
 from jitterscope.collector.otlp import OtlpReceiver
 from jitterscope.collector.probes import registry
@@ -29,7 +29,7 @@ from jitterscope.collector.probes.interface import Probe, ProbeContext
 from jitterscope.collector.publish import Batcher, KafkaPublisher
 from jitterscope.collector.selfcost import SelfCost
 from jitterscope.collector.spool import Spool, SpoolBusy
-from jitterscope.common import kafka_auth
+from jitterscope.common import buildinfo, kafka_auth  # noqa: F401  (buildinfo: registers jitterscope_build_info)
 from jitterscope.common.logs import fields
 from jitterscope.schemas import events
 from jitterscope.common.settings import Settings
@@ -106,6 +106,7 @@ class Collector:
                  proc: Path = Path("/proc"), sys: Path = Path("/sys")):
         self.settings = settings
         self.proc, self.sys = hostinfo.host_roots(settings.host_root, proc, sys)  # the host's, seen from here
+        self.kubelet = kubelet.from_settings(settings)  # pod names and namespaces, when a kubelet is reachable
         self.stamp = Stamp(settings.host, self.proc)
         self.publisher = publisher or KafkaPublisher(
             settings.bootstrap_servers or "", settings.host, kafka_auth.librdkafka_config(settings),
@@ -149,7 +150,7 @@ class Collector:
             return
         self._processes_sent[pid] = now
         try:
-            info = hostinfo.process_info(pid, self.proc)
+            info = hostinfo.process_info(pid, self.proc, self.kubelet)
         except hostinfo.ProcessGone:
             return
         self._comms[pid] = info["comm"]
@@ -352,7 +353,8 @@ class Collector:
             targets="all" if not s.filters_targets else sorted(self.current_targets() or []),
             hardware=s.hardware_probes))
         if s.otlp_port:
-            self.otlp = OtlpReceiver(s.otlp_bind, s.otlp_port, self._spans_in.put, s.request_id_attributes, max_connections=s.otlp_max_connections, read_timeout_s=s.otlp_read_timeout_s).start()
+            self.otlp = OtlpReceiver(s.otlp_bind, s.otlp_port, self._spans_in.put, s.request_id_attributes, max_connections=s.otlp_max_connections, read_timeout_s=s.otlp_read_timeout_s,
+                                     proc=self.proc).start()
             log.info("OTLP receiver listening", extra=fields(
                 endpoint=f"http://{s.otlp_bind}:{self.otlp.port}/v1/traces"))
 

@@ -75,10 +75,15 @@ def process_info(pid: int, proc: Path = Path("/proc"), kubelet: KubeletPods | No
     status = _status_fields(_read(base / "status").decode(errors="replace"))
     cgroup_text = _read(base / "cgroup").decode(errors="replace")
     cgroup_lines = cgroup_text.splitlines()
-    # cgroup v2 is the single "0::/path" line; v1 lists controllers, take the first.
-    cgroup = next((l.split(":", 2)[2] for l in cgroup_lines if l.startswith("0::")), None)
-    if cgroup is None and cgroup_lines:
-        cgroup = cgroup_lines[0].split(":", 2)[-1]
+    # The cpu controller's cgroup: the one whose CFS quota can throttle the
+    # process (CgroupThrottle records name it the same way). cgroup v1 lists
+    # controllers per line; v2 is the single "0::/path" line; else the first.
+    fields = [l.split(":", 2) for l in cgroup_lines if l.count(":") >= 2]
+    cgroup = next((f[2] for f in fields if "cpu" in f[1].split(",")), None)
+    if cgroup is None:
+        cgroup = next((f[2] for f in fields if f[0] == "0" and not f[1]), None)
+    if cgroup is None and fields:
+        cgroup = fields[0][2]
     tgid = _int(status.get("Tgid"), pid)
     # NStgid, not NSpid: ``pid`` may be a thread, the record names its process.
     ns_ids = _ids(status.get("NStgid") or status.get("NSpid") or "")

@@ -29,7 +29,6 @@ import os
 from collections import defaultdict
 from pathlib import Path
 
-MODES = ("auto", "process", "tree", "cgroup")
 MAX_MEMBERS = 256  # processes per group at most, the span's own first
 
 

@@ -258,6 +258,9 @@ class StreamsSettings(BaseModel):
     streams_web_port: int = Field(6066, ge=0, description="streams worker web port: /metrics, /query")
     streams_web_bind: str = Field(
         "127.0.0.1", description="address the streams worker's web port listens on (/query always needs its token)")
+    metrics_comms_max: int = Field(
+        20, ge=1, description="process names with their own series in the streams worker's latency histograms on "
+                              "/metrics; later ones are counted as comm=\"other\" (bounds Prometheus cardinality)")
     loss_alert_events: int = Field(
         1000, ge=1, description="events one host loses (kernel drops, spool drops) between two stats records "
                                 "that raise an event_loss alert")

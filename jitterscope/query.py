@@ -35,6 +35,18 @@ class Worker(NamedTuple):
 
     port: int
     token: str
+    bind: str = "127.0.0.1"  # the worker's streams_web_bind
+
+    @property
+    def url(self) -> str:
+        return f"http://{dial_host(self.bind)}:{self.port}"
+
+
+def dial_host(bind: str) -> str:
+    """Where to reach a server bound to ``bind``: a wildcard bind answers on loopback."""
+    if bind in ("", "0.0.0.0", "::"):
+        return "127.0.0.1"
+    return f"[{bind}]" if ":" in bind else bind
 
 
 def _not_yours(path: Path, how: str = "read", why: str = "") -> errors.NotPrivileged:
@@ -56,6 +68,7 @@ def running_worker(s: Settings) -> Worker | None:
     try:
         info = json.loads(path.read_text())
         pid, port, token = int(info["pid"]), int(info["port"]), str(info.get("token", ""))
+        bind = str(info.get("bind", "127.0.0.1"))
     except FileNotFoundError:
         return None
     except PermissionError as exc:
@@ -68,7 +81,7 @@ def running_worker(s: Settings) -> Worker | None:
         return None  # left behind by a worker that died
     except PermissionError:
         pass  # alive, run by another user
-    return Worker(port, token)
+    return Worker(port, token, bind)
 
 
 def running_worker_port(s: Settings) -> int | None:
@@ -80,7 +93,7 @@ def query_worker(worker: Worker, sql: str, parameters: dict, raw: bool = False):
     """The worker's answer: (columns, rows), or with ``raw`` the bytes of a
     query that names its own FORMAT."""
     request = urllib.request.Request(
-        f"http://127.0.0.1:{worker.port}/query",
+        f"{worker.url}/query",
         data=json.dumps({"sql": sql, "parameters": parameters}).encode(),
         headers={"Content-Type": "application/json", "Authorization": f"Bearer {worker.token}"}, method="POST")
     try:

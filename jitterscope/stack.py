@@ -31,6 +31,7 @@ from jitterscope import topics as topic_admin
 from jitterscope.broker import EmbeddedBroker, wait_for_port
 from jitterscope.common import kafka_auth
 from jitterscope.common.logs import printable
+from jitterscope.query import dial_host
 from jitterscope.schemas import events, topics
 from jitterscope.common.settings import Settings, default_data_dir, to_env
 
@@ -251,8 +252,7 @@ class Stack:
 
     def _accounted(self) -> dict[str, int] | None:
         """The worker's accounted counts; {} while it does not answer (busy)."""
-        bind = self.settings.streams_web_bind
-        host = "127.0.0.1" if bind in ("", "0.0.0.0", "::") else f"[{bind}]" if ":" in bind else bind
+        host = dial_host(self.settings.streams_web_bind)
         try:
             with urllib.request.urlopen(f"http://{host}:{self.settings.streams_web_port}/metrics", timeout=10) as r:
                 return parse_accounted(r.read().decode())

@@ -16,13 +16,14 @@ from html import escape
 from typing import Callable
 
 from jitterscope.common.settings import Settings
-from jitterscope.reports import svg
+from jitterscope.reports import charts
 from jitterscope.streams.clickhouse import DATABASE as DB
 
 HOST_CLASS = "replaceRegexpOne(host, '-?[0-9]+$', '')"
 
 SECTIONS = [
     ("trends", "Tail latency trends"),
+    ("heatmap", "Run-queue wait heatmap per host class"),
     ("causes", "Share of tail latency by root cause"),
     ("behind", "Hosts and processes behind the tail"),
     ("placement", "NUMA and GPU placement"),
@@ -75,18 +76,27 @@ def trends(ctx: Context) -> str:
             SELECT host, quantilesTDigestWeightedMerge(0.5, 0.99, 0.999)(quantiles) AS q
             FROM {DB}.latency_minute WHERE probe = 'runq' AND minute > now() - toIntervalSecond({{since:UInt32}})
             GROUP BY host) ORDER BY q[3] DESC LIMIT 10""")
-    span = _span_labels(rows)
-    return (svg.line_chart({**p99, **p999}, "run-queue wait (ms) per host class, hourly", span,
-                           (ctx.runq_alert_ms, f"{ctx.runq_alert_ms:g} ms alert level"))
+    return (charts.line_chart({**p99, **p999}, y_label="run-queue wait per host class, hourly (log scale)",
+                              x_label="hour (UTC)", hline=(ctx.runq_alert_ms, f"{ctx.runq_alert_ms:g} ms alert level"))
             + "<h3>Worst hosts by run-queue P999</h3>" + _table(["host", "P999 ms", "P99 ms"], worst))
 
 
-def _span_labels(rows) -> tuple[str, str]:
-    hours = [r[1] for r in rows]
-    if not hours:
-        return "", ""
-    as_text = lambda t: datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d %H:00 UTC")  # noqa: E731
-    return as_text(min(hours)), as_text(max(hours))
+def heatmap(ctx: Context) -> str:
+    """Every run-queue wait the collectors measured (the log2 histograms, not
+    only the tail events), per host class and hour: where the mass of the
+    distribution sits and when its tail grows."""
+    rows = _rows(ctx, f"""
+        SELECT {HOST_CLASS} AS class, toUnixTimestamp(toStartOfHour(ts)) AS hour, slot, sum(count) AS n
+        FROM {DB}.latency_histograms ARRAY JOIN slots AS slot, counts AS count
+        WHERE probe = 'runq' AND ts > now64(9) - toIntervalSecond({{since:UInt32}})
+        GROUP BY class, hour, slot ORDER BY class, hour, slot""")
+    by_class: dict[str, dict[tuple[float, int], int]] = {}
+    for cls, hour, slot, n in rows:
+        by_class.setdefault(cls, {})[(float(hour), int(slot))] = int(n)
+    if not by_class:
+        return '<p class="empty">no histograms</p>'
+    return "".join(f"<h3>{escape(cls)}</h3>" + charts.heatmap(cells, title=f"{cls}: run-queue wait (log scale)")
+                   for cls, cells in sorted(by_class.items()))
 
 
 def causes(ctx: Context) -> str:
@@ -96,7 +106,7 @@ def causes(ctx: Context) -> str:
         WHERE ts > now64(9) - toIntervalSecond({{since:UInt32}}) AND cause != 'none'
         GROUP BY cause ORDER BY excess_s DESC""")
     total = sum(r[1] for r in rows) or 1
-    return (svg.bar_chart([(r[0], r[1]) for r in rows], "s of excess latency")
+    return (charts.bar_chart([(r[0], r[1]) for r in rows], unit="s", x_label="seconds of excess request latency")
             + _table(["cause", "excess latency s", "requests", "share"],
                      [(c, s, n, f"{s / total:.0%}") for c, s, n in rows]))
 
@@ -115,7 +125,8 @@ def behind(ctx: Context) -> str:
         GROUP BY suspect_comm ORDER BY starvations DESC LIMIT 10""")
     return ("<h3>Hosts</h3>" + _table(["host", "excess latency s", "requests over SLO", "main cause"], hosts)
             + "<h3>Processes that held starved CPUs</h3>"
-            + svg.bar_chart([(r[0], r[3]) for r in neighbours], "s of waits caused")
+            + charts.bar_chart([(r[0], r[3]) for r in neighbours], unit="s",
+                               x_label="seconds of run-queue waits of inference threads behind it")
             + _table(["command", "starvations", "hosts", "waits caused s"], neighbours))
 
 
@@ -168,10 +179,12 @@ def pressure(ctx: Context) -> str:
         peak_load, worst = summary.get(cls, (0, 0.0))
         summary[cls] = (max(peak_load, requests or 0), max(worst, p99))
     table = [(cls, peak, worst, f"{max(0.0, 1 - worst / ctx.runq_alert_ms):.0%}") for cls, (peak, worst) in sorted(summary.items())]
-    charts = "".join(svg.line_chart({cls: sorted(points)}, f"{cls}: run-queue P99 (ms) against requests/hour",
-                                    ("fewer requests", "more requests"), (ctx.runq_alert_ms, "alert level"))
-                     for cls, points in sorted(series.items()))
-    return charts + _table(["host class", "peak requests/hour", "worst hourly P99 ms",
+    drawn = "".join(charts.line_chart({f"{cls} hourly P99": points}, x_kind="linear", markers=True,
+                                      y_label=f"{cls}: run-queue P99 against load (log scale)",
+                                      x_label="requests per hour (host class)",
+                                      hline=(ctx.runq_alert_ms, f"{ctx.runq_alert_ms:g} ms alert level"))
+                    for cls, points in sorted(series.items()))
+    return drawn + _table(["host class", "peak requests/hour", "worst hourly P99 ms",
                             f"headroom below {ctx.runq_alert_ms:g} ms"], table)
 
 
@@ -221,7 +234,8 @@ def actions(ctx: Context) -> str:
     return f"<ol class=\"actions\">{items or '<li>nothing to do</li>'}</ol>"
 
 
-BUILDERS = {"trends": trends, "causes": causes, "behind": behind, "placement": placement, "pressure": pressure,
+BUILDERS = {"trends": trends, "heatmap": heatmap, "causes": causes, "behind": behind, "placement": placement,
+            "pressure": pressure,
             "before-after": before_after, "actions": actions}
 
 STYLE = """body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:980px;color:#111}

@@ -29,7 +29,8 @@ from prometheus_client import Counter, Gauge
 from jitterscope.common import kafka_auth, logs
 from jitterscope.schemas import events, topics
 from jitterscope.common.settings import Settings
-from jitterscope.streams import clickhouse, kafka_patches, notify, web
+from jitterscope.common import buildinfo  # noqa: F401  (registers jitterscope_build_info)
+from jitterscope.streams import clickhouse, kafka_patches, notify, signal_metrics, web
 from jitterscope.streams.alert_groups import AlertGroups, announced
 from jitterscope.streams.attribution import Attributor
 from jitterscope.streams.handlers import Handlers
@@ -50,7 +51,8 @@ ALERTS = Counter("jitterscope_streams_alerts_total", "alerts raised", ["kind"])
 
 ATTRIBUTIONS = Counter("jitterscope_streams_attributions_total", "requests attributed")
 PENDING_REQUESTS = Gauge("jitterscope_streams_pending_requests", "requests waiting for their grace period")
-LATE_EVIDENCE = Gauge("jitterscope_streams_late_evidence", "kernel evidence that arrived after requests it overlapped were attributed")
+LATE_EVIDENCE = Counter("jitterscope_streams_late_evidence_total",
+                        "kernel evidence that arrived after requests it overlapped were attributed")
 
 ATTRIBUTION_TICK_S = 0.25
 ALERT_GROUP_TICK_S = 0.5
@@ -100,6 +102,8 @@ class StreamsWorker:
             processes=self.state)  # serving groups and cgroups, as the collectors describe them
         self.prime_attribution()
         self.handlers = Handlers(self.state, Thresholds.from_settings(settings), self.attributor)
+        self._late_counted = 0
+        signal_metrics.limit_comms(settings.metrics_comms_max)
         self.alert_groups = AlertGroups.from_settings(settings)
         self.notifier = notify.Notifier.from_settings(settings)
         self.app = self._build_app(bootstrap_servers)
@@ -188,7 +192,8 @@ class StreamsWorker:
                 tmp.unlink(missing_ok=True)
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
                 with os.fdopen(fd, "w") as out:
-                    json.dump({"pid": os.getpid(), "port": s.streams_web_port, "token": self.query_token}, out)
+                    json.dump({"pid": os.getpid(), "port": s.streams_web_port, "bind": s.streams_web_bind,
+                               "token": self.query_token}, out)
                 os.replace(tmp, path)
             log.info("streams worker ready")
 
@@ -301,7 +306,8 @@ class StreamsWorker:
         and alert on them."""
         done = self.attributor.due(now_ns)
         PENDING_REQUESTS.set(self.attributor.pending)
-        LATE_EVIDENCE.set(self.attributor.late_evidence)
+        LATE_EVIDENCE.inc(self.attributor.late_evidence - self._late_counted)  # its running total, as a Counter
+        self._late_counted = self.attributor.late_evidence
         if not done:
             return
         ATTRIBUTIONS.inc(len(done))

@@ -2,8 +2,8 @@
 their signal (streams/rules/<signal>.py), with the host state those rules
 need, and repeated findings are kept from flooding the alert topic.
 
-A topic without a handler (histograms, topology, device traffic) only feeds
-the host state and the store. Handlers hold no I/O beyond waiting briefly
+A topic without a handler (topology, device traffic) only feeds the host
+state and the store; histograms only feed /metrics. Handlers hold no I/O beyond waiting briefly
 for a process record that travels on another topic.
 """
 
@@ -20,6 +20,7 @@ from jitterscope.streams.rules import irq as irq_rules
 from jitterscope.streams.rules import throttle
 from jitterscope.streams.rules.base import Thresholds
 from jitterscope.streams.rules.losses import LossWatch
+from jitterscope.streams import signal_metrics
 from jitterscope.streams.throttle_index import ThrottleIndex, contains
 
 #: how long the same finding about the same process/thread stays quiet
@@ -63,6 +64,7 @@ class Handlers:
             topics.PAGES: self.pages,
             topics.IRQ: self.irq,
             topics.CGROUP_THROTTLE: self.cgroup_throttle,
+            topics.HISTOGRAMS: self.histograms,
         }
 
     async def handle(self, topic: str, records: list, now_ns: int) -> list[events.Alert]:
@@ -149,6 +151,11 @@ class Handlers:
             if self._fresh(alert, r.cgroup):
                 out.append(alert)
         return out
+
+    async def histograms(self, records: list[events.LatencyHistogram], now_ns: int) -> list[events.Alert]:
+        """Every latency the collectors measured: onto /metrics (streams/signal_metrics.py); no rule."""
+        signal_metrics.observe(records)
+        return []
 
     async def requests(self, spans: list[events.RequestSpan], now_ns: int) -> list[events.Alert]:
         """Spans wait for attribution; rules/requests.py judges them when it is done."""

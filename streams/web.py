@@ -4,7 +4,9 @@ answers `jitterscope query` while this process holds the embedded store.
 /query runs user SQL, so it asks for two things: the bearer token the worker
 wrote into its state file (mode 0600: only the store's owner can read it,
 while the port is open to every local user), and SQL that passes the
-read-only guard. /metrics stays open."""
+read-only guard, on every address the port is bound to (`streams_web_bind`:
+loopback by default; a non-loopback bind for a remote Prometheus exposes
+/query to the network only behind that token). /metrics stays open."""
 
 from __future__ import annotations
 
@@ -13,11 +15,65 @@ import json
 
 import faust
 from faust.web import Request, Response, View
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, Gauge, generate_latest
 
 from jitterscope.common import values
 from jitterscope.common.errors import UnsafeQuery
 from jitterscope.streams import readonly_sql
+
+
+LAG_HELP = ("records in the partition this worker has not read yet: the broker's high-water mark (from its last "
+            "fetch response) minus the next offset to read. A lower bound: a broker whose high-water marks "
+            "under-report (Tansu, the embedded broker, does) shows less or 0; compare "
+            "rate(jitterscope_streams_records_total) with the collectors' records_sent_total there")
+CONSUMER_LAG = Gauge("jitterscope_streams_consumer_lag", LAG_HELP, ["topic", "partition"])
+HIGHWATER = Gauge("jitterscope_streams_consumer_highwater",
+                  "the broker's high-water mark of an assigned partition, as its last fetch response gave it",
+                  ["topic", "partition"])
+POSITION = Gauge("jitterscope_streams_consumer_position",
+                 "next offset this worker reads in an assigned partition (last read + 1, or the committed offset)",
+                 ["topic", "partition"])
+_exported: set[tuple[str, str]] = set()
+
+
+def partition_lag(highwater: int | None, last_read: int | None, committed: int | None) -> tuple[int | None, int | None]:
+    """(next offset to read, lag) of one partition; None where unknown. The
+    lag is never negative: an under-reporting broker's high-water mark may
+    trail what was already read."""
+    position = last_read + 1 if last_read is not None else committed
+    if highwater is None or position is None:
+        return position, None
+    return position, max(0, highwater - position)
+
+
+def refresh_consumer_lag(consumer) -> None:
+    """Per assigned partition: position, high-water mark and lag, read at
+    scrape time from Faust's consumer; series of partitions no longer
+    assigned (a rebalance moved them) are removed, not left stale."""
+    try:
+        assigned = consumer.assignment()
+    except Exception:  # not started yet, or mid-rebalance: the next scrape has them
+        return
+    current = set()
+    for tp in assigned:
+        labels = (tp.topic, str(tp.partition))
+        try:
+            highwater = consumer.highwater(tp)
+        except Exception:  # no fetch response for it yet
+            highwater = None
+        position, lag = partition_lag(highwater, consumer._read_offset.get(tp), consumer._committed_offset.get(tp))
+        for gauge, value in ((HIGHWATER, highwater), (POSITION, position), (CONSUMER_LAG, lag)):
+            if value is not None:
+                gauge.labels(*labels).set(value)
+        current.add(labels)
+    for labels in _exported - current:
+        for gauge in (HIGHWATER, POSITION, CONSUMER_LAG):
+            try:
+                gauge.remove(*labels)
+            except KeyError:
+                pass
+    _exported.clear()
+    _exported.update(current)
 
 
 def authorization_error(header: str | None, token: str | None) -> tuple[int, str] | None:
@@ -64,4 +120,8 @@ def add_routes(app: faust.App, worker) -> None:
 
     @app.page("/metrics")
     async def metrics(web, request: Request) -> Response:
+        try:
+            refresh_consumer_lag(app.consumer)
+        except Exception:  # the lag is one family among many: /metrics answers without it
+            pass
         return web.bytes(generate_latest(), content_type=CONTENT_TYPE_LATEST.split(";")[0])

@@ -122,7 +122,13 @@ def wait_until(predicate, timeout: float, what: str, proc: Proc | None = None, i
 
 @pytest.fixture(scope="module")
 def stack(broker, tmp_path_factory):
-    data_dir = tmp_path_factory.mktemp("jitterscope")
+    s = make_stack(broker, tmp_path_factory.mktemp("jitterscope"))
+    yield s
+    s.stop_all()
+
+
+def make_stack(broker, data_dir: Path) -> Stack:
+    """A Stack with its own store and web port: several can share one broker."""
     web_port = free_port()
     env = dict(os.environ)
     env.pop("JITTERSCOPE_CONFIG", None)
@@ -136,9 +142,7 @@ def stack(broker, tmp_path_factory):
         "JITTERSCOPE_OTLP_PORT": "0",
         "JITTERSCOPE_HOST": f"test-{os.getpid()}",
     })
-    s = Stack(broker, data_dir, web_port, env)
-    yield s
-    s.stop_all()
+    return Stack(broker, data_dir, web_port, env)
 
 
 def json_lines(payload: bytes) -> list[dict]:

@@ -125,11 +125,13 @@ def quota_cgroups(sys: Path = Path("/sys")) -> list[CpuCgroup]:
 
 
 class CfsSignal(SampledSignal):
+    """CFS throttling deltas of the quota cgroups above the watched
+    processes (every quota cgroup when all are watched)."""
+
     name = "cfs"
     publishes = (events.CgroupThrottle,)
 
     def open(self, context: ProbeContext) -> None:
-        self.ctx = context
         self._targets = context.targets
         self._groups: dict[str, CpuCgroup] = {}
         self._seen: dict[str, CpuStat] = {}

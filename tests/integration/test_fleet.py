@@ -5,9 +5,12 @@ ClickHouse, through the CLI as a user runs them."""
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import subprocess
 import sys
+from html.parser import HTMLParser
 
 import pytest
 
@@ -145,3 +148,100 @@ def test_every_grafana_panel_query_runs_on_the_fleet(fleet):
         assert result.returncode == 0, (panel["title"], result.stderr)
         if panel["id"] != 2:  # the synthetic fleet has no GPU driver histograms
             assert json.loads(result.stdout), panel["title"]
+
+
+class _Charts(HTMLParser):
+    """The report's SVG charts as Chromium rendered them: per <svg>, its
+    viewBox, classes, axes (scale and tick values) and every <text> with
+    its position, anchor, font size and content."""
+
+    def __init__(self):
+        super().__init__()
+        self.charts: list[dict] = []
+        self._axis: dict | None = None
+        self._text: dict | None = None
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "svg":
+            self.charts.append({"class": a.get("class", ""), "width": float(a["viewbox"].split()[2]),
+                                "height": float(a["viewbox"].split()[3]), "axes": {}, "texts": []})
+        elif tag == "g" and "axis" in a.get("class", "").split():
+            name = a["class"].split()[1]
+            self._axis = self.charts[-1]["axes"][name] = {"scale": a["data-scale"], "ticks": [], "labels": []}
+        elif tag == "text":
+            self._text = {"x": float(a["x"]), "y": float(a["y"]), "size": float(a["font-size"]),
+                          "anchor": a.get("text-anchor", "start"), "rotated": "transform" in a, "content": "",
+                          "tick": a.get("class") == "tick", "value": a.get("data-value")}
+
+    def handle_data(self, data):
+        if self._text is not None:
+            self._text["content"] += data
+
+    def handle_endtag(self, tag):
+        if tag == "text" and self._text is not None:
+            t, self._text = self._text, None
+            self.charts[-1]["texts"].append(t)
+            if self._axis is not None and t["tick"]:
+                self._axis["labels"].append(t["content"])
+                if t["value"] is not None:
+                    self._axis["ticks"].append(float(t["value"]))
+        elif tag == "g":
+            self._axis = None
+
+
+def test_report_charts_have_axes_log_latency_a_heatmap_and_text_that_fits(fleet, tmp_path):
+    """Read back from the DOM Chromium rendered: every chart has ticks on
+    both axes, latency axes are log scales on powers of 10 or 2, the
+    against-load charts count requests on x, every host class has a heatmap,
+    and no text runs out of its chart (width estimated from its characters)."""
+    from jitterscope.reports.charts import CHAR_W
+
+    out = tmp_path / "report.html"
+    built = subprocess.run([sys.executable, "-m", "jitterscope.cli", "report", "--since", "2d", "--out", str(out)],
+                           env=fleet, capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr
+    rendered = subprocess.run([*CHROMIUM, f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", out.as_uri()],
+                              capture_output=True, text=True, timeout=120)
+    assert rendered.returncode == 0, rendered.stderr[-2000:]
+    parser = _Charts()
+    parser.feed(rendered.stdout)
+    charts = parser.charts
+    heatmaps = [c for c in charts if "heatmap" in c["class"]]
+    bars = [c for c in charts if "bars" in c["class"]]
+    lines = [c for c in charts if c not in heatmaps and c not in bars]
+    assert len(heatmaps) == 2, "one heatmap per host class (a100, h100)"
+    assert len(bars) == 2 and len(lines) == 3, "trends, and pressure against load for each class"
+
+    for chart in charts:
+        x, y = chart["axes"]["x"], chart["axes"]["y"]
+        assert len(x["ticks"]) >= 3, (chart["class"], x)
+        if chart in bars:
+            assert y["labels"] and all(y["labels"]), "every bar is named"
+        else:
+            assert len(y["ticks"]) >= 3, (chart["class"], y)
+            assert y["scale"] == "log", "latency on a log scale"
+            for value in y["ticks"]:
+                assert any(math.isclose(math.log(value, base), round(math.log(value, base)), abs_tol=1e-6)
+                           for base in (10, 2)), f"tick {value} is no power of 10 or 2"
+        assert x["ticks"] == sorted(x["ticks"]) and y["ticks"] == sorted(y["ticks"])
+        for t in chart["texts"]:
+            width = len(t["content"]) * t["size"] * CHAR_W
+            if t["rotated"]:
+                assert width / 2 <= t["y"] and t["y"] + width / 2 <= chart["height"], t
+                continue
+            left = t["x"] - {"start": 0, "middle": width / 2, "end": width}[t["anchor"]]
+            assert 0 <= left and left + width <= chart["width"], f"text runs out of its chart: {t}"
+            assert t["size"] <= t["y"] <= chart["height"], t
+
+    against_load = lines[1:]
+    for chart in against_load:
+        assert chart["axes"]["x"]["scale"] == "linear" and max(chart["axes"]["x"]["ticks"]) >= 1000, "requests/hour"
+        assert all(re.fullmatch(r"[0-9.]+k?", label) for label in chart["axes"]["x"]["labels"])
+    # the trend chart names its four lines, each in its own colour and dash
+    # (lines that lie on another say so: the synthetic classes have equal P99 and P999)
+    legend = [t["content"].split(" (= ")[0] for t in lines[0]["texts"] if re.match(r"[ah]100 P99", t["content"])]
+    assert sorted(legend) == ["a100 P99", "a100 P999", "h100 P99", "h100 P999"]
+    # bar labels whole: the value and its unit, never cut
+    assert any(t["content"] == "2,494.8 s" for t in bars[0]["texts"])
+    assert any(t["content"] == "<script>alert('x')</script>" for t in bars[1]["texts"]), "escaped, shown whole"

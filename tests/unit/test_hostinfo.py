@@ -52,11 +52,12 @@ def test_process_info_keeps_hostile_names_verbatim():
     assert info["cpus_allowed"] == [4, 5, 6, 7]
 
 
-def test_process_info_cgroup_v1_takes_the_first_controller():
-    assert hostinfo.process_info(4321, PROC)["cgroup"] == "/batch/backup"
+def test_process_info_cgroup_v1_names_the_cpu_controllers_cgroup():
+    # the one whose CFS quota throttles it (CgroupThrottle names cgroups the same way)
+    assert hostinfo.process_info(4321, PROC)["cgroup"] == "/"
 
 
-def test_process_info_hybrid_cgroup_prefers_the_v2_line():
+def test_process_info_without_a_v1_cpu_line_takes_the_v2_line():
     assert hostinfo.process_info(2, PROC)["cgroup"] == "/"
 
 
@@ -141,8 +142,8 @@ def test_process_info_in_a_docker_container():
     info = hostinfo.process_info(2002, CPROC)
     assert (info["pid"], info["ppid"], info["ns_pid"]) == (2002, 2001, 7)
     assert info["container_id"] == DOCKER_ID and info["pod_uid"] == ""
-    # the cgroup field keeps its rule (hybrid: the v2 line); identity comes from the cpu line
-    assert info["cgroup"] == f"/system.slice/docker-{DOCKER_ID}.scope"
+    # the cpu controller's cgroup (hybrid: the v1 cpu line, where the CFS quota is)
+    assert info["cgroup"] == f"/docker/{DOCKER_ID}"
 
 
 def test_process_info_in_a_pod_v1_cgroupfs_and_v2_systemd():

@@ -49,3 +49,12 @@ def test_good_clickhouse_urls_load(monkeypatch):
     monkeypatch.delenv("JITTERSCOPE_CONFIG", raising=False)
     for url in ("http://ch:8123", "https://user:secret@ch.example.com:8443", "http://[::1]:8123"):
         assert settings.load(None, clickhouse_url=url).clickhouse_url == url
+
+
+def test_a_worker_bound_to_one_address_is_dialled_there_and_a_wildcard_on_loopback():
+    from jitterscope.query import Worker, dial_host
+
+    assert Worker(6066, "t", "10.0.0.5").url == "http://10.0.0.5:6066"
+    assert dial_host("0.0.0.0") == dial_host("::") == dial_host("") == "127.0.0.1"
+    assert dial_host("fd00::5") == "[fd00::5]"
+    assert Worker(6066, "t").url == "http://127.0.0.1:6066"  # a state file from before the bind was recorded
