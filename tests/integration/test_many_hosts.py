@@ -211,7 +211,7 @@ def test_three_hosts_two_workers_one_killed_stores_every_record_once(tmp_path):
             for c in collectors:
                 assert c.popen.wait(60) == 0, c.text()[-3000:]
             finals = {hosts[i]: json.loads((tmp_path / f"collector{i}" / FINAL_FILE).read_text())
-                      for i, c in enumerate(collectors)}
+                      for i in range(HOSTS)}
             sent = {h: {t: n for t, n in f["sent_by_topic"].items() if n} for h, f in finals.items()}
             for h, f in finals.items():
                 assert f["host"] == h and f["undelivered"] == 0 and f["spooled"] == 0, f
@@ -230,7 +230,7 @@ def test_three_hosts_two_workers_one_killed_stores_every_record_once(tmp_path):
 
             attributed = wait_until(
                 lambda: (n := attributions(workers, tag)) and all(n.get(h) == REQUESTS for h in hosts) and n, 120,
-                "every request attributed once", worker_procs[1 - k], interval=2)
+                "every request attributed", worker_procs[1 - k], interval=2)
             alerts = [dict(w.query("SELECT host, count() FROM jitterscope.alerts WHERE startsWith(host, {t:String}) "
                                    "GROUP BY host", t=tag)) for w in workers]
             alerts_by_host = {h: sum(a.get(h, 0) for a in alerts) for h in hosts}
