@@ -30,12 +30,18 @@ up: setup
 
 # Debian packages the tests use: headless Chromium renders the HTML report;
 # kubectl (kubernetes-client) renders the kustomize manifests, openssl makes
-# test certificates, systemd-analyze verifies the units (tests/unit/test_deploy.py).
-TEST_APT := chromium:chromium kubectl:kubernetes-client openssl:openssl systemd-analyze:systemd
-test-deps:
-	@need=""; for pair in $(TEST_APT); do command -v $${pair%%:*} >/dev/null || need="$$need $${pair#*:}"; done; \
+# test certificates, systemd-analyze verifies the units (tests/unit/test_deploy.py);
+# gcc builds the frame-pointer hog of the stack tests; ip/nsenter/unshare make
+# the network and PID namespaces of the container and many-host tests.
+TEST_APT := chromium:chromium kubectl:kubernetes-client openssl:openssl systemd-analyze:systemd gcc:gcc \
+            ip:iproute2 nsenter:util-linux unshare:util-linux
+# the bench's peers: libbpf-tools' runqslower and runqlat (C, CO-RE), stdbuf
+BENCH_APT := runqslower:libbpf-tools stdbuf:coreutils
+APT_NEED = need=""; for pair in $(1); do PATH=$$PATH:/usr/sbin command -v $${pair%%:*} >/dev/null || need="$$need $${pair\#*:}"; done; \
 	  if [ -n "$$need" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 	  apt-get install -y -qq --no-install-recommends $$need >/dev/null; fi
+test-deps:
+	@$(call APT_NEED,$(TEST_APT))
 
 test: setup test-deps
 	$(PY) -m pytest $(ARGS)
@@ -44,6 +50,7 @@ test-unit: venv
 	$(PY) -m pytest tests/unit $(ARGS)
 
 bench: setup
+	@$(call APT_NEED,$(BENCH_APT))
 	$(PY) bench/run.py $(ARGS)
 
 # the versions in the venv, after an upgrade that passed `make test`
