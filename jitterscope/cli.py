@@ -455,7 +455,8 @@ def config(
 @app.command("synthetic-fleet")
 def synthetic_fleet(
     hosts: Annotated[int, typer.Option(help="how many hosts")] = 300,
-    events: Annotated[int, typer.Option(help="how many run-queue events")] = 2_000_000,
+    events: Annotated[int, typer.Option(help="how many run-queue events (100M takes minutes and ~3 GB; "
+                                              "loaded in steps of 5M)")] = 2_000_000,
     hours: Annotated[int, typer.Option(help="over how many past hours")] = 24,
     sets: SetOpt = None,
     config: ConfigOpt = None,
@@ -471,8 +472,8 @@ def synthetic_fleet(
     client = clickhouse.connect(None, s.data_dir)
     clickhouse.migrate(client)
     with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("generating the fleet", total=len(synthetic.statements()))
-        synthetic.load_fleet(client, progress=lambda i, n: progress.update(task, completed=i),
+        task = progress.add_task("generating the fleet", total=None)  # the step count depends on --events
+        synthetic.load_fleet(client, progress=lambda i, n: progress.update(task, completed=i, total=n),
                              hosts=hosts, runq_events=events, hours=hours)
     client.close()
     # the hints name the store just filled: without --data-dir they would read the default one

@@ -119,9 +119,9 @@ def behind(ctx: Context) -> str:
         WHERE ts > now64(9) - toIntervalSecond({{since:UInt32}}) AND cause != 'none'
         GROUP BY host ORDER BY excess_s DESC LIMIT 10""")
     neighbours = _rows(ctx, f"""
-        SELECT suspect_comm, count() AS starvations, uniqExact(host) AS hosts, round(sum(wait_ns) / 1e9, 1)
-        FROM {DB}.runq_events FINAL
-        WHERE ts > now64(9) - toIntervalSecond({{since:UInt32}}) AND suspect_pid != 0 AND suspect_pid != pid
+        SELECT suspect_comm, sum(waits) AS starvations, uniqExact(host) AS hosts, round(sum(waited_ns) / 1e9, 1)
+        FROM {DB}.runq_minute
+        WHERE minute > now() - toIntervalSecond({{since:UInt32}}) AND neighbour
         GROUP BY suspect_comm ORDER BY starvations DESC LIMIT 10""")
     return ("<h3>Hosts</h3>" + _table(["host", "excess latency s", "requests over SLO", "main cause"], hosts)
             + "<h3>Processes that held starved CPUs</h3>"
@@ -211,9 +211,9 @@ def actions(ctx: Context) -> str:
     excess), each with its evidence."""
     found: list[tuple[float, str, str]] = []
     for comm, count, hosts, waited in _rows(ctx, f"""
-            SELECT suspect_comm, count(), uniqExact(host), sum(wait_ns) / 1e9 FROM {DB}.runq_events FINAL
-            WHERE ts > now64(9) - toIntervalSecond({{since:UInt32}}) AND suspect_pid != 0 AND suspect_pid != pid
-            GROUP BY suspect_comm ORDER BY count() DESC LIMIT 3"""):
+            SELECT suspect_comm, sum(waits) AS n, uniqExact(host), sum(waited_ns) / 1e9 FROM {DB}.runq_minute
+            WHERE minute > now() - toIntervalSecond({{since:UInt32}}) AND neighbour
+            GROUP BY suspect_comm ORDER BY n DESC LIMIT 3"""):
         found.append((waited, f"Move {comm} off the inference CPUs (cpuset / taskset) on {hosts} host(s)",
                       f"it held a CPU an inference thread waited for {count:,} times, {waited:,.0f} s of waits"))
     for kind, hosts, count, example, what in _rows(ctx, f"""

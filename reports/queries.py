@@ -33,6 +33,7 @@ LATENCY_PROBES = ("runq", "gpu_ioctl")
 
 COMMON = {"since": ("UInt32", "7d"), "limit": ("UInt32", "20")}
 SINCE = "ts > now64(9) - toIntervalSecond({since:UInt32})"
+MINUTES = "minute > now() - toIntervalSecond({since:UInt32})"  # rollups: whole minutes
 
 SAVED: dict[str, SavedQuery] = {q.name: q for q in [
     SavedQuery(
@@ -67,10 +68,10 @@ LIMIT {{limit:UInt32}}""",
     SavedQuery(
         "noisy-neighbours",
         "Which commands most often held a CPU that an inference thread was starving for?",
-        f"""SELECT suspect_comm AS command, count() AS starvations, uniqExact(host) AS hosts,
-       round(sum(wait_ns) / 1e9, 2) AS waited_s, round(max(wait_ns) / 1e6, 1) AS worst_ms
-FROM {DB}.runq_events FINAL
-WHERE {SINCE} AND suspect_pid != 0 AND suspect_pid != pid
+        f"""SELECT suspect_comm AS command, sum(waits) AS starvations, uniqExact(host) AS hosts,
+       round(sum(waited_ns) / 1e9, 2) AS waited_s, round(max(max_wait_ns) / 1e6, 1) AS worst_ms
+FROM {DB}.runq_minute
+WHERE {MINUTES} AND neighbour
 GROUP BY suspect_comm
 ORDER BY starvations DESC, command
 LIMIT {{limit:UInt32}}""",

@@ -10,6 +10,8 @@ the streams worker.
 
 from __future__ import annotations
 
+import time
+
 from jitterscope.streams.clickhouse import DATABASE as DB
 
 # The injected answers.
@@ -33,22 +35,39 @@ def _host(expr: str, hosts: int) -> str:
     return f"concat(if({number} <= 200, 'h100-', 'a100-'), leftPad(toString({number}), 3, '0'))"
 
 
+#: rows per run-queue INSERT: a 100M-event fleet loads in steps that show progress
+#: and keep each insert's memory (and the rollup view's block) bounded
+RUNQ_CHUNK = 5_000_000
+
+
+def runq_statements(hosts: int, runq_events: int, span: int, end_ns: int) -> list[str]:
+    """Run-queue tail events shaped like a real capture's: each host's records
+    arrive in time order with consecutive seq numbers (event i of a host falls
+    in slot i of its even share of the period, at a random point inside it);
+    waits over the 5 ms kernel threshold with an exponential tail (mean 8 ms,
+    full ns precision); each suspect daemon a few threads of one pid; the suspect
+    drawn by weight, logrotate most often."""
+    per_host = -(-runq_events // hosts)
+    step_ns = span * 1_000_000_000 // per_host
+    weights = "[40, 20, 15, 10, 10, 5]"
+    return [f"""INSERT INTO {DB}.runq_events (host, boot_id, seq, ts, pid, tid, comm, cpu, wait_ns, suspect_pid,
+                                  suspect_tid, suspect_comm)
+SELECT {_host('number', hosts)} AS host, 'boot-1', intDiv(number, {hosts}) AS seq,
+       fromUnixTimestamp64Nano(toInt64({end_ns - span * 1_000_000_000} + seq * {step_ns}
+                                       + cityHash64(number, 2) % {step_ns})) AS ts,
+       1000 + cityHash64(number, 3) % 4 AS pid, 2000 + cityHash64(number, 4) % 32 AS tid, 'vllm', cityHash64(number, 5) % 64,
+       5000000 + toUInt64(-log((cityHash64(number, 6) + 1) / 1.8446744073709552e19) * 3000000) AS wait_ns,
+       30000 + 100 * (arrayFirstIndex(x -> x > cityHash64(number, 8) % 100, arrayCumSum({weights})) AS suspect)
+         + cityHash64(number, 7) % 4 AS suspect_pid, suspect_pid, {{suspects:Array(String)}}[suspect]
+FROM numbers({start}, {min(RUNQ_CHUNK, runq_events - start)})""" for start in range(0, runq_events, RUNQ_CHUNK)]
+
+
 def statements(hosts: int = 300, runq_events: int = 2_000_000, hours: int = 24) -> list[str]:
     span = hours * 3600
     h = lambda n: f"cityHash64({n}, 1)"  # noqa: E731
     minutes = hours * 60
-    weights = "[40, 20, 15, 10, 10, 5]"
     return [
-        # run-queue tail events: suspect drawn by weight, logrotate most often
-        f"""INSERT INTO {DB}.runq_events (host, boot_id, seq, ts, pid, tid, comm, cpu, wait_ns, suspect_pid, suspect_tid,
-                                  suspect_comm)
-SELECT {_host(h('number'), hosts)} AS host, 'boot-1', number AS seq,
-       toDateTime64(now64(9) - toIntervalSecond(cityHash64(number, 2) % {span}), 9) AS ts,
-       1000 + cityHash64(number, 3) % 4 AS pid, 2000 + cityHash64(number, 4) % 32 AS tid, 'vllm', cityHash64(number, 5) % 64,
-       5000000 + cityHash64(number, 6) % 20000000 AS wait_ns,
-       30000 + cityHash64(number, 7) % 500 AS suspect_pid, suspect_pid, {{suspects:Array(String)}}[
-         arrayFirstIndex(x -> x > cityHash64(number, 8) % 100, arrayCumSum({weights}))] AS suspect_comm
-FROM numbers({runq_events})""",
+        *runq_statements(hosts, runq_events, span, time.time_ns()),
         # every minute, per host, a runq histogram; one host has a heavy tail
         f"""INSERT INTO {DB}.latency_histograms
 SELECT host, 'boot-1', number AS seq, toDateTime64(now64(9) - toIntervalMinute(number % {minutes}), 9),

@@ -496,3 +496,37 @@ CREATE TABLE IF NOT EXISTS jitterscope.stacks_local ON CLUSTER '{cluster}' (
 ORDER BY (host, stack_id);
 
 CREATE TABLE IF NOT EXISTS jitterscope.stacks ON CLUSTER '{cluster}' AS jitterscope.stacks_local ENGINE = Distributed('{cluster}', 'jitterscope', 'stacks_local', cityHash64(host));
+
+CREATE TABLE IF NOT EXISTS jitterscope.runq_minute_local ON CLUSTER '{cluster}' (
+    host LowCardinality(String),
+    minute DateTime CODEC(Delta, ZSTD(1)),
+    comm LowCardinality(String),
+    suspect_comm LowCardinality(String),
+    neighbour Bool,
+    waits SimpleAggregateFunction(sum, UInt64),
+    waited_ns SimpleAggregateFunction(sum, UInt64),
+    max_wait_ns SimpleAggregateFunction(max, UInt64)
+) ENGINE = ReplicatedAggregatingMergeTree('/clickhouse/tables/{shard}/jitterscope/runq_minute', '{replica}')
+PARTITION BY toDate(minute)
+ORDER BY (minute, host, comm, suspect_comm, neighbour);
+
+CREATE TABLE IF NOT EXISTS jitterscope.runq_minute ON CLUSTER '{cluster}' AS jitterscope.runq_minute_local ENGINE = Distributed('{cluster}', 'jitterscope', 'runq_minute_local', cityHash64(host));
+
+CREATE MATERIALIZED VIEW IF NOT EXISTS jitterscope.runq_minute_mv ON CLUSTER '{cluster}' TO jitterscope.runq_minute_local AS
+SELECT host, toStartOfMinute(ts) AS minute, comm, suspect_comm,
+       suspect_pid != 0 AND suspect_pid != pid AS neighbour,
+       count() AS waits, sum(wait_ns) AS waited_ns, max(wait_ns) AS max_wait_ns
+FROM jitterscope.runq_events_local
+GROUP BY host, minute, comm, suspect_comm, neighbour;
+
+ALTER TABLE jitterscope.runq_events_local ON CLUSTER '{cluster}' MODIFY COLUMN host CODEC(ZSTD(1)), MODIFY COLUMN boot_id CODEC(ZSTD(1)),
+    MODIFY COLUMN seq CODEC(Delta, ZSTD(1)), MODIFY COLUMN pid CODEC(T64, ZSTD(1)),
+    MODIFY COLUMN tid CODEC(T64, ZSTD(1)), MODIFY COLUMN comm CODEC(ZSTD(1)),
+    MODIFY COLUMN cpu CODEC(T64, ZSTD(1)), MODIFY COLUMN suspect_pid CODEC(T64, ZSTD(1)),
+    MODIFY COLUMN suspect_tid CODEC(T64, ZSTD(1)), MODIFY COLUMN suspect_comm CODEC(ZSTD(1));
+
+ALTER TABLE jitterscope.runq_events ON CLUSTER '{cluster}' MODIFY COLUMN host CODEC(ZSTD(1)), MODIFY COLUMN boot_id CODEC(ZSTD(1)),
+    MODIFY COLUMN seq CODEC(Delta, ZSTD(1)), MODIFY COLUMN pid CODEC(T64, ZSTD(1)),
+    MODIFY COLUMN tid CODEC(T64, ZSTD(1)), MODIFY COLUMN comm CODEC(ZSTD(1)),
+    MODIFY COLUMN cpu CODEC(T64, ZSTD(1)), MODIFY COLUMN suspect_pid CODEC(T64, ZSTD(1)),
+    MODIFY COLUMN suspect_tid CODEC(T64, ZSTD(1)), MODIFY COLUMN suspect_comm CODEC(ZSTD(1));

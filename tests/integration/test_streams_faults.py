@@ -33,6 +33,8 @@ def example(record_type: type[events.Record], host: str, seq: int, ts_ns: int | 
     for name in ("start_ns", "end_ns", "started_ns"):
         if name in fields:
             fields[name] = ts_ns
+    if "stack_id" in fields:
+        fields["stack_id"] = seq  # the stacks table keeps one row per stack id: a distinct stack each
     return fields
 
 
@@ -103,9 +105,11 @@ def test_redelivered_batches_do_not_change_the_rollups(stack, worker):
     histograms = lines(*(histogram(host, seq, now) for seq in range(20)))
     spans = lines(*(example(events.RequestSpan, host, seq, now - 3_000_000_000) | {"name": "llm_request"}
                     for seq in range(50)))
+    runq = lines(*(example(events.RunqEvent, host, seq, now) | {"wait_ns": 7_000_000} for seq in range(30)))
     for _ in range(3):  # the same batches delivered three times
         send(stack.broker, topics.HISTOGRAMS, host, histograms)
         send(stack.broker, topics.REQUESTS, host, spans)
+        send(stack.broker, topics.RUNQ, host, runq)
     sentinel = lines(histogram(host, 1000, now))
     send(stack.broker, topics.HISTOGRAMS, host, sentinel)
     wait_until(lambda: count(stack, "latency_histograms", host) == 21, 90, "histograms stored", worker)
@@ -115,6 +119,10 @@ def test_redelivered_batches_do_not_change_the_rollups(stack, worker):
     assert observations == [[21 * 15]]
     requests = stack.query("SELECT sum(requests) FROM jitterscope.attribution_minute WHERE host = {h:String}", h=host)
     assert requests == [[50]]
+    wait_until(lambda: count(stack, "runq_events", host) == 30, 90, "run-queue events stored", worker)
+    waits = stack.query("SELECT sum(waits), sum(waited_ns) FROM jitterscope.runq_minute WHERE host = {h:String}",
+                        h=host)
+    assert waits == [[30, 30 * 7_000_000]]
 
 
 def test_kill_9_of_the_worker_five_times_under_load_loses_nothing_and_counts_once(stack, worker):
@@ -161,5 +169,7 @@ def test_kill_9_of_the_worker_five_times_under_load_loses_nothing_and_counts_onc
                        h=host) == [[sent["spans"]]]
     assert stack.query("SELECT sum(observations) FROM jitterscope.latency_minute WHERE host = {h:String}",
                        h=host) == [[sent["histograms"] * 15]]
+    assert stack.query("SELECT sum(waits) FROM jitterscope.runq_minute WHERE host = {h:String}",
+                       h=host) == [[sent["runq"]]]
     print(f"\n[measured] worker kill -9 x5: {sent} sent, all stored once; worker answering again "
           f"{min(recoveries):.1f}-{max(recoveries):.1f} s after each kill")
