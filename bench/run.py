@@ -56,8 +56,11 @@ def bench_decode() -> str:
 class StreamsWorker:
     """A real streams worker over the embedded broker, for the pipeline benches."""
 
-    def __init__(self, **settings: str):
+    def __init__(self, tree: Path | None = None, **settings: str):
+        """``tree``: run the worker from this source tree (bench/mix.py's
+        same-run baseline) instead of the installed one."""
         self.settings = settings
+        self.tree = tree
 
     def __enter__(self) -> "StreamsWorker":
         from confluent_kafka import Producer
@@ -72,6 +75,8 @@ class StreamsWorker:
         env.update(JITTERSCOPE_BOOTSTRAP_SERVERS=self._broker.bootstrap_servers, JITTERSCOPE_DATA_DIR=self._data.name,
                    JITTERSCOPE_STREAMS_WEB_PORT=str(free_port()), JITTERSCOPE_KAFKA_SESSION_TIMEOUT_S="6",
                    **{f"JITTERSCOPE_{k.upper()}": v for k, v in self.settings.items()})
+        if self.tree:  # before site-packages, so it wins over the editable install
+            env["PYTHONPATH"] = str(self.tree)
         self.proc = subprocess.Popen([sys.executable, "-m", "jitterscope.cli", "streams"], env=env,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self._settings = load(data_dir=Path(self._data.name))
@@ -292,15 +297,19 @@ class ConsumedProbe:
         self.probe.close()
 
 
-def _head_runq_probe(directory: Path):
-    """The run-queue probe as committed (git HEAD): the 'before' of a probe change."""
+#: the run-queue probe before stack capture (issue 10): the 'before' of the peers bench
+PROBE_BEFORE = "581b702"
+
+
+def _head_runq_probe(directory: Path, rev: str = PROBE_BEFORE):
+    """The run-queue probe as committed at ``rev``: the 'before' of a probe change."""
     from bcc import BPF
 
     from jitterscope.collector.probes import base
     from jitterscope.collector.probes.runq import RunqProbe
 
     for name in ("runqlat.bpf.c", "runqlat.h"):
-        shown = subprocess.run(["git", "-C", str(REPO), "show", f"HEAD:bpf/{name}"], capture_output=True, check=True)
+        shown = subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:bpf/{name}"], capture_output=True, check=True)
         (directory / name).write_bytes(shown.stdout)
     for name in ("common.h", "drops.h", "drops.bpf.inc"):
         (directory / name).write_bytes((REPO / "bpf" / name).read_bytes())
@@ -324,10 +333,10 @@ def _bpf_ns_per_switch(before: dict, after: dict) -> float:
     return sum(ns for ns, _cnt, _name in ran.values()) / switches if switches else float("nan")
 
 
-def bench_probe_peers(rounds: int = 200_000, repeats: int = 5) -> str:
+def bench_probe_peers(rounds: int = 100_000, repeats: int = 3) -> str:
     """A C pipe ping-pong pinned to one CPU (a pure context-switch storm)
-    with nothing loaded, with our run-queue probe (as committed at HEAD, and
-    as in this tree with stack capture on and off), and with libbpf-tools'
+    with nothing loaded, with our run-queue probe (before stack capture, at
+    PROBE_BEFORE, and as in this tree with stack capture on and off), and with libbpf-tools'
     runqslower (5 ms, our probe's event threshold) and runqlat, one after
     another, ``repeats`` times interleaved. Two measures: the storm's lost
     throughput (best of 3 runs each, against the best unloaded run of the
@@ -357,7 +366,7 @@ def bench_probe_peers(rounds: int = 200_000, repeats: int = 5) -> str:
             return scan_programs(names={fd: name for name, fd in fds.items()})
 
         setups = {
-            "our probe as committed (HEAD)": lambda: ConsumedProbe(_head_runq_probe(Path(tmp)), stacks=False),
+            f"our probe before stacks ({PROBE_BEFORE})": lambda: ConsumedProbe(_head_runq_probe(Path(tmp)), stacks=False),
             "our probe, stack capture off": lambda: ConsumedProbe(RunqProbe(5_000_000, None, stacks=False)),
             "our probe, stack capture on": lambda: ConsumedProbe(RunqProbe(5_000_000, None)),
             "runqslower 5000": lambda: PeerTool("/usr/sbin/runqslower", "5000"),
@@ -481,38 +490,161 @@ def bench_attribution(requests: int = 50_000) -> str:
             f"no evidence in the window {empty:,.0f} requests/s | {busy / empty:.2f}x |")
 
 
-def bench_saved_queries() -> str:
-    """Latency of each saved fleet query over the synthetic fleet (300 hosts,
-    2M run-queue events, 108k histogram rows, 200k attributions), best of 3,
-    against a plain count() of the biggest table in the same store; and the
-    bytes each stored run-queue event takes on disk."""
-    from jitterscope.reports import queries, synthetic
-    from jitterscope.streams import clickhouse
+#: run-queue events in the `saved` bench's fleet: BENCH_RUNQ_EVENTS=100000000 for issue 13's goal
+SAVED_EVENTS = int(os.environ.get("BENCH_RUNQ_EVENTS", 2_000_000))
 
-    with tempfile.TemporaryDirectory() as data:
+#: noisy-neighbours as it was before the runq_minute rollup (migration 008): the same-run baseline
+RAW_NOISY_NEIGHBOURS = """SELECT suspect_comm AS command, count() AS starvations, uniqExact(host) AS hosts,
+       round(sum(wait_ns) / 1e9, 2) AS waited_s, round(max(wait_ns) / 1e6, 1) AS worst_ms
+FROM jitterscope.runq_events FINAL
+WHERE ts > now64(9) - toIntervalSecond({since:UInt32}) AND suspect_pid != 0 AND suspect_pid != pid
+GROUP BY suspect_comm ORDER BY starvations DESC, command LIMIT {limit:UInt32}"""
+
+
+def _stored_bytes(client, table: str) -> tuple[int, int, int]:
+    """(rows, bytes on disk, uncompressed bytes) of a table's active parts."""
+    return client.query("SELECT sum(rows), sum(bytes_on_disk), sum(data_uncompressed_bytes) FROM system.parts "
+                        "WHERE database = 'jitterscope' AND table = {t:String} AND active",
+                        parameters={"t": table}).result_rows[0]
+
+
+def bench_saved_queries() -> str:
+    """Latency of each saved fleet query and of the whole capacity report over
+    the synthetic fleet (300 hosts, SAVED_EVENTS run-queue events, 432k
+    histogram rows, 200k attributions), best of 3 and worst of 3 after a warm-up,
+    against noisy-neighbours' old raw-events FINAL scan in the same store; the
+    cost of the sink's key look-up on runq_events (what keeps runq_minute
+    exact); and the bytes each stored row takes, per table."""
+    import msgspec
+
+    from jitterscope.reports import capacity, queries, synthetic
+    from jitterscope.streams import clickhouse, sink
+
+    n = SAVED_EVENTS
+    with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as data:
         client = clickhouse.connect(None, Path(data))
         clickhouse.migrate(client)
-        synthetic.load_fleet(client)
-        client.command("OPTIMIZE TABLE jitterscope.runq_events FINAL")
-        baseline = best_of(lambda: client.query("SELECT count() FROM jitterscope.runq_events FINAL"), 3)
-        lines = []
+        started = time.perf_counter()
+        synthetic.load_fleet(client, runq_events=n, progress=lambda i, k: print(
+            f"  loading {i}/{k} {time.perf_counter() - started:.0f}s", file=sys.stderr, flush=True))
+        loaded = time.perf_counter() - started
+        for table in ("runq_events", "runq_minute"):
+            client.command(f"OPTIMIZE TABLE jitterscope.{table} FINAL")
+
+        def timed(fn) -> tuple[float, float]:
+            fn()  # warm-up: the first run reads from disk into the page cache
+            runs = [best_of(fn, 1) for _ in range(3)]
+            return min(runs), max(runs)
+
+        params = {"since": "604800", "limit": "20"}
+        raw, raw_worst = timed(lambda: client.query(RAW_NOISY_NEIGHBOURS, parameters=params))
+        base = f"old noisy-neighbours (raw events FINAL) {raw * 1000:,.0f} ms (worst {raw_worst * 1000:,.0f})"
+        lines = [f"| synthetic fleet load: {n:,} runq events | {loaded:.0f} s | | |"]
         for name in queries.SAVED:
             sql, params = queries.bind(name, {})
-            took = best_of(lambda: client.query(sql, parameters=params), 3)
-            lines.append(f"| saved query `{name}` | {took * 1000:.0f} ms | count() FINAL of 2M runq events "
-                         f"{baseline * 1000:.0f} ms | {took / baseline:.1f}x |")
-        rows, on_disk, raw = client.query(
-            "SELECT sum(rows), sum(bytes_on_disk), sum(data_uncompressed_bytes) FROM system.parts "
-            "WHERE database = 'jitterscope' AND table = 'runq_events' AND active").result_rows[0]
-        lines.append(f"| bytes per stored runq event | {on_disk / rows:.1f} B on disk ({rows:,} rows) | "
-                     f"uncompressed {raw / rows:.1f} B | {raw / on_disk:.1f}x compression |")
+            took, worst = timed(lambda: client.query(sql, parameters=params))
+            lines.append(f"| saved query `{name}` at {n:,} events | {took * 1000:,.0f} ms (worst {worst * 1000:,.0f}) "
+                         f"| {base} | {took / raw:.3f}x |")
+        ctx = capacity.Context(lambda sql, p: client.query(sql, parameters=p).result_rows, 7 * 86400, None)
+        took, worst = timed(lambda: capacity.build(ctx))
+        lines.append(f"| `report` (every section) at {n:,} events | {took * 1000:,.0f} ms (worst {worst * 1000:,.0f}) "
+                     f"| {base} | {took / raw:.2f}x |")
+        batch = synthetic_runq(synthetic.WORST_RUNQ_HOST, 500)
+        newest = client.query("SELECT toUnixTimestamp64Nano(max(ts)) FROM jitterscope.runq_events").result_rows[0][0]
+        batch = [msgspec.structs.replace(r, ts_ns=newest - 1_000_000_000 + i * 1_000_000, seq=10**9 + i)
+                 for i, r in enumerate(batch)]  # a batch at the stored end of a host: the look-up's real case
+        look, look_worst = timed(lambda: sink.stored_keys(client, "runq_events", batch))
+        store, _ = timed(lambda: clickhouse.insert_records(client, "runq_events", batch))
+        lines.append(f"| sink key look-up on runq_events (500-event batch, {n:,} stored) | {look * 1000:.1f} ms "
+                     f"(worst {look_worst * 1000:.1f}) | the batch's insert {store * 1000:.1f} ms | "
+                     f"{look / store:.2f}x |")
+        for table in ("runq_events", "runq_minute", "latency_histograms", "latency_minute", "request_attribution"):
+            rows, on_disk, unpacked = _stored_bytes(client, table)
+            lines.append(f"| bytes per stored {table} row | {on_disk / rows:.1f} B on disk ({rows:,} rows) | "
+                         f"uncompressed {unpacked / rows:.1f} B | {unpacked / on_disk:.1f}x compression |")
         client.close()
     return "\n".join(lines)
 
 
+#: runq_events' columns and types (schemas/clickhouse/001 + 007); codecs vary per storage variant
+RUNQ_COLUMNS = {"host": "LowCardinality(String)", "boot_id": "LowCardinality(String)", "seq": "UInt64",
+                "ts": "DateTime64(9)", "pid": "UInt32", "tid": "UInt32", "comm": "LowCardinality(String)",
+                "cpu": "UInt16", "wait_ns": "UInt64", "suspect_pid": "UInt32", "suspect_tid": "UInt32",
+                "suspect_comm": "LowCardinality(String)", "victim_stack": "UInt64", "suspect_stack": "UInt64"}
+AS_STORED = {"ts": "Delta, ZSTD(1)", "wait_ns": "T64, ZSTD(1)", "victim_stack": "T64, ZSTD(1)",
+             "suspect_stack": "T64, ZSTD(1)"}
+#: every column compressed: small integers T64 (drops unused high bits), counters and times by delta
+#: (Gorilla is refused on integer columns: a floating-point codec)
+PACKED = {c: "ZSTD(1)" for c in RUNQ_COLUMNS} | {
+    "seq": "Delta, ZSTD(1)", "ts": "DoubleDelta, ZSTD(1)", "pid": "T64, ZSTD(1)", "tid": "T64, ZSTD(1)",
+    "cpu": "T64, ZSTD(1)", "wait_ns": "T64, ZSTD(1)", "suspect_pid": "T64, ZSTD(1)", "suspect_tid": "T64, ZSTD(1)",
+    "victim_stack": "T64, ZSTD(1)", "suspect_stack": "T64, ZSTD(1)"}
+KEY = "host, ts, boot_id, seq"
+STORAGE_VARIANTS = {  # name -> (codec per column, sort key[, column -> stored expression])
+    "as stored (001/007)": (AS_STORED, KEY),
+    "all columns ZSTD(1), ts DoubleDelta": (PACKED, KEY),
+    "same, ts Delta (applied in 008)": (PACKED | {"ts": "Delta, ZSTD(1)"}, KEY),
+    "same, ts Delta (as 008), small integers ZSTD(1) without T64": (
+        PACKED | {"ts": "Delta, ZSTD(1)"} | {c: "ZSTD(1)" for c in ("pid", "tid", "cpu", "suspect_pid", "suspect_tid")},
+        KEY),
+    "same, ts Delta, wait_ns ZSTD(3)": (PACKED | {"ts": "Delta, ZSTD(1)", "wait_ns": "T64, ZSTD(3)"}, KEY),
+    "same, ts DoubleDelta, ZSTD(3)": ({c: v.replace("ZSTD(1)", "ZSTD(3)") for c, v in PACKED.items()}, KEY),
+    "same, wait_ns Delta": (PACKED | {"wait_ns": "Delta, ZSTD(1)"}, KEY),
+    # not applied (a type change: DateTime64(6), wait in us): what the ns digits below a microsecond cost. The
+    # columns hold the us counts themselves, as such columns would (a multiple of 1000 in ns saves ~nothing)
+    "as 008, ts and wait_ns stored in microseconds": (
+        PACKED | {"ts": "Delta, ZSTD(1)"}, KEY,
+        {"ts": "fromUnixTimestamp64Nano(toUnixTimestamp64Micro(runq_events.ts))",
+         "wait_ns": "intDiv(runq_events.wait_ns, 1000)"}),
+    "ZSTD(1) + DoubleDelta, key (host, tid, ts)": (PACKED, "host, tid, ts, boot_id, seq"),
+    "ZSTD(1) + DoubleDelta, key (host, comm, tid, ts)": (PACKED, "host, comm, tid, ts, boot_id, seq"),
+}
+STORAGE_EVENTS = int(os.environ.get("BENCH_STORAGE_EVENTS", 5_000_000))
+
+
+def bench_storage() -> str:
+    """Bytes per stored run-queue event under each codec/sort-key variant, over
+    the synthetic fleet's run-queue events (per-host time order and seq, as a
+    collector sends them; 300 hosts at the per-host rate of 100M events a
+    day), each variant fully merged; and the columns that cost most in each."""
+    from jitterscope.reports import synthetic
+    from jitterscope.streams import clickhouse
+
+    n = STORAGE_EVENTS
+    lines = []
+    with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as data:
+        client = clickhouse.connect(None, Path(data))
+        clickhouse.migrate(client)
+        # as dense per host as a 100M-event day over 300 hosts: time deltas shrink with density
+        for sql in synthetic.runq_statements(300, n, max(60, 86400 * n // 100_000_000), time.time_ns()):
+            client.command(sql, parameters={"suspects": synthetic.SUSPECTS})
+        for i, (name, (codecs, key, *rounded)) in enumerate(STORAGE_VARIANTS.items()):
+            stored = rounded[0] if rounded else {}
+            table = f"runq_variant_{i}"
+            columns = ", ".join(f"{c} {t}" + (f" CODEC({codecs[c]})" if c in codecs else "")
+                                for c, t in RUNQ_COLUMNS.items())
+            client.command(f"CREATE TABLE jitterscope.{table} ({columns}) ENGINE = ReplacingMergeTree "
+                           f"PARTITION BY toDate(ts) ORDER BY ({key})")
+            client.command(f"INSERT INTO jitterscope.{table} SELECT "
+                           f"{', '.join(stored.get(c, c) + f' AS {c}' for c in RUNQ_COLUMNS)} "
+                           "FROM jitterscope.runq_events")
+            client.command(f"OPTIMIZE TABLE jitterscope.{table} FINAL")
+            rows, on_disk, _ = _stored_bytes(client, table)
+            per_column = client.query(
+                "SELECT name, sum(data_compressed_bytes) AS b FROM system.columns WHERE database = 'jitterscope' "
+                "AND table = {t:String} GROUP BY name ORDER BY b DESC", parameters={"t": table}).result_rows
+            top = ", ".join(f"{c} {b / rows:.2f}" for c, b in per_column[:4])
+            lines.append(f"| runq_events {name}: ORDER BY ({key}) | {on_disk / rows:.2f} B/event on disk "
+                         f"({rows:,} rows; largest columns B/event: {top}) | as stored first row | |")
+        client.close()
+    first = float(lines[0].split("| ")[2].split(" B")[0])
+    return "\n".join(l.replace("| as stored first row | |", f"| as stored {first:.2f} B/event | "
+                                f"{float(l.split('| ')[2].split(' B')[0]) / first:.2f}x |") for l in lines)
+
+
 BENCHES = {"decode": bench_decode, "pipeline": bench_pipeline, "probe": bench_probe, "peers": bench_probe_peers,
-           "attribution": bench_attribution, "hardware": bench_hardware_probes, "saved": bench_saved_queries,
-           "storm": bench_storm_memory}
+           "attribution": bench_attribution, "hardware": bench_hardware_probes, "saved": bench_saved_queries, "storage": bench_storage,
+           "storm": bench_storm_memory, "pipeline-mix": lambda: __import__("mix").bench_pipeline_mix()}
 
 
 def main(names: list[str]) -> None:

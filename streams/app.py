@@ -16,6 +16,7 @@ notification targets (streams/notify.py); every alert is stored.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -56,6 +57,8 @@ LATE_EVIDENCE = Counter("jitterscope_streams_late_evidence_total",
 
 ATTRIBUTION_TICK_S = 0.25
 ALERT_GROUP_TICK_S = 0.5
+#: the record types the host state learns from (HostState.learn)
+LEARNED = (events.Topology, events.ProcessInfo, events.DeviceIo)
 TAKE_MESSAGES = 200  # messages per agent batch (each holds up to batch_max_records records)
 
 
@@ -236,8 +239,9 @@ class StreamsWorker:
         return Decoded(good, dead, alerts, message.partition, message.offset, host)
 
     async def judge(self, topic: str, good: list[events.Record]) -> list[events.Alert]:
-        for record in good:
-            self.state.learn(record)
+        if good and isinstance(good[0], LEARNED):  # a message holds one record type: skip the bulk topics
+            for record in good:
+                self.state.learn(record)
         alerts = await self.handlers.handle(topic, good, time.time_ns())
         for alert in alerts:
             ALERTS.labels(alert.kind).inc()
@@ -269,23 +273,31 @@ class StreamsWorker:
         and dead-lettered with its partition and offset; an unreachable
         ClickHouse is waited for (the offsets stay uncommitted meanwhile)."""
         dead = [letter for d in batch for letter in d.dead]
+        step = self.settings.sink_batch_rows
         for name, part in ((table, lambda d: d.records), ("alerts", lambda d: d.alerts)):
-            rows = [(d, record) for d in batch for record in part(d)]
-            step = self.settings.sink_batch_rows
-            for start in range(0, len(rows), step):
-                dead.extend(await self._store_isolating(topic, name, rows[start:start + step]))
+            records = list(itertools.chain.from_iterable(map(part, batch)))
+            for start in range(0, len(records), step):
+                chunk = records[start:start + step]
+                try:  # the common case: no per-record bookkeeping unless ClickHouse refuses
+                    await self.sink.write(name, chunk)
+                except Exception as exc:
+                    rows = [(d, record) for d in batch for record in part(d)][start:start + step]
+                    dead.extend(await self._store_isolating(topic, name, rows, refused=exc))
         if dead:
             await self.dead_letter(dead)
         if topic in topics.INPUT_TOPICS:
             RECORDS_ACCOUNTED.labels(topic).inc(sum(len(d.records) for d in batch))
 
-    async def _store_isolating(self, topic: str, table: str,
-                               rows: list[tuple["Decoded", events.Record]]) -> list[events.DeadLetter]:
+    async def _store_isolating(self, topic: str, table: str, rows: list[tuple["Decoded", events.Record]],
+                               refused: Exception | None = None) -> list[events.DeadLetter]:
         """Insert records (each with the message it came in); when ClickHouse
         refuses, insert each half on its own, down to the single records it
         refuses, and return those as dead letters: a few bad records cost
-        O(bad x log n) inserts and the good ones around them are stored."""
+        O(bad x log n) inserts and the good ones around them are stored.
+        ``refused``: these rows were just refused (by store()), don't retry them whole."""
         try:
+            if refused is not None:
+                raise refused
             await self.sink.write(table, [record for _, record in rows])
             return []
         except Exception as exc:

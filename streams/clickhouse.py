@@ -7,6 +7,8 @@ it runs and serves other readers (``jitterscope query``) over its web port.
 
 from __future__ import annotations
 
+import functools
+import operator
 import re
 import time
 from importlib import resources
@@ -140,13 +142,28 @@ def _columns(record_type: type[msgspec.Struct]) -> list[tuple[str, str]]:
     return [(f, TIME_COLUMNS.get(f, f)) for f in record_type.__struct_fields__ if f != "v"]
 
 
+@functools.cache
+def _column_plan(record_type: type[msgspec.Struct]) -> tuple[list[str], list[tuple[operator.attrgetter, bool]]]:
+    """Column names, and per column its getter and whether its values are
+    lists of structs (they go in as tuples: ClickHouse Tuple/Nested)."""
+    info = msgspec.inspect.type_info(record_type)
+    nested = {f.name for f in info.fields
+              if any(isinstance(t, msgspec.inspect.ListType) and isinstance(t.item_type, msgspec.inspect.StructType)
+                     for t in (f.type.types if isinstance(f.type, msgspec.inspect.UnionType) else (f.type,)))}
+    pairs = _columns(record_type)
+    return [c for _, c in pairs], [(operator.attrgetter(f), f in nested) for f, _ in pairs]
+
+
 def insert_records(client, table: str, records: list[msgspec.Struct]) -> None:
-    """Column-oriented insert of records of one type."""
+    """Column-oriented insert of records of one type. Columns are built with
+    one C-level map per column (no Python call per value): at 100k+ records
+    a second the per-value work is the sink's own cost."""
     if not records:
         return
-    pairs = _columns(type(records[0]))
-    data = [[_column_value(getattr(r, field)) for r in records] for field, _ in pairs]
-    client.insert(f"{DATABASE}.{table}", data, column_names=[c for _, c in pairs], column_oriented=True)
+    names, plan = _column_plan(type(records[0]))
+    data = [[_column_value(v) for v in map(get, records)] if nested else list(map(get, records))
+            for get, nested in plan]
+    client.insert(f"{DATABASE}.{table}", data, column_names=names, column_oriented=True)
 
 
 def select_records(client, record_type: type[msgspec.Struct], where: str = "1", parameters: dict | None = None,

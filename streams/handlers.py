@@ -84,17 +84,25 @@ class Handlers:
 
     async def runq(self, records: list[events.RunqEvent], now_ns: int) -> list[events.Alert]:
         if self.attributor is not None:
-            for event in records:
-                self.attributor.add_evidence(event)
+            self.attributor.add_evidence_many(records)
         alert_ns = self.t.runq_alert_ns
         worthy = [e for e in records if e.wait_ns >= alert_ns]
         if not worthy:
             return []
-        wanted = sorted({(e.host, e.pid) for e in worthy})
-        victims = dict(zip(wanted, await asyncio.gather(*(self.state.process(h, p) for h, p in wanted))))
+        # Known processes and unlimited cgroups are answered here: a task per
+        # alert-worthy event (asyncio.gather) costs more than the rule itself.
+        known = self.state.processes
+        victims = {key: known.get(key) for key in sorted({(e.host, e.pid) for e in worthy})}
+        if missing := [key for key, found in victims.items() if found is None]:
+            victims.update(zip(missing, await asyncio.gather(*(self.state.process(h, p) for h, p in missing))))
         hosts = sorted({e.host for e in worthy})
         cpus = dict(zip(hosts, await asyncio.gather(*(self.state.cpus(h) for h in hosts))))
-        throttles = await asyncio.gather(*(self._throttled(e, victims[(e.host, e.pid)]) for e in worthy))
+        throttles: list[list[events.CgroupThrottle]] = [[] for _ in worthy]
+        limited = [(i, e, victims[(e.host, e.pid)]) for i, e in enumerate(worthy)
+                   if self._limited(e, victims[(e.host, e.pid)])]
+        found = await asyncio.gather(*(self._throttled(e, victim) for _, e, victim in limited))
+        for (i, _, _), covering in zip(limited, found):
+            throttles[i] = covering
         alerts = []
         for event, throttled in zip(worthy, throttles):
             alert = runq.runq_starvation(event, alert_ns, victims[(event.host, event.pid)],
@@ -103,13 +111,18 @@ class Handlers:
                 alerts.append(alert)
         return alerts
 
+    def _limited(self, event: events.RunqEvent, victim) -> bool:
+        """Whether a quota cgroup is known above the waiting thread."""
+        cgroup = getattr(victim, "cgroup", "")
+        return bool(cgroup and self.throttles.limits(event.host, cgroup))
+
     async def _throttled(self, event: events.RunqEvent, victim) -> list[events.CgroupThrottle]:
         """Throttling of the quota cgroups above the waiting thread during its
         wait; when its cgroup has a quota, waits briefly for the record that
         covers the wait's end (it travels on another topic)."""
-        cgroup = getattr(victim, "cgroup", "")
-        if not cgroup or not self.throttles.limits(event.host, cgroup):
+        if not self._limited(event, victim):
             return []
+        cgroup = victim.cgroup
         deadline = time.monotonic() + THROTTLE_WAIT_S
         while self.throttles.covered_until(event.host, cgroup) < event.ts_ns and time.monotonic() < deadline:
             await asyncio.sleep(0.05)

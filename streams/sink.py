@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import operator
 from concurrent.futures import ThreadPoolExecutor
 
 from clickhouse_connect.driver.exceptions import OperationalError
@@ -34,15 +35,21 @@ ROWS_WRITTEN = Counter("jitterscope_streams_rows_written_total", "rows inserted 
 INSERT_FAILURES = Counter("jitterscope_streams_insert_failures_total", "ClickHouse inserts that failed and were retried", ["table"])
 
 
-#: tables that feed materialized views (schemas/clickhouse/004_rollups.sql)
-ROLLUP_SOURCES = frozenset({"latency_histograms", "request_attribution"})
+#: tables that feed materialized views (schemas/clickhouse/004_rollups.sql, 008_runq_rollup.sql); runq_events
+#: pays a key look-up per insert (~0.25x the insert, bench/RESULTS.md issue 13) to keep runq_minute exact
+ROLLUP_SOURCES = frozenset({"latency_histograms", "request_attribution", "runq_events"})
+
+
+_KEY = operator.attrgetter("host", "boot_id", "seq")
 
 
 def unseen(records: list, known: set[tuple[str, str, int]]) -> list:
     """Records whose (host, boot_id, seq) is neither stored nor earlier in the batch."""
+    keys = list(map(_KEY, records))
+    if not known.intersection(keys) and len(set(keys)) == len(keys):
+        return list(records)  # the usual batch, new and without repeats: checked in C, not per record
     fresh, seen = [], set(known)
-    for record in records:
-        key = (record.host, record.boot_id, record.seq)
+    for key, record in zip(keys, records):
         if key not in seen:
             seen.add(key)
             fresh.append(record)
@@ -51,12 +58,29 @@ def unseen(records: list, known: set[tuple[str, str, int]]) -> list:
 
 def stored_keys(client, table: str, records: list) -> set[tuple[str, str, int]]:
     """Keys of ``records`` already in ``table``: read by the sort key's
-    leading (host, ts) columns, so it touches only the batch's time range."""
+    leading (host, ts) columns, so it touches only the batch's time range,
+    and only rows within each (host, boot_id)'s seq range in the batch come
+    back: a batch of many hosts would otherwise fetch every row its hosts
+    stored in that time range (rows in Python, per insert)."""
+    ranges: dict[tuple[str, str], list[int]] = {}
+    for host, boot_id, seq in map(_KEY, records):
+        if (span := ranges.get((host, boot_id))) is None:
+            ranges[(host, boot_id)] = [seq, seq]
+        elif seq < span[0]:
+            span[0] = seq
+        elif seq > span[1]:
+            span[1] = seq
+    ts = list(map(operator.attrgetter("ts_ns"), records))
+    parameters = {"hosts": sorted({host for host, _ in ranges}), "lo": min(ts), "hi": max(ts)}
+    clauses = []
+    for i, ((host, boot_id), (first, last)) in enumerate(sorted(ranges.items())):
+        clauses.append(f"(host = {{h{i}:String}} AND boot_id = {{b{i}:String}} "
+                       f"AND seq BETWEEN {{f{i}:UInt64}} AND {{l{i}:UInt64}})")
+        parameters.update({f"h{i}": host, f"b{i}": boot_id, f"f{i}": first, f"l{i}": last})
     result = client.query(
         f"SELECT host, boot_id, seq FROM {clickhouse.DATABASE}.{table} WHERE host IN {{hosts:Array(String)}} "
-        "AND ts BETWEEN fromUnixTimestamp64Nano({lo:Int64}) AND fromUnixTimestamp64Nano({hi:Int64})",
-        parameters={"hosts": sorted({r.host for r in records}), "lo": min(r.ts_ns for r in records),
-                    "hi": max(r.ts_ns for r in records)})
+        "AND ts BETWEEN fromUnixTimestamp64Nano({lo:Int64}) AND fromUnixTimestamp64Nano({hi:Int64}) "
+        f"AND ({' OR '.join(clauses)})", parameters=parameters)
     return {(host, boot_id, int(seq)) for host, boot_id, seq in result.result_rows}
 
 

@@ -1,0 +1,311 @@
+"""`bench/run.py pipeline-mix`: one streams worker under a busy inference
+host's mix, replayed at twice its rate, every rule on.
+
+A busy 64-CPU inference host, per second (BUSY_HOST): run-queue waits over
+the kernel threshold (1% of them over the 10 ms alarm, so the run-queue rule,
+alert grouping and attribution all work), request spans (with
+``request_slo_ms`` set, so the request rule judges every attribution),
+histograms every 10 s for 200 targets, and the samplers as they really run:
+interrupt time every 0.25 s per CPU and source, CFS throttling every 0.25 s
+per quota cgroup. Enough such hosts are replayed at twice their rate to reach
+the target rate.
+
+Two measures, each against the same worker run from this tree with the
+streams hot-path files as committed (git HEAD): the same-run baseline.
+
+- capacity: the whole mix (``seconds`` of it) produced at once; events/s
+  until every record is in chDB.
+- alert delay: the mix produced at the target rate, paced, each record
+  stamped with the moment it is sent; for every run-queue alert, its
+  ``raised`` minus the event's end (``ts``): how long after the wait ended
+  the worker judged it. p50/p99, and the events/s stored meanwhile.
+
+``BENCH_PROFILE=DIR`` also records the worker with py-spy during the
+capacity phase (collapsed stacks and the top functions, into DIR).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+import tomllib
+from collections import Counter
+from pathlib import Path
+
+from run import REPO, StreamsWorker  # noqa: E402  (bench/ is on sys.path when run.py runs)
+
+from jitterscope.schemas import events, topics
+
+#: records per second of one busy 64-CPU inference host
+BUSY_HOST = {"runq": 20_000, "spans": 200, "irq": 64 * 2 * 4, "cfs": 32 * 4, "histograms": 200 * 2 / 10}
+SPEEDUP = 2  # replayed at twice the host's rate
+SERVING = list(range(1000, 1016))  # pids of one serving group (vLLM API server + engines)
+OTHERS = list(range(2000, 2016))  # other watched processes (every victim is watched: it has a record)
+SUSPECTS = [(300 + i, f"job{i}") for i in range(5)]
+#: the worker's own hot-path files: the baseline runs them as committed
+HOT_PATH = ["streams/app.py", "streams/sink.py", "streams/clickhouse.py", "streams/attribution.py",
+            "streams/handlers.py", "streams/alert_groups.py", "streams/throttle_index.py",
+            "streams/host_state.py", "schemas/events.py"]
+TABLES = ("runq_events", "requests", "irq_time", "cgroup_throttle", "latency_histograms")
+TICK_S = 0.05
+
+
+def host_rate() -> float:
+    return SPEEDUP * sum(BUSY_HOST.values())
+
+
+def setup_records(host: str, now: int) -> list[tuple[str, list[events.Record]]]:
+    """Topology and processes: what a collector sends first."""
+    cpus = list(range(64))
+    topo = events.Topology(host=host, boot_id="mix", seq=0, ts_ns=now, cpus=cpus, numa_nodes=[])
+    procs = [events.ProcessInfo(host=host, boot_id="mix", seq=i, ts_ns=now, pid=pid, comm="vllm",
+                                cmdline="vllm serve", cgroup="/kubepods/serving/vllm", cpus_allowed=cpus[:32],
+                                serving_group=SERVING[0] if pid != SERVING[0] else 0, ppid=1)
+             for i, pid in enumerate(SERVING)]
+    procs += [events.ProcessInfo(host=host, boot_id="mix", seq=100 + i, ts_ns=now, pid=pid, comm=comm,
+                                 cmdline=comm, cgroup=f"/kubepods/batch{i}", cpus_allowed=cpus)
+              for i, (pid, comm) in enumerate(SUSPECTS)]
+    procs += [events.ProcessInfo(host=host, boot_id="mix", seq=200 + i, ts_ns=now, pid=pid, comm="trainer",
+                                 cmdline="trainer", cgroup="/system.slice/trainer", cpus_allowed=cpus)
+              for i, pid in enumerate(OTHERS)]
+    return [(topics.TOPOLOGY, [topo]), (topics.PROCESSES, procs)]
+
+
+class Mix:
+    """The records one host sends, tick by tick (TICK_S each), at SPEEDUP."""
+
+    def __init__(self, host: str):
+        self.host = host
+        self.seq = Counter()
+        self.rate = {k: v * SPEEDUP for k, v in BUSY_HOST.items()}
+        self.carry = Counter()
+
+    def _next(self, kind: str) -> int:
+        self.seq[kind] += 1
+        return self.seq[kind]
+
+    def _due(self, kind: str, period_s: float, tick: int) -> int:
+        """How many records of ``kind`` this tick: its per-period batch when
+        the period starts (the samplers publish in bursts), else 0."""
+        ticks = max(1, round(period_s / TICK_S))
+        return round(self.rate[kind] * period_s) if tick % ticks == 0 else 0
+
+    def tick(self, tick: int, ts: int) -> list[tuple[str, list[events.Record]]]:
+        h, ms = self.host, 1_000_000
+        out = []
+        n_runq = round(self.rate["runq"] * TICK_S)
+        runq = []
+        for _ in range(n_runq):
+            s = self._next("runq")
+            pid = SERVING[s % len(SERVING)] if s % 4 else OTHERS[s % len(OTHERS)]
+            sp, sc = SUSPECTS[s % len(SUSPECTS)]
+            runq.append(events.RunqEvent(host=h, boot_id="mix", seq=s, ts_ns=ts - s % 1000, pid=pid,
+                                         tid=pid * 10 + s % 8, comm="vllm", cpu=s % 64,
+                                         wait_ns=(12 if s % 100 == 0 else 5) * ms + s % 997, suspect_pid=sp,
+                                         suspect_tid=sp, suspect_comm=sc))
+        out += [(topics.RUNQ, runq[i:i + 500]) for i in range(0, len(runq), 500)]
+        self.carry["spans"] += self.rate["spans"] * TICK_S
+        n_spans, self.carry["spans"] = int(self.carry["spans"]), self.carry["spans"] % 1
+        spans = []
+        for _ in range(n_spans):
+            s = self._next("spans")
+            took = (400 if s % 50 == 0 else 50) * ms
+            spans.append(events.RequestSpan(host=h, boot_id="mix", seq=s, ts_ns=ts, request_id=f"r{s}",
+                                            trace_id="ab" * 16, span_id="cd" * 8, name="llm_request",
+                                            pid=SERVING[0], start_ns=ts - took, end_ns=ts, status="ok"))
+        if spans:
+            out.append((topics.REQUESTS, spans))
+        irq = [events.IrqTime(host=h, boot_id="mix", seq=self._next("irq"), ts_ns=ts, cpu=i // 2,
+                              interval_ns=250 * ms, kind="softirq" if i % 2 else "hardirq",
+                              source="NET_RX" if i % 2 else "nvme0q1", count=100, time_ns=(i % 7) * 100_000)
+               for i in range(self._due("irq", 0.25, tick))]
+        if irq:
+            out.append((topics.IRQ, irq))
+        cfs = [events.CgroupThrottle(host=h, boot_id="mix", seq=self._next("cfs"), ts_ns=ts,
+                                     cgroup=f"/kubepods/batch{i % 32}", interval_ns=250 * ms, quota_us=200_000,
+                                     period_us=100_000, nr_periods=2, nr_throttled=i % 2,
+                                     throttled_ns=(i % 2) * 3 * ms)
+               for i in range(self._due("cfs", 0.25, tick))]
+        if cfs:
+            out.append((topics.CGROUP_THROTTLE, cfs))
+        hist = [events.LatencyHistogram(host=h, boot_id="mix", seq=self._next("hist"), ts_ns=ts,
+                                        probe="runq" if i % 2 else "gpu_ioctl", interval_ns=10_000 * ms,
+                                        pid=SERVING[i % 16] if i < 32 else 3000 + i, comm=f"c{i % 40}",
+                                        slots=[1, 2, 3, 10, 12], counts=[500, 300, 100, 5, 1])
+                for i in range(self._due("histograms", 10 / SPEEDUP, tick))]
+        if hist:
+            out.append((topics.HISTOGRAMS, hist))
+        return out
+
+
+def schedule(hosts: int, seconds: float, t0_ns: int) -> list[tuple[float, str, bytes, bytes, int]]:
+    """(send at, s after start; topic; key; NDJSON payload; records) of
+    ``seconds`` of the mix, the records stamped t0_ns + their send time."""
+    mixes = [Mix(f"mix{h}") for h in range(hosts)]
+    out = []
+    for tick in range(int(seconds / TICK_S)):
+        at = tick * TICK_S
+        for mix in mixes:
+            for topic, records in mix.tick(tick, t0_ns + int(at * 1e9)):
+                out.append((at, topic, mix.host.encode(), events.encode_batch(records), len(records)))
+    return out
+
+
+def baseline_tree(directory: Path) -> Path:
+    """This tree's packages, laid out as the installed ``jitterscope``
+    (pyproject's package-dir), with HOT_PATH as committed at HEAD."""
+    mapping = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    root = directory / "jitterscope"
+    shutil.copytree(REPO / mapping["jitterscope"], root, ignore=shutil.ignore_patterns("__pycache__"))
+    for package, folder in mapping.items():
+        if package != "jitterscope":
+            shutil.copytree(REPO / folder, root / package.split(".", 1)[1],
+                            ignore=shutil.ignore_patterns("__pycache__"))
+    for path in HOT_PATH:
+        top, rest = path.split("/", 1)
+        shown = subprocess.run(["git", "-C", str(REPO), "show", f"HEAD:{path}"], capture_output=True, check=True,
+                               text=True).stdout
+        if path == "streams/sink.py":  # which tables are deduplicated is the store's choice, not the hot path's
+            now = re.search(r"^ROLLUP_SOURCES = .*$", (REPO / path).read_text(), re.M)[0]
+            shown = re.sub(r"^ROLLUP_SOURCES = .*$", lambda _m: now, shown, flags=re.M)
+        (root / top / rest).write_text(shown)
+    return directory
+
+
+class MixWorker(StreamsWorker):
+    def stored(self) -> int:
+        from jitterscope.query import query_worker
+
+        sql = " + ".join(f"(SELECT count() FROM jitterscope.{t})" for t in TABLES)  # from part metadata: cheap
+        return query_worker(self._running_worker(self._settings), f"SELECT {sql}", {})[1][0][0]
+
+    def sql(self, sql: str) -> list:
+        from jitterscope.query import query_worker
+
+        return query_worker(self._running_worker(self._settings), sql, {})[1]
+
+    def setup(self, hosts: int) -> None:
+        now = time.time_ns()
+        for h in range(hosts):
+            for topic, records in setup_records(f"mix{h}", now):
+                self.producer.produce(topic, events.encode_batch(records), key=f"mix{h}".encode())
+        self.producer.flush(30)
+        deadline = time.monotonic() + 60
+        while self.sql("SELECT count() FROM jitterscope.processes WHERE host LIKE 'mix%'")[0][0] < hosts * (len(SERVING) + len(SUSPECTS) + len(OTHERS)):
+            assert time.monotonic() < deadline, "process records not stored"
+            time.sleep(0.2)
+
+    def send(self, messages, paced: bool, t_start: float) -> float:
+        """Produce; returns how late the last message went out (s)."""
+        late = 0.0
+        for at, topic, key, payload, _n in messages:
+            if paced:
+                wait = t_start + at - time.time()
+                if wait > 0:
+                    time.sleep(wait)
+                late = max(late, -wait)
+            while True:
+                try:
+                    self.producer.produce(topic, payload, key=key)
+                    break
+                except BufferError:
+                    self.producer.poll(0.01)
+            self.producer.poll(0)
+        assert self.producer.flush(120) == 0, "the broker did not take every message"
+        return late
+
+    def wait_stored(self, total: int, timeout_s: float = 600) -> float:
+        deadline = time.monotonic() + timeout_s
+        while (n := self.stored()) < total:
+            assert time.monotonic() < deadline, f"only {n} of {total} records stored"
+            time.sleep(0.1)
+        return time.perf_counter()
+
+
+def _profile(pid: int, seconds: int, out_dir: Path, label: str):
+    spy = Path(os.environ.get("VIRTUAL_ENV", REPO / ".venv")) / "bin" / "py-spy"
+    if not spy.exists():
+        spy = Path(shutil.which("py-spy") or "py-spy")
+    raw = out_dir / f"{label}.txt"
+    return raw, subprocess.Popen([str(spy), "record", "--pid", str(pid), "--duration", str(seconds), "--rate", "50",
+                                  "--format", "raw", "--threads", "--output", str(raw), "--nonblocking"],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def top_functions(raw: Path, n: int = 12) -> list[tuple[str, float, float]]:
+    """(function, self share, inclusive share) from py-spy's collapsed stacks."""
+    own, incl, total = Counter(), Counter(), 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = stack.split(";")
+        total += int(count)
+        own[frames[-1]] += int(count)
+        for frame in set(frames):
+            incl[frame] += int(count)
+    threads = [(f, c / total, c / total) for f, c in incl.most_common() if f.startswith("thread ")]
+    return threads + [(f, c / total, incl[f] / total) for f, c in own.most_common(n)]
+
+
+def measure(tree: Path | None, hosts: int, seconds: float, label: str, profile_dir: Path | None) -> dict:
+    settings = dict(request_slo_ms="300", runq_alert_ms="10")
+    with MixWorker(tree=tree, **settings) as worker:
+        worker.setup(hosts)
+        # capacity: the whole mix at once
+        messages = schedule(hosts, seconds, time.time_ns() - int(seconds * 1e9))
+        total = sum(m[4] for m in messages)
+        spy = _profile(worker.proc.pid, int(seconds * 3), profile_dir, label) if profile_dir else None
+        before = worker.stored()
+        t0 = time.perf_counter()
+        worker.send(messages, paced=False, t_start=0)
+        done = worker.wait_stored(before + total)
+        capacity = total / (done - t0)
+        if spy:
+            spy[1].wait()
+        # alert delay at the target rate: paced, stamped at send time
+        time.sleep(3)  # let the attribution of the capacity phase drain
+        lead = 5 + seconds  # generation time
+        t_start = time.time() + lead
+        messages = schedule(hosts, seconds, int(t_start * 1e9))
+        assert time.time() < t_start, "generating the paced mix took longer than its lead"
+        before = worker.stored()
+        t0 = time.perf_counter() + (t_start - time.time())
+        late = worker.send(messages, paced=True, t_start=t_start)
+        done = worker.wait_stored(before + sum(m[4] for m in messages))
+        paced_rate = sum(m[4] for m in messages) / (done - t0)
+        delays = sorted(r[0] for r in worker.sql(
+            "SELECT (toUnixTimestamp64Nano(raised) - toUnixTimestamp64Nano(ts)) / 1e9 FROM jitterscope.alerts "
+            f"WHERE kind = 'runq_starvation' AND host LIKE 'mix%' AND ts >= fromUnixTimestamp64Nano({int(t_start * 1e9)})"))
+    pct = lambda q: delays[min(len(delays) - 1, int(q * len(delays)))] if delays else float("nan")  # noqa: E731
+    top = top_functions(spy[0]) if spy and spy[0].exists() else []
+    return dict(capacity=capacity, total=total, paced=paced_rate, late=late, p50=pct(0.5), p99=pct(0.99),
+                alerts=len(delays), top=top)
+
+
+def bench_pipeline_mix(target: float = 200_000, seconds: float = 6.0) -> str:
+    hosts = max(1, round(target / host_rate()))
+    profile_dir = Path(os.environ["BENCH_PROFILE"]) if os.environ.get("BENCH_PROFILE") else None
+    if profile_dir:
+        profile_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        base = measure(baseline_tree(Path(tmp)), hosts, seconds, "before", profile_dir)
+    ours = measure(None, hosts, seconds, "after", profile_dir)
+    rate = hosts * host_rate()
+    what = (f"busy-host mix x{SPEEDUP} ({hosts} hosts, {rate:,.0f} records/s: runq, spans, irq/cfs every 0.25 s, "
+            f"histograms), every rule on → 1 Faust worker → chDB")
+    lines = [
+        f"| {what}: capacity ({ours['total']:,} records at once) | {ours['capacity']:,.0f} records/s stored | "
+        f"hot path as at HEAD {base['capacity']:,.0f} records/s | {ours['capacity'] / base['capacity']:.2f}x |",
+        f"| {what}: paced at {rate:,.0f}/s for {seconds:.0f} s, run-queue alert delay (raised − event end) | "
+        f"p50 {ours['p50']:.3f} s, p99 {ours['p99']:.3f} s ({ours['alerts']:,} alerts; {ours['paced']:,.0f} "
+        f"records/s stored; producer up to {ours['late']:.2f} s late) | hot path as at HEAD: p50 {base['p50']:.3f} s, "
+        f"p99 {base['p99']:.3f} s ({base['paced']:,.0f} records/s) | {ours['p99'] / base['p99']:.2f}x |",
+    ]
+    for label, result in (("HEAD", base), ("this tree", ours)):
+        if result["top"]:
+            lines.append(f"\npy-spy top (self, inclusive), {label}, capacity phase:\n")
+            lines += [f"    {own:5.1%} {incl:5.1%}  {fn}" for fn, own, incl in result["top"]]
+    return "\n".join(lines)
