@@ -105,10 +105,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.gap_ms > 0:
             time.sleep(args.gap_ms / 1000)
 
+    return flush_spans(provider, args.endpoint)
+
+
+def flush_spans(provider: TracerProvider, endpoint: str) -> int:
+    """Send the spans still queued; the exit status: 1 when they could not go."""
     flushed = provider.force_flush(30_000)
     provider.shutdown()
     if not flushed:
-        print("could not flush spans to", args.endpoint, file=sys.stderr)
+        print("could not flush spans to", endpoint, file=sys.stderr)
         return 1
     return 0
 

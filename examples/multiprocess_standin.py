@@ -40,7 +40,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from inference_standin import burn_cpu, set_process_name  # the single-process stand-in's CPU work and naming
+from inference_standin import burn_cpu, flush_spans, set_process_name  # the single-process stand-in's parts
 
 FRONT_NAME = b"jsfront"
 ENGINE_NAME = b"VLLM::EngineCore"[:15]  # the kernel's comm limit: "VLLM::EngineCor"
@@ -128,12 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         child.stdin.close()
         child.wait(10)
-    flushed = provider.force_flush(30_000)
-    provider.shutdown()
-    if not flushed:
-        print("could not flush spans to", args.endpoint, file=sys.stderr)
-        return 1
-    return 0
+    return flush_spans(provider, args.endpoint)
 
 
 if __name__ == "__main__":

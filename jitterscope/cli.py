@@ -563,14 +563,17 @@ topics_app = typer.Typer(help="Create or check jitterscope's Kafka topics (kafka
 app.add_typer(topics_app, name="topics")
 
 
+PartitionsOpt = Annotated[Optional[int], typer.Option(help="partitions per topic (kafka_partitions, default 4)")]
+ReplicationOpt = Annotated[Optional[int], typer.Option(help="replicas per topic (kafka_replication_factor, default 1)")]
+
+
 @topics_app.command("create")
 def topics_create(
     sets: SetOpt = None,
     config: ConfigOpt = None,
     bootstrap_servers: BootstrapOpt = None,
-    partitions: Annotated[Optional[int], typer.Option(help="partitions per topic (kafka_partitions, default 4)")] = None,
-    replication_factor: Annotated[Optional[int], typer.Option(
-        help="replicas per topic (kafka_replication_factor, default 1)")] = None,
+    partitions: PartitionsOpt = None,
+    replication_factor: ReplicationOpt = None,
 ) -> None:
     """Create every missing jitterscope topic, then check them all."""
     from jitterscope import topics
@@ -589,9 +592,8 @@ def topics_check(
     sets: SetOpt = None,
     config: ConfigOpt = None,
     bootstrap_servers: BootstrapOpt = None,
-    partitions: Annotated[Optional[int], typer.Option(help="partitions expected (kafka_partitions, default 4)")] = None,
-    replication_factor: Annotated[Optional[int], typer.Option(
-        help="replicas expected at least (kafka_replication_factor, default 1)")] = None,
+    partitions: PartitionsOpt = None,
+    replication_factor: ReplicationOpt = None,
 ) -> None:
     """Check every jitterscope topic exists with the configured partitions and replication factor (exit 1 if not)."""
     s = _settings(config, sets, bootstrap_servers=bootstrap_servers, kafka_partitions=partitions,
