@@ -67,7 +67,9 @@ BPF_HASH(targets, u32, u64, MAX_TARGETS);
 BPF_ARRAY(config, struct runq_config, 1);
 BPF_HASH(hist, struct runq_hist_key, u64, MAX_HIST_KEYS);
 BPF_PERCPU_ARRAY(recent, struct cpu_runs, 1);       /* per-CPU run history */
-BPF_RINGBUF_OUTPUT(events, 256);                    /* 256 pages = 1 MiB: ~250 events of 4 KiB */
+/* 4096 pages = 16 MiB: ~4,000 events of 4 KiB, so a reader stalled for a moment
+ * (symbolizing a new process's first stack loads its symbol tables) loses none */
+BPF_RINGBUF_OUTPUT(events, 4096);
 BPF_TABLE("lru_hash", u32, struct victim_stack, victim_stacks, MAX_VICTIM_THREADS); /* tid -> its stacks */
 BPF_PERCPU_ARRAY(victim_blank, struct victim_stack, 1);  /* a zeroed value to create slots from */
 /* tid -> when it last waited over its threshold (written only with an event) */
