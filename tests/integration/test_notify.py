@@ -71,10 +71,8 @@ def notified(stack, tmp_path_factory):
     worker = stack.start_worker_with(
         JITTERSCOPE_ALERTMANAGER_URL=receiver.url, JITTERSCOPE_WEBHOOK_URL=f"{receiver.url}/hook",
         JITTERSCOPE_WEBHOOK_TOKEN_FILE=str(token), JITTERSCOPE_ALERT_GROUP_WINDOW_S=str(WINDOW_S),
-        JITTERSCOPE_ALERT_GROUP_QUIET_S=str(QUIET_S))
-    stack.start_collector(
-        JITTERSCOPE_TARGET_COMMS=f'["{VICTIM_COMM}*"]', JITTERSCOPE_TARGET_RESCAN_S="0.2",
-        JITTERSCOPE_RUNQ_ALERT_MS="10")
+        JITTERSCOPE_ALERT_GROUP_QUIET_S=str(QUIET_S), JITTERSCOPE_RUNQ_ALERT_MS="10")
+    stack.start_collector(JITTERSCOPE_TARGET_COMMS=f'["{VICTIM_COMM}*"]', JITTERSCOPE_TARGET_RESCAN_S="0.2")
     yield stack, worker, receiver
     receiver.close()
 

@@ -28,10 +28,10 @@ ALERT_MS = 10
 
 @pytest.fixture(scope="module")
 def pipeline(stack):
-    worker = stack.start_worker()
+    worker = stack.start_worker_with(JITTERSCOPE_RUNQ_ALERT_MS=str(ALERT_MS))
     collector = stack.start_collector(
         JITTERSCOPE_TARGET_COMMS=f'["{VICTIM_COMM}*", "{CONTROL_COMM}*"]', JITTERSCOPE_TARGET_RESCAN_S="0.2",
-        JITTERSCOPE_HISTOGRAM_INTERVAL_S="1", JITTERSCOPE_RUNQ_ALERT_MS=str(ALERT_MS),
+        JITTERSCOPE_HISTOGRAM_INTERVAL_S="1",
         JITTERSCOPE_COLLECTOR_METRICS_PORT=str(METRICS_PORT))
     # The victims run on the last CPU. On a 2-CPU box the pipeline itself
     # (symbolizing the hogs' stacks, chDB merges after a burst) could hold that
