@@ -297,8 +297,8 @@ class ConsumedProbe:
         self.probe.close()
 
 
-#: the run-queue probe before stack capture (issue 10): the 'before' of the peers bench
-PROBE_BEFORE = "581b702"
+#: the run-queue probe before one slot per thread (issue 13): the 'before' of the peers bench
+PROBE_BEFORE = "b7ae3fd"
 
 
 def _head_runq_probe(directory: Path, rev: str = PROBE_BEFORE):
@@ -335,7 +335,7 @@ def _bpf_ns_per_switch(before: dict, after: dict) -> float:
 
 def bench_probe_peers(rounds: int = 100_000, repeats: int = 3) -> str:
     """A C pipe ping-pong pinned to one CPU (a pure context-switch storm)
-    with nothing loaded, with our run-queue probe (before stack capture, at
+    with nothing loaded, with our run-queue probe (as committed at
     PROBE_BEFORE, and as in this tree with stack capture on and off), and with libbpf-tools'
     runqslower (5 ms, our probe's event threshold) and runqlat, one after
     another, ``repeats`` times interleaved. Two measures: the storm's lost
@@ -366,7 +366,7 @@ def bench_probe_peers(rounds: int = 100_000, repeats: int = 3) -> str:
             return scan_programs(names={fd: name for name, fd in fds.items()})
 
         setups = {
-            f"our probe before stacks ({PROBE_BEFORE})": lambda: ConsumedProbe(_head_runq_probe(Path(tmp)), stacks=False),
+            f"our probe before one slot per thread ({PROBE_BEFORE}), stack capture off": lambda: ConsumedProbe(_head_runq_probe(Path(tmp))),
             "our probe, stack capture off": lambda: ConsumedProbe(RunqProbe(5_000_000, None, stacks=False)),
             "our probe, stack capture on": lambda: ConsumedProbe(RunqProbe(5_000_000, None)),
             "runqslower 5000": lambda: PeerTool("/usr/sbin/runqslower", "5000"),
@@ -392,7 +392,6 @@ def bench_probe_peers(rounds: int = 100_000, repeats: int = 3) -> str:
     med = {name: statistics.median(v) for name, v in cost.items()}
     ns = {name: statistics.median(v) for name, v in per_switch.items()}
     dearer = max(("runqslower 5000", "runqlat"), key=lambda n: med[n])
-    dearer_ns = max(ns["runqslower 5000"], ns["runqlat"])
     lines = []
     for name in setups:
         lines.append(
@@ -400,7 +399,7 @@ def bench_probe_peers(rounds: int = 100_000, repeats: int = 3) -> str:
             f"range {min(cost[name]):.1%}..{max(cost[name]):.1%}); BPF {ns[name]:,.0f} ns per switch "
             f"(range {min(per_switch[name]):,.0f}..{max(per_switch[name]):,.0f}) | unloaded median "
             f"{statistics.median(bases):,.0f} round trips/s | {med[name] / med[dearer]:.2f}x {dearer}'s loss; "
-            f"{ns[name] / dearer_ns:.2f}x the dearer peer's BPF time |")
+            f"{ns[name] / ns['runqslower 5000']:.2f}x runqslower's BPF time |")
     return "\n".join(lines)
 
 

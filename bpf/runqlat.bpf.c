@@ -32,6 +32,13 @@
  * most victim stacks were already overwritten: a starved thread is preempted
  * again within milliseconds of getting the CPU. An event with stacks is
  * ~4 KiB; such events are the rare ones, over the threshold.
+ *
+ * Per switch and wakeup the work is map look-ups and stores in place, never a
+ * hash insert or delete (those take a lock and a free-list element, and cost
+ * more than the rest together): one `threads` slot per thread holds its tgid
+ * and when it became runnable (0: not waiting). A wakeup stamps the slot, the
+ * switch into the thread reads and clears it; a slot is inserted only for a
+ * thread not seen before and deleted when the thread exits.
  */
 #include "runqlat.h"
 #include "drops.bpf.inc"  /* spliced in by the loader, see drops.h */
@@ -58,8 +65,8 @@
 #define MAX_LONG_WAITERS 4096
 #endif
 
-BPF_HASH(enqueued_at, u32, struct runq_start, MAX_THREADS); /* tid -> when it became runnable */
-BPF_TABLE("lru_hash", u32, u32, tid_tgid, MAX_THREADS); /* learned tid -> tgid */
+/* tid -> its tgid (learned) and when it became runnable (LRU: never "full") */
+BPF_TABLE("lru_hash", u32, struct thread_state, threads, MAX_THREADS);
 /* tgid -> its own event threshold in ns (0 = the global one). The tgids to
  * watch when filtering; with or without filtering, serving processes get a
  * finer threshold here so their requests can be explained. */
@@ -74,12 +81,6 @@ BPF_TABLE("lru_hash", u32, struct victim_stack, victim_stacks, MAX_VICTIM_THREAD
 BPF_PERCPU_ARRAY(victim_blank, struct victim_stack, 1);  /* a zeroed value to create slots from */
 /* tid -> when it last waited over its threshold (written only with an event) */
 BPF_TABLE("lru_hash", u32, u64, long_waits, MAX_LONG_WAITERS);
-
-static __always_inline u32 tgid_of(u32 tid)
-{
-    u32 *tgid = tid_tgid.lookup(&tid);
-    return tgid ? *tgid : 0;
-}
 
 /* Until the collector has written the config (threshold 0), nothing is
  * tracked: the probe attaches at load, before its filters are set. */
@@ -135,19 +136,27 @@ static __always_inline void mark_runnable(u32 tid, u64 now)
     struct runq_config *cfg = config.lookup(&zero);
     if (tid == 0 || !cfg || cfg->threshold_ns == 0)
         return;
-    /* the tid -> tgid look-up is only paid for when filtering */
-    if (cfg->filter_targets && !is_target(tgid_of(tid)))
+    struct thread_state *t = threads.lookup(&tid);
+    if (!t) {  /* never seen: its tgid is learned when it next leaves a CPU */
+        if (!cfg->filter_targets) {
+            struct thread_state fresh = {.enqueued_ns = now};
+            check_update(threads.update(&tid, &fresh));
+        }
         return;
-    struct runq_start start = {.ts_ns = now};
-    check_update(enqueued_at.update(&tid, &start));
+    }
+    if (cfg->filter_targets && !is_target(t->tgid))
+        return;
+    t->enqueued_ns = now;
+    t->has_stack = 0;
 }
 
 TRACEPOINT_PROBE(task, task_newtask)
 {
     /* Runs in the parent: a new thread shares its tgid, a new process has its own. */
     u32 tid = args->pid;
-    u32 tgid = (args->clone_flags & CLONE_THREAD) ? bpf_get_current_pid_tgid() >> 32 : tid;
-    check_update(tid_tgid.update(&tid, &tgid));
+    struct thread_state fresh = {
+        .tgid = (args->clone_flags & CLONE_THREAD) ? bpf_get_current_pid_tgid() >> 32 : tid};
+    check_update(threads.update(&tid, &fresh));
     return 0;
 }
 
@@ -166,8 +175,7 @@ TRACEPOINT_PROBE(sched, sched_wakeup_new)
 TRACEPOINT_PROBE(sched, sched_process_exit)
 {
     u32 tid = args->pid;
-    enqueued_at.delete(&tid);
-    tid_tgid.delete(&tid);
+    threads.delete(&tid);
     return 0;
 }
 
@@ -191,33 +199,36 @@ TRACEPOINT_PROBE(sched, sched_switch)
     }
 
     if (prev_tid != 0) {
-        u32 *known = tid_tgid.lookup(&prev_tid);
-        if (!known || *known != prev_tgid)
-            check_update(tid_tgid.update(&prev_tid, &prev_tgid));
-        /* Preempted: it waits again. A task going to sleep keeps any stale
-         * entry: its next wakeup overwrites it before it can run again, and
-         * sched_process_exit removes it; deleting here would cost a map
-         * operation on every switch. */
-        if ((args->prev_state & ~(long)PREEMPT_STATE_BIT) == 0 && is_target(prev_tgid)) {
-            struct runq_start start = {.ts_ns = now};
+        /* Preempted: it waits again. Going to sleep: it does not wait until
+         * its wakeup stamps it (a stamp from a wakeup while it ran is stale). */
+        int preempted = (args->prev_state & ~(long)PREEMPT_STATE_BIT) == 0;
+        struct thread_state *t = threads.lookup(&prev_tid);
+        if (!t || t->tgid != prev_tgid) {  /* a thread from before the probe, or a reused tid */
+            struct thread_state learned = {.tgid = prev_tgid};
+            check_update(threads.update(&prev_tid, &learned));
+            t = threads.lookup(&prev_tid);
+        }
+        if (t && preempted && is_target(prev_tgid)) {
             struct runq_config *cfg = config.lookup(&zero);
-            if (cfg && wants_victim_stack(cfg, prev_tid, prev_tgid, now))
-                start.has_stack = save_victim_stack(args, prev_tid, now);
-            check_update(enqueued_at.update(&prev_tid, &start));
+            t->has_stack = cfg && wants_victim_stack(cfg, prev_tid, prev_tgid, now)
+                ? save_victim_stack(args, prev_tid, now) : 0;
+            t->enqueued_ns = now;
+        } else if (t && t->enqueued_ns) {
+            t->enqueued_ns = 0;
         }
     }
 
     u32 tid = args->next_pid;
     if (tid == 0)
         return 0;
-    struct runq_start *since = enqueued_at.lookup(&tid);
-    if (!since)
+    struct thread_state *since = threads.lookup(&tid);
+    if (!since || !since->enqueued_ns)
         return 0;
-    u64 wait_ns = now - since->ts_ns;
+    u64 wait_ns = now - since->enqueued_ns;
     u32 has_stack = since->has_stack;
-    enqueued_at.delete(&tid);
+    u32 tgid = since->tgid;
+    since->enqueued_ns = 0;
 
-    u32 tgid = tgid_of(tid);
     if (!is_target(tgid))   /* targets may have changed since it was queued */
         return 0;
     struct runq_hist_key key = {.pid = tgid, .slot = bpf_log2l(wait_ns / 1000)};

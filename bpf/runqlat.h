@@ -17,12 +17,13 @@ struct runq_config {
     u32 _pad;
 };
 
-/* When a watched thread became runnable (`enqueued_at`), and whether its
- * stacks were saved then (in `victim_stacks`, see runqlat.bpf.c). */
-struct runq_start {
-    u64 ts_ns;
+/* One thread's slot (`threads`): its tgid (0 = not learned yet), when it
+ * became runnable (0 = not waiting), and whether its stacks were saved then
+ * (in `victim_stacks`, see runqlat.bpf.c). */
+struct thread_state {
+    u64 enqueued_ns;
+    u32 tgid;
     u32 has_stack;
-    u32 _pad;
 };
 
 /* How many recent runs per CPU are remembered to name a suspect. */
@@ -49,7 +50,7 @@ struct cpu_runs {
 
 /* A thread's stacks where it was preempted (bpf_get_stack sizes, bytes). */
 struct victim_stack {
-    u64 started_ns;      /* when that wait began: runq_start.ts_ns */
+    u64 started_ns;      /* when that wait began: thread_state.enqueued_ns */
     s64 kernel_bytes;    /* < 0: none */
     s64 user_bytes;
     u64 kernel[STACK_DEPTH];
