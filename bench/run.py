@@ -246,6 +246,134 @@ def c_ping_pong_binary(directory: Path) -> Path:
     return binary
 
 
+PACED_WAKEUPS_C = r"""
+/* `paced N PERIOD_US SECONDS CPU`: N processes pinned to CPU, each sleeping
+ * PERIOD_US between wakeups, beside a busy loop on the same CPU: every wakeup
+ * waits for the CPU, about N * 1e6 / PERIOD_US run-queue waits a second. */
+#define _GNU_SOURCE
+#include <sched.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static double now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
+}
+
+int main(int argc, char **argv)
+{
+    int n = atoi(argv[1]);
+    long period_us = atol(argv[2]);
+    double seconds = atof(argv[3]), end = now() + seconds;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(atoi(argv[4]), &set);
+    sched_setaffinity(0, sizeof(set), &set);
+    for (int i = 0; i <= n; i++) {
+        if (fork() == 0) {
+            if (i == n) {  /* the busy loop */
+                while (now() < end)
+                    ;
+                return 0;
+            }
+            while (now() < end)
+                usleep(period_us);
+            return 0;
+        }
+    }
+    while (wait(NULL) > 0)
+        ;
+    return 0;
+}
+"""
+
+
+def _cpu_and_rss(pid: int) -> tuple[float, float]:
+    """(CPU seconds, user+sys of every thread; RSS in MB) of a process."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    cpu_s = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    status = Path(f"/proc/{pid}/status").read_text()
+    rss_kb = int(next(line for line in status.splitlines() if line.startswith("VmRSS:")).split()[1])
+    return cpu_s, rss_kb / 1024
+
+
+def bench_collector_footprint(seconds: float = 20.0, wakeups_per_s: int = 10_000) -> str:
+    """The collector's RSS and CPU at idle and under ~``wakeups_per_s``
+    run-queue events a second (paced wakeups beside a busy loop on one CPU,
+    with a 1 us event threshold so each becomes an event), next to bcc's own
+    runqlat tool (runqlat-bpfcc -P 1: per-process histograms every second,
+    the same library) under the same load, in the same run. The collector
+    runs with every default probe, publishing to an embedded broker."""
+    from jitterscope.broker import EmbeddedBroker, free_port
+
+    tool = "/usr/sbin/runqlat-bpfcc"
+    assert Path(tool).exists(), f"{tool} missing: apt-get install bpfcc-tools"
+    load_cpu = max(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, set(os.sched_getaffinity(0)) - {load_cpu} or {load_cpu})
+    procs, period_us = 10, 10 * 1_000_000 // wakeups_per_s
+
+    def window(pid: int, paced: Path | None, events_read=None) -> dict:
+        load = (subprocess.Popen([str(paced), str(procs), str(period_us), str(seconds + 2), str(load_cpu)])
+                if paced else None)
+        time.sleep(1)  # the load settles
+        cpu0, _ = _cpu_and_rss(pid)
+        read0, t0 = events_read() if events_read else 0, time.monotonic()
+        time.sleep(seconds)
+        cpu1, rss = _cpu_and_rss(pid)
+        read1, elapsed = events_read() if events_read else 0, time.monotonic() - t0
+        if load:
+            load.wait()
+        return {"cpu": (cpu1 - cpu0) / elapsed, "rss": rss, "events_per_s": (read1 - read0) / elapsed}
+
+    with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker() as broker:
+        paced = Path(tmp) / "paced"
+        (Path(tmp) / "paced.c").write_text(PACED_WAKEUPS_C)
+        subprocess.run(["gcc", "-O2", "-o", str(paced), str(Path(tmp) / "paced.c")], check=True)
+        port = free_port()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("JITTERSCOPE_")}
+        env.update(JITTERSCOPE_BOOTSTRAP_SERVERS=broker.bootstrap_servers, JITTERSCOPE_DATA_DIR=tmp,
+                   JITTERSCOPE_HOST="footprint", JITTERSCOPE_COLLECTOR_METRICS_PORT=str(port),
+                   JITTERSCOPE_OTLP_PORT="0", JITTERSCOPE_RUNQ_THRESHOLD_MS="0.001")
+        log = Path(tmp) / "collector.log"
+        collector = subprocess.Popen([sys.executable, "-m", "jitterscope.cli", "collector"], env=env,
+                                     stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+
+        def events_read() -> float:
+            import urllib.request
+
+            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+            return sum(float(line.split()[-1]) for line in text.splitlines()
+                       if line.startswith("jitterscope_collector_events_read_total{") and 'probe="runqlat"' in line)
+
+        try:
+            deadline = time.monotonic() + 120
+            while b"collector started" not in log.read_bytes():
+                assert collector.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+                time.sleep(0.2)
+            ours = {"idle": window(collector.pid, None, events_read), "load": window(collector.pid, paced, events_read)}
+        finally:
+            collector.terminate()
+            collector.wait(60)
+        peer = PeerTool(tool, "-P", "1")
+        try:
+            theirs = {"idle": window(peer.proc.pid, None), "load": window(peer.proc.pid, paced)}
+        finally:
+            peer.close()
+    rows = []
+    for state in ("idle", "load"):
+        o, t = ours[state], theirs[state]
+        what = "idle" if state == "idle" else f"{o['events_per_s']:,.0f} run-queue events/s"
+        rows.append(f"| collector (every default probe, to Kafka), {what} | RSS {o['rss']:,.0f} MB, CPU "
+                    f"{o['cpu']:.1%} of one core | bcc runqlat-bpfcc -P 1, same load: RSS {t['rss']:,.0f} MB, "
+                    f"CPU {t['cpu']:.1%} | RSS {o['rss'] / t['rss']:.2f}x |")
+    return "\n".join(rows)
+
+
 class PeerTool:
     """A libbpf-tools program (runqslower, runqlat) running until closed;
     started once it says it is tracing (it prints that after attaching)."""
@@ -643,7 +771,7 @@ def bench_storage() -> str:
 
 BENCHES = {"decode": bench_decode, "pipeline": bench_pipeline, "probe": bench_probe, "peers": bench_probe_peers,
            "attribution": bench_attribution, "hardware": bench_hardware_probes, "saved": bench_saved_queries, "storage": bench_storage,
-           "storm": bench_storm_memory, "pipeline-mix": lambda: __import__("mix").bench_pipeline_mix()}
+           "storm": bench_storm_memory, "footprint": bench_collector_footprint, "pipeline-mix": lambda: __import__("mix").bench_pipeline_mix()}
 
 
 def main(names: list[str]) -> None:

@@ -77,6 +77,7 @@ BPF_PERCPU_ARRAY(recent, struct cpu_runs, 1);       /* per-CPU run history */
 /* 4096 pages = 16 MiB: ~4,000 events of 4 KiB, so a reader stalled for a moment
  * (symbolizing a new process's first stack loads its symbol tables) loses none */
 BPF_RINGBUF_OUTPUT(events, 4096);
+#define WAKEUP_EVENTS 128  /* events from one CPU that wake the reader at once */
 BPF_TABLE("lru_hash", u32, struct victim_stack, victim_stacks, MAX_VICTIM_THREADS); /* tid -> its stacks */
 BPF_PERCPU_ARRAY(victim_blank, struct victim_stack, 1);  /* a zeroed value to create slots from */
 /* tid -> when it last waited over its threshold (written only with an event) */
@@ -311,6 +312,15 @@ TRACEPOINT_PROBE(sched, sched_switch)
         ev->suspect_user_bytes = bpf_get_stack(args, ev->suspect_user, sizeof(ev->suspect_user),
                                                BPF_F_USER_STACK);
     }
-    events.ringbuf_submit(ev, 0);
+    /* Wake the reader for a batch, not for every event: a wakeup each cost
+     * the collector a syscall and a context switch per event. It polls every
+     * 50 ms anyway (collector/agent.py), so an event waits at most that.
+     * (BCC 0.26 has no ringbuf_query to wake by pending bytes: count per CPU.) */
+    u64 flags = BPF_RB_NO_WAKEUP;
+    if (cpu && ++cpu->unannounced >= WAKEUP_EVENTS) {
+        cpu->unannounced = 0;
+        flags = BPF_RB_FORCE_WAKEUP;
+    }
+    events.ringbuf_submit(ev, flags);
     return 0;
 }

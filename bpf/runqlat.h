@@ -42,7 +42,7 @@ struct cpu_run {
 struct cpu_runs {
     u64 since_ns;
     u32 next;           /* ring index of the slot to write next */
-    u32 _pad;
+    u32 unannounced;    /* events from this CPU since it last woke the reader */
     struct cpu_run runs[RECENT_RUNS];
 };
 

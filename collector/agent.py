@@ -24,7 +24,7 @@ from prometheus_client import Counter, Gauge, start_http_server
 from jitterscope.collector import hostinfo, kubelet, serving_group, topology
 from jitterscope.collector.clock import EpochConverter
 from jitterscope.collector.otlp import OtlpReceiver
-from jitterscope.collector.probes import registry
+from jitterscope.collector.probes import base, registry
 from jitterscope.collector.probes.interface import Probe, ProbeContext
 from jitterscope.collector.publish import Batcher, KafkaPublisher
 from jitterscope.collector.selfcost import SelfCost
@@ -319,6 +319,7 @@ class Collector:
         except Exception:
             self.close_probes()
             raise
+        base.release_compiler_memory()
 
     def close_probes(self) -> None:
         for probe in reversed(self.probes):

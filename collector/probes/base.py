@@ -145,6 +145,23 @@ def load(source_name: str, defines: dict[str, int] | None = None):
         ) from exc
 
 
+def release_compiler_memory() -> None:
+    """After the last compile: hand back what BCC's clang/LLVM left resident
+    -- its code pages (bcc's own bcc_free_memory) and the heap glibc kept
+    after the compiler freed it (malloc_trim). A later compile faults them
+    back in. Best effort: neither is needed for the probes to run."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        from bcc.libbcc import lib
+
+        lib.bcc_free_memory()
+        ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(0)
+    except (ImportError, AttributeError, OSError):
+        pass
+
+
 def c_string(raw: bytes) -> str:
     """A kernel char[] (NUL-padded, e.g. a comm) as text; bad bytes kept visible."""
     return raw.split(b"\0", 1)[0].decode(errors="replace")
@@ -171,7 +188,11 @@ class BccProbe:
         self._bpf = load(self.source, self.defines)
 
     def poll(self, timeout_ms: int) -> None:
+        """Read what the ring buffers hold, waiting up to ``timeout_ms`` for a
+        wakeup. A probe may wake the reader only once a batch is waiting
+        (bpf/runqlat.bpf.c): what it holds is read when the wait times out."""
         self._bpf.ring_buffer_poll(timeout_ms)
+        self._bpf.ring_buffer_consume()
 
     def _lost(self, slot: int) -> int:
         import ctypes
