@@ -35,8 +35,9 @@ up: setup
 # the network and PID namespaces of the container and many-host tests.
 TEST_APT := chromium:chromium kubectl:kubernetes-client openssl:openssl systemd-analyze:systemd gcc:gcc \
             ip:iproute2 nsenter:util-linux unshare:util-linux
-# the bench's peers: libbpf-tools' runqslower and runqlat (C, CO-RE), stdbuf
-BENCH_APT := runqslower:libbpf-tools stdbuf:coreutils
+# the bench's peers: libbpf-tools' runqslower and runqlat (C, CO-RE), bcc's own runqlat
+# (the footprint bench), stdbuf
+BENCH_APT := runqslower:libbpf-tools runqlat-bpfcc:bpfcc-tools stdbuf:coreutils
 APT_NEED = need=""; for pair in $(1); do PATH=$$PATH:/usr/sbin command -v $${pair%%:*} >/dev/null || need="$$need $${pair\#*:}"; done; \
 	  if [ -n "$$need" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 	  apt-get install -y -qq --no-install-recommends $$need >/dev/null; fi
