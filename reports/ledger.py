@@ -22,11 +22,17 @@ not cut at the period's start, since its counters are cumulative):
   A loss of a million records in a row would be read as a new run; sent
   against stored still shows it.
 - ``sent`` / ``stored`` / ``unstored``: records Kafka acknowledged (the last
-  ``sent_by_topic`` of each run, summed) against records stored (``count()``
-  FINAL of the topic's table), per topic; ``unstored`` sums, per topic, what
-  was sent but not stored. Records sent after a run's last stats record are
-  stored but not yet counted as sent, so ``stored`` may exceed ``sent``;
-  ``unstored`` never goes below 0 for that reason.
+  ``sent_by_topic`` of each run, summed) against records stored (distinct
+  ``seq``), per topic; ``unstored`` sums, per topic, what was sent but not
+  stored. Records sent after a run's last stats record are stored but not yet
+  counted as sent, so ``stored`` may exceed ``sent``; ``unstored`` never goes
+  below 0 for that reason.
+
+The stored seqs are read from ``seq_blocks`` (schemas/clickhouse/009_seq_ledger.sql):
+a roaring bitmap per (host, boot, table, block of 2^20 seqs). A block whose
+cardinality is max - min + 1 has no hole; a hole between blocks shows in
+their max and min; only a block with a hole inside is expanded. So the query
+reads a few rows per host and boot, not every stored record (bench/RESULTS.md).
 
 Parameters are bound by ClickHouse, never pasted into the SQL.
 """
@@ -55,13 +61,34 @@ def _row(**given: str) -> str:
     return ", ".join(f"{given.get(c, '0')} AS {c}" for c in COLUMNS)
 
 
-def _stored(topic: str, table: str) -> str:
-    holes = f"arrayFilter(d -> d > 1 AND d <= {MAX_GAP}, arrayDifference(seqs))"
+#: seqs per seq_blocks block (009_seq_ledger.sql's intDiv)
+BLOCK = 1 << 20
+
+
+def _stored() -> str:
+    """Per (host, boot, topic): distinct stored seqs, and the holes in them --
+    inside a block (only a block that has one is expanded) and between
+    consecutive blocks (the next block's min against this one's max)."""
+    tables, names = list(TABLE_OF_TOPIC.values()), list(TABLE_OF_TOPIC)
+    holes = f"arrayFilter(d -> d > 1 AND d <= {MAX_GAP}, arrayDifference(bitmapToArray(seqs)))"
     return f"""
-        SELECT host, boot_id, '{topic}' AS topic, 0 AS sent_n, length(seqs) AS stored_n,
-               length({holes}) AS gaps, arraySum(d -> d - 1, {holes}) AS missing
-        FROM (SELECT host, boot_id, arraySort(groupArray(seq)) AS seqs FROM {DB}.{table} FINAL
-              WHERE {HOST} GROUP BY host, boot_id HAVING {RECENT})"""
+        SELECT host, boot_id, transform(tbl, {tables}, {names}, '') AS topic, 0 AS sent_n,
+               sum(n) AS stored_n, sum(inner_gaps) + countIf(step > 1 AND step <= {MAX_GAP}) AS gaps,
+               sum(inner_missing) + sumIf(step - 1, step > 1 AND step <= {MAX_GAP}) AS missing
+        FROM (
+            SELECT host, boot_id, tbl, n, inner_gaps, inner_missing, last,
+                   if(row_number() OVER w = 1, 1, lo - any(hi) OVER (PARTITION BY host, boot_id, tbl ORDER BY block
+                                                                     ROWS BETWEEN 1 PRECEDING AND 1 PRECEDING)) AS step
+            FROM (
+                SELECT host, boot_id, tbl, block, bitmapCardinality(seqs) AS n, bitmapMin(seqs) AS lo,
+                       bitmapMax(seqs) AS hi, last,
+                       if(n = hi - lo + 1, [], {holes}) AS inside, length(inside) AS inner_gaps,
+                       arraySum(d -> d - 1, inside) AS inner_missing
+                FROM (SELECT host, boot_id, tbl, block, groupBitmapMergeState(seqs) AS seqs, max(last_ts) AS last
+                      FROM {DB}.seq_blocks WHERE {HOST} GROUP BY host, boot_id, tbl, block))
+            WINDOW w AS (PARTITION BY host, boot_id, tbl ORDER BY block))
+        GROUP BY host, boot_id, tbl
+        HAVING max(last) > now64(9) - toIntervalSecond({{since:UInt32}})"""
 
 
 def sql() -> str:
@@ -69,7 +96,7 @@ def sql() -> str:
         [f"""
         SELECT host, boot_id, topic, n AS sent_n, 0 AS stored_n, 0 AS gaps, 0 AS missing
         FROM runs ARRAY JOIN mapKeys(sent_by_topic) AS topic, mapValues(sent_by_topic) AS n"""]
-        + [_stored(topic, table) for topic, table in TABLE_OF_TOPIC.items()])
+        + [_stored()])
     return f"""WITH runs AS (
     SELECT host, boot_id, started_ns, {", ".join(f"max({c}) AS {c}" for c in COUNTERS)},
            argMax(sent_by_topic, seq) AS sent_by_topic

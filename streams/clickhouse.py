@@ -202,6 +202,8 @@ def cluster_ddl(cluster: str = "{cluster}") -> list[str]:
                                    statement):
                 view = re.sub(rf"{DATABASE}\.(\w+)", lambda m: m[0] if m[1] == match[1] else f"{m[0]}_local", statement)
                 out.append(view.replace(f"{DATABASE}.{match[1]} TO", f"{DATABASE}.{match[1]} {on} TO", 1))
+            elif statement.startswith(f"INSERT INTO {DATABASE}."):
+                continue  # a backfill of an existing store: a new cluster has nothing to fill
             elif match := re.match(rf"ALTER TABLE {DATABASE}\.(\w+) (.*)", statement, re.S):
                 out.append(f"ALTER TABLE {DATABASE}.{match[1]}_local {on} {match[2]}")
                 out.append(f"ALTER TABLE {DATABASE}.{match[1]} {on} {match[2]}")

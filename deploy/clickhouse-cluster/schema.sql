@@ -530,3 +530,54 @@ ALTER TABLE jitterscope.runq_events ON CLUSTER '{cluster}' MODIFY COLUMN host CO
     MODIFY COLUMN tid CODEC(T64, ZSTD(1)), MODIFY COLUMN comm CODEC(ZSTD(1)),
     MODIFY COLUMN cpu CODEC(T64, ZSTD(1)), MODIFY COLUMN suspect_pid CODEC(T64, ZSTD(1)),
     MODIFY COLUMN suspect_tid CODEC(T64, ZSTD(1)), MODIFY COLUMN suspect_comm CODEC(ZSTD(1));
+
+CREATE TABLE IF NOT EXISTS jitterscope.seq_blocks_local ON CLUSTER '{cluster}' (
+    host LowCardinality(String),
+    boot_id LowCardinality(String),
+    tbl LowCardinality(String),
+    block UInt64,
+    seqs AggregateFunction(groupBitmap, UInt64),
+    last_ts SimpleAggregateFunction(max, DateTime64(9))
+) ENGINE = ReplicatedAggregatingMergeTree('/clickhouse/tables/{shard}/jitterscope/seq_blocks', '{replica}')
+ORDER BY (host, boot_id, tbl, block);
+
+CREATE TABLE IF NOT EXISTS jitterscope.seq_blocks ON CLUSTER '{cluster}' AS jitterscope.seq_blocks_local ENGINE = Distributed('{cluster}', 'jitterscope', 'seq_blocks_local', cityHash64(host));
+
+CREATE MATERIALIZED VIEW IF NOT EXISTS jitterscope.seq_blocks_runq_events_mv ON CLUSTER '{cluster}' TO jitterscope.seq_blocks_local AS
+    SELECT host, boot_id, 'runq_events' AS tbl, intDiv(seq, 1048576) AS block, groupBitmapState(seq) AS seqs, max(ts) AS last_ts FROM jitterscope.runq_events_local GROUP BY host, boot_id, block;
+
+CREATE MATERIALIZED VIEW IF NOT EXISTS jitterscope.seq_blocks_latency_histograms_mv ON CLUSTER '{cluster}' TO jitterscope.seq_blocks_local AS
+    SELECT host, boot_id, 'latency_histograms' AS tbl, intDiv(seq, 1048576) AS block, groupBitmapState(seq) AS seqs, max(ts) AS last_ts FROM jitterscope.latency_histograms_local GROUP BY host, boot_id, block;
+
+CREATE MATERIALIZED VIEW IF NOT EXISTS jitterscope.seq_blocks_topology_mv ON CLUSTER '{cluster}' TO jitterscope.seq_blocks_local AS
+    SELECT host, boot_id, 'topology' AS tbl, intDiv(seq, 1048576) AS block, groupBitmapState(seq) AS seqs, max(ts) AS last_ts FROM jitterscope.topology_local GROUP BY host, boot_id, block;
+
+CREATE MATERIALIZED VIEW IF NOT EXISTS jitterscope.seq_blocks_processes_mv ON CLUSTER '{cluster}' TO jitterscope.seq_blocks_local AS
+    SELECT host, boot_id, 'processes' AS tbl, intDiv(seq, 1048576) AS block, groupBitmapState(seq) AS seqs, max(ts) AS last_ts FROM jitterscope.processes_local GROUP BY host, boot_id, block;
+
+CREATE MATERIALIZED VIEW IF NOT EXISTS jitterscope.seq_blocks_collector_stats_mv ON CLUSTER '{cluster}' TO jitterscope.seq_blocks_local AS
+    SELECT host, boot_id, 'collector_stats' AS tbl, intDiv(seq, 1048576) AS block, groupBitmapState(seq) AS seqs, max(ts) AS last_ts FROM jitterscope.collector_stats_local GROUP BY host, boot_id, block;
+
+CREATE MATERIALIZED VIEW IF NOT EXISTS jitterscope.seq_blocks_requests_mv ON CLUSTER '{cluster}' TO jitterscope.seq_blocks_local AS
+    SELECT host, boot_id, 'requests' AS tbl, intDiv(seq, 1048576) AS block, groupBitmapState(seq) AS seqs, max(ts) AS last_ts FROM jitterscope.requests_local GROUP BY host, boot_id, block;
+
+CREATE MATERIALIZED VIEW IF NOT EXISTS jitterscope.seq_blocks_gpu_ioctls_mv ON CLUSTER '{cluster}' TO jitterscope.seq_blocks_local AS
+    SELECT host, boot_id, 'gpu_ioctls' AS tbl, intDiv(seq, 1048576) AS block, groupBitmapState(seq) AS seqs, max(ts) AS last_ts FROM jitterscope.gpu_ioctls_local GROUP BY host, boot_id, block;
+
+CREATE MATERIALIZED VIEW IF NOT EXISTS jitterscope.seq_blocks_migrations_mv ON CLUSTER '{cluster}' TO jitterscope.seq_blocks_local AS
+    SELECT host, boot_id, 'migrations' AS tbl, intDiv(seq, 1048576) AS block, groupBitmapState(seq) AS seqs, max(ts) AS last_ts FROM jitterscope.migrations_local GROUP BY host, boot_id, block;
+
+CREATE MATERIALIZED VIEW IF NOT EXISTS jitterscope.seq_blocks_page_placement_mv ON CLUSTER '{cluster}' TO jitterscope.seq_blocks_local AS
+    SELECT host, boot_id, 'page_placement' AS tbl, intDiv(seq, 1048576) AS block, groupBitmapState(seq) AS seqs, max(ts) AS last_ts FROM jitterscope.page_placement_local GROUP BY host, boot_id, block;
+
+CREATE MATERIALIZED VIEW IF NOT EXISTS jitterscope.seq_blocks_device_io_mv ON CLUSTER '{cluster}' TO jitterscope.seq_blocks_local AS
+    SELECT host, boot_id, 'device_io' AS tbl, intDiv(seq, 1048576) AS block, groupBitmapState(seq) AS seqs, max(ts) AS last_ts FROM jitterscope.device_io_local GROUP BY host, boot_id, block;
+
+CREATE MATERIALIZED VIEW IF NOT EXISTS jitterscope.seq_blocks_irq_time_mv ON CLUSTER '{cluster}' TO jitterscope.seq_blocks_local AS
+    SELECT host, boot_id, 'irq_time' AS tbl, intDiv(seq, 1048576) AS block, groupBitmapState(seq) AS seqs, max(ts) AS last_ts FROM jitterscope.irq_time_local GROUP BY host, boot_id, block;
+
+CREATE MATERIALIZED VIEW IF NOT EXISTS jitterscope.seq_blocks_cgroup_throttle_mv ON CLUSTER '{cluster}' TO jitterscope.seq_blocks_local AS
+    SELECT host, boot_id, 'cgroup_throttle' AS tbl, intDiv(seq, 1048576) AS block, groupBitmapState(seq) AS seqs, max(ts) AS last_ts FROM jitterscope.cgroup_throttle_local GROUP BY host, boot_id, block;
+
+CREATE MATERIALIZED VIEW IF NOT EXISTS jitterscope.seq_blocks_stacks_mv ON CLUSTER '{cluster}' TO jitterscope.seq_blocks_local AS
+    SELECT host, boot_id, 'stacks' AS tbl, intDiv(seq, 1048576) AS block, groupBitmapState(seq) AS seqs, max(ts) AS last_ts FROM jitterscope.stacks_local GROUP BY host, boot_id, block;

@@ -103,3 +103,26 @@ def test_ledger_accounts_for_every_loss_exactly(stack):
                            env={**stack.env, "COLUMNS": "300"}, capture_output=True, text=True, timeout=120)
     assert table.returncode == 0, table.stderr
     assert host in table.stdout and "ringbuf_drops" in table.stdout and " 21 " in table.stdout
+
+
+def test_ledger_holes_inside_and_across_blocks(stack):
+    """The ledger reads seqs from per-block bitmaps (2^20 seqs a block): a
+    hole that straddles a block boundary and one inside a block both count."""
+    from jitterscope.reports.ledger import BLOCK
+
+    worker = stack.start_worker()
+    host = f"ledger-{uuid.uuid4().hex[:8]}"
+    edge = 1000 * BLOCK  # the first seq of a block
+    kept = [edge - 3, edge - 2, edge + 1, edge + 2, edge + 5, edge + 6]  # holes: edge-1..edge, edge+3..edge+4
+    producer = Producer({"bootstrap.servers": stack.broker.bootstrap_servers})
+    key = host.encode()
+    producer.produce(topics.COLLECTOR_STATS, events.encode_batch(
+        [stats(host, edge - 10, time.time_ns(), 0, 0, 0, 0, 0, {topics.RUNQ: 10})]), key=key)
+    producer.produce(topics.RUNQ, events.encode_batch([runq(host, s) for s in kept]), key=key)
+    assert producer.flush(10) == 0
+    wait_until(lambda: stack.query("SELECT count() FROM jitterscope.runq_events WHERE host = {h:String}",
+                                   h=host) == [[len(kept)]], 90, "all runq records stored", worker)
+    [row] = ledger(stack, host)
+    assert (row["seq_gaps"], row["seq_missing"]) == (2, 4)
+    assert (row["sent"], row["stored"], row["unstored"]) == (10, len(kept) + 1, 10 - len(kept))  # +1: the stats
+    worker.stop()
