@@ -144,6 +144,9 @@ class CollectorSettings(BaseModel):
         "auto", description="which processes a request's evidence comes from: process (the span's only), tree "
                             "(and its descendants), cgroup (and its cgroup's processes), auto (tree, plus the "
                             "container's processes when the span process runs in a container)")
+    runq_stacks: bool = Field(
+        True, description="capture the culprit's and the starved thread's stacks for run-queue events (off: no "
+                          "stack walks in the kernel, no symbolization; alerts name no stacks)")
     hardware_probes: list[str] = Field(
         default_factory=lambda: list(HARDWARE_PROBES),
         description="hardware sources besides the run-queue probe (any of gpu_ioctl, migrate, pages, blockio, netdev, irq, cfs)")

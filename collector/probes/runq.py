@@ -119,7 +119,8 @@ class RunqSignal(LatencySignal):
     def open(self, context: ProbeContext) -> None:
         self.ctx = context
         s = context.settings
-        self.probe = RunqProbe(int(s.runq_threshold_ms * 1_000_000), context.targets, context.thresholds)
+        self.probe = RunqProbe(int(s.runq_threshold_ms * 1_000_000), context.targets, context.thresholds,
+                               stacks=s.runq_stacks)
         self.stacks = RunqStacks(self.publish_stack)
         self.probe.open(self.on_event)
 

@@ -58,3 +58,21 @@ def test_culprit_stack_stored_alerted_and_folded(pipeline):
     assert lines, out.stdout
     frames, count = lines[0].rsplit(" ", 1)
     assert frames.startswith(f"{fphog.HOG_COMM};") and int(count) > 0
+
+
+def test_stacks_off_takes_none(pipeline):
+    """``runq_stacks = false``: the same starvation, events stored, no stacks."""
+    stack, worker, collector, binary = pipeline
+    assert collector.stop() == 0
+    host = f"nostacks-{stack.env['JITTERSCOPE_HOST']}"
+    stack.start_collector(
+        JITTERSCOPE_HOST=host, JITTERSCOPE_RUNQ_STACKS="false", JITTERSCOPE_TARGET_COMMS=f'["{fphog.VICTIM_COMM}"]',
+        JITTERSCOPE_TARGET_RESCAN_S="0.2", JITTERSCOPE_RUNQ_THRESHOLD_MS="2")
+    with fphog.contention(binary, last_cpu(), seconds=60) as victim:
+        wait_until(lambda: stack.query(
+            "SELECT count() FROM jitterscope.runq_events WHERE host = {h:String} AND pid = {pid:UInt32} "
+            "AND suspect_comm = {hog:String}", h=host, pid=victim.pid, hog=fphog.HOG_COMM)[0][0] >= 20,
+            90, "20 stored waits of the victim behind the hog", worker)
+    [[with_stacks]] = stack.query("SELECT countIf(suspect_stack != 0 OR victim_stack != 0) FROM jitterscope.runq_events "
+                                  "WHERE host = {h:String}", h=host)
+    assert with_stacks == 0
