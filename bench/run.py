@@ -635,12 +635,30 @@ def _stored_bytes(client, table: str) -> tuple[int, int, int]:
                         parameters={"t": table}).result_rows[0]
 
 
+#: the ledger before per-block seq bitmaps (issue 13): the saved bench's ledger baseline
+LEDGER_BEFORE = "7b2b8d9"
+
+
+def _module_at(rev: str, path: str):
+    """A module of this repository as committed at ``rev`` (imported from a copy)."""
+    import importlib.util
+
+    copy = Path(tempfile.mkdtemp()) / Path(path).name
+    copy.write_bytes(subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:{path}"], capture_output=True,
+                                    check=True).stdout)
+    spec = importlib.util.spec_from_file_location(f"before_{copy.stem}", copy)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def bench_saved_queries() -> str:
     """Latency of each saved fleet query and of the whole capacity report over
     the synthetic fleet (300 hosts, SAVED_EVENTS run-queue events, 432k
     histogram rows, 200k attributions), best of 3 and worst of 3 after a warm-up,
     against noisy-neighbours' old raw-events FINAL scan in the same store; the
-    cost of the sink's key look-up on runq_events (what keeps runq_minute
+    ledger against the ledger as at LEDGER_BEFORE (asserting the same rows);
+    the cost of the sink's key look-up on runq_events (what keeps runq_minute
     exact); and the bytes each stored row takes, per table."""
     import msgspec
 
@@ -672,6 +690,16 @@ def bench_saved_queries() -> str:
             took, worst = timed(lambda: client.query(sql, parameters=params))
             lines.append(f"| saved query `{name}` at {n:,} events | {took * 1000:,.0f} ms (worst {worst * 1000:,.0f}) "
                          f"| {base} | {took / raw:.3f}x |")
+        # the ledger as it was (every stored seq sorted): the same rows, in how long
+        ledger_sql, ledger_params = queries.bind("ledger", {"limit": "1000000"})  # every row compared
+        before_sql = _module_at(LEDGER_BEFORE, "reports/ledger.py").sql()
+        rows = client.query(ledger_sql, parameters=ledger_params).result_rows
+        assert rows == client.query(before_sql, parameters=ledger_params).result_rows, "the ledgers disagree"
+        new_took, _ = timed(lambda: client.query(ledger_sql, parameters=ledger_params))
+        old_took, old_worst = timed(lambda: client.query(before_sql, parameters=ledger_params))
+        lines.append(f"| saved query `ledger`, all {len(rows)} host/boot rows, the same as before's | "
+                     f"{new_took * 1000:,.0f} ms | the ledger as at {LEDGER_BEFORE} (every seq sorted) "
+                     f"{old_took * 1000:,.0f} ms (worst {old_worst * 1000:,.0f}) | {new_took / old_took:.4f}x |")
         ctx = capacity.Context(lambda sql, p: client.query(sql, parameters=p).result_rows, 7 * 86400, None)
         took, worst = timed(lambda: capacity.build(ctx))
         lines.append(f"| `report` (every section) at {n:,} events | {took * 1000:,.0f} ms (worst {worst * 1000:,.0f}) "
