@@ -250,8 +250,9 @@ def top_functions(raw: Path, n: int = 12) -> list[tuple[str, float, float]]:
     return threads + [(f, c / total, incl[f] / total) for f, c in own.most_common(n)]
 
 
-def measure(tree: Path | None, hosts: int, seconds: float, label: str, profile_dir: Path | None) -> dict:
-    settings = dict(request_slo_ms="300", runq_alert_ms="10")
+def measure(tree: Path | None, hosts: int, seconds: float, label: str, profile_dir: Path | None,
+            **worker_settings: str) -> dict:
+    settings = dict(request_slo_ms="300", runq_alert_ms="10") | worker_settings
     with MixWorker(tree=tree, **settings) as worker:
         worker.setup(hosts)
         # capacity: the whole mix at once
@@ -309,3 +310,17 @@ def bench_pipeline_mix(target: float = 200_000, seconds: float = 6.0) -> str:
             lines.append(f"\npy-spy top (self, inclusive), {label}, capacity phase:\n")
             lines += [f"    {own:5.1%} {incl:5.1%}  {fn}" for fn, own, incl in result["top"]]
     return "\n".join(lines)
+
+
+def bench_sink_batch(target: float = 200_000, seconds: float = 6.0, sizes=(5_000, 20_000, 50_000)) -> str:
+    """The same mix and worker (this tree) with ``sink_batch_rows`` at each of
+    ``sizes``: rows per ClickHouse insert, the sink's main lever. The first
+    size is the baseline."""
+    hosts = max(1, round(target / host_rate()))
+    results = {n: measure(None, hosts, seconds, f"rows-{n}", None, sink_batch_rows=str(n)) for n in sizes}
+    base = results[sizes[0]]
+    return "\n".join(
+        f"| busy-host mix x{SPEEDUP} ({hosts} hosts), sink_batch_rows={n:,} | capacity {r['capacity']:,.0f} records/s; "
+        f"paced: alert delay p50 {r['p50']:.3f} s, p99 {r['p99']:.3f} s, {r['paced']:,.0f} records/s stored | "
+        f"sink_batch_rows={sizes[0]:,}: {base['capacity']:,.0f} records/s | {r['capacity'] / base['capacity']:.2f}x |"
+        for n, r in results.items())

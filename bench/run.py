@@ -799,7 +799,8 @@ def bench_storage() -> str:
 
 BENCHES = {"decode": bench_decode, "pipeline": bench_pipeline, "probe": bench_probe, "peers": bench_probe_peers,
            "attribution": bench_attribution, "hardware": bench_hardware_probes, "saved": bench_saved_queries, "storage": bench_storage,
-           "storm": bench_storm_memory, "footprint": bench_collector_footprint, "pipeline-mix": lambda: __import__("mix").bench_pipeline_mix()}
+           "storm": bench_storm_memory, "footprint": bench_collector_footprint, "pipeline-mix": lambda: __import__("mix").bench_pipeline_mix(),
+           "sink-batch": lambda: __import__("mix").bench_sink_batch()}
 
 
 def main(names: list[str]) -> None:

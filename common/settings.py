@@ -267,7 +267,9 @@ class StreamsSettings(BaseModel):
     loss_alert_events: int = Field(
         1000, ge=1, description="events one host loses (kernel drops, spool drops) between two stats records "
                                 "that raise an event_loss alert")
-    sink_batch_rows: int = Field(5000, ge=1, description="rows per ClickHouse insert at most")
+    # 50k, not 5k: per row, chDB inserts far faster in big batches (bench/run.py
+    # sink-batch: 1.12-1.34x the worker's capacity on a busy host's mix)
+    sink_batch_rows: int = Field(50_000, ge=1, description="rows per ClickHouse insert at most")
     sink_flush_s: float = Field(1.0, gt=0, description="ClickHouse inserts happen at least this often")
     alert_group_window_s: float = Field(
         60.0, gt=0, description="run-queue/throttling/IRQ alerts of one (host, victim, kind, suspect) group are "
