@@ -126,3 +126,24 @@ def test_ledger_holes_inside_and_across_blocks(stack):
     assert (row["seq_gaps"], row["seq_missing"]) == (2, 4)
     assert (row["sent"], row["stored"], row["unstored"]) == (10, len(kept) + 1, 10 - len(kept))  # +1: the stats
     worker.stop()
+
+
+def test_ledger_counts_rows_stored_before_its_migration(tmp_path, monkeypatch):
+    """A store from before migration 009: its rows are backfilled into
+    seq_blocks, and rows stored after it come through the views."""
+    from jitterscope.reports import queries
+    from jitterscope.streams import clickhouse
+
+    client = clickhouse.connect(None, tmp_path)
+    every = clickhouse.migrations()
+    monkeypatch.setattr(clickhouse, "migrations", lambda: [m for m in every if m[0] < 9])
+    clickhouse.migrate(client)
+    clickhouse.insert_records(client, "runq_events", [runq("old-store", BASE1 + i) for i in (0, 1, 2, 5)])
+    monkeypatch.setattr(clickhouse, "migrations", lambda: every)
+    assert 9 in clickhouse.migrate(client)
+    clickhouse.insert_records(client, "runq_events", [runq("old-store", BASE1 + 6)])
+    sql, parameters = queries.bind("ledger", {"host": "old-store"})
+    result = client.query(sql, parameters=parameters)
+    [row] = [dict(zip(result.column_names, r)) for r in result.result_rows]
+    assert (row["stored"], row["seq_gaps"], row["seq_missing"]) == (5, 1, 2)
+    client.close()
