@@ -14,7 +14,8 @@ An insert and the views it fires are not one transaction: a worker killed
 between the two leaves rows the rollup never saw. So when a worker first
 stores rows of a host (after a start or a rebalance, i.e. when it takes the
 host over), it rebuilds that host's last minutes of each rollup from the
-deduplicated source, with the view's own SELECT.
+deduplicated source, with the view's own SELECT. (The ledger's seq bitmaps,
+``seq_blocks``, are sets: their window is fed again, nothing deleted.)
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import operator
+import re
 from concurrent.futures import ThreadPoolExecutor
 
 from clickhouse_connect.driver.exceptions import OperationalError
@@ -94,6 +96,9 @@ def insert_new(client, table: str, records: list) -> int:
 
 #: how far back a taken-over host's rollups are rebuilt, before its newest stored row
 REBUILD_WINDOW_S = 600
+#: rollups whose states are sets and maxima (009_seq_ledger.sql's seq bitmaps): feeding the same rows
+#: again changes nothing, so their rebuild only feeds the window again, without deleting it first
+REFED_ROLLUPS = frozenset({"seq_blocks"})
 
 
 def rebuild_rollups(client, source: str, host: str) -> None:
@@ -106,15 +111,17 @@ def rebuild_rollups(client, source: str, host: str) -> None:
     if newest is None or newest.year < 1971:  # nothing stored for it yet
         return
     views = client.query(
-        "SELECT name, as_select FROM system.tables WHERE database = {db:String} AND engine = 'MaterializedView' "
-        "AND name IN (SELECT arrayJoin(dependencies_table) FROM system.tables WHERE database = {db:String} "
-        "AND name = {source:String})", parameters={"db": db, "source": source}).result_rows
+        "SELECT as_select, create_table_query FROM system.tables WHERE database = {db:String} "
+        "AND engine = 'MaterializedView' AND name IN (SELECT arrayJoin(dependencies_table) FROM system.tables "
+        "WHERE database = {db:String} AND name = {source:String})",
+        parameters={"db": db, "source": source}).result_rows
     window = {"h": host, "newest": newest, "window": REBUILD_WINDOW_S}
     since = "toStartOfMinute({newest:DateTime64(9)} - toIntervalSecond({window:UInt32}))"
-    for view, select in views:
-        rollup = view.removesuffix("_mv")  # naming rule of 004_rollups.sql: <rollup>_mv feeds <rollup>
-        client.command(f"ALTER TABLE {db}.{rollup} DELETE WHERE host = {{h:String}} AND minute >= {since}",
-                       parameters=window, settings={"mutations_sync": 2})
+    for select, ddl in views:
+        rollup = re.search(rf"\bTO {db}\.(\w+)", ddl)[1]
+        if rollup not in REFED_ROLLUPS:
+            client.command(f"ALTER TABLE {db}.{rollup} DELETE WHERE host = {{h:String}} AND minute >= {since}",
+                           parameters=window, settings={"mutations_sync": 2})
         filtered = f"(SELECT * FROM {db}.{source} FINAL WHERE host = {{h:String}} AND ts >= {since})"
         client.command(f"INSERT INTO {db}.{rollup} " + select.replace(f"FROM {db}.{source}", f"FROM {filtered}", 1),
                        parameters=window)

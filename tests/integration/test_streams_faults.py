@@ -171,5 +171,8 @@ def test_kill_9_of_the_worker_five_times_under_load_loses_nothing_and_counts_onc
                        h=host) == [[sent["histograms"] * 15]]
     assert stack.query("SELECT sum(waits) FROM jitterscope.runq_minute WHERE host = {h:String}",
                        h=host) == [[sent["runq"]]]
+    # the ledger's seq bitmaps hold every stored run-queue seq (a takeover feeds its window again)
+    assert stack.query("SELECT groupBitmapMerge(seqs) FROM jitterscope.seq_blocks WHERE host = {h:String} "
+                       "AND tbl = 'runq_events'", h=host) == [[sent["runq"]]]
     print(f"\n[measured] worker kill -9 x5: {sent} sent, all stored once; worker answering again "
           f"{min(recoveries):.1f}-{max(recoveries):.1f} s after each kill")
