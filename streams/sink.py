@@ -159,9 +159,21 @@ class ClickHouseSink:
         if table in ROLLUP_SOURCES:
             for host in sorted({r.host for r in records}):
                 if (table, host) not in self._taken_over:
-                    rebuild_rollups(self.client, table, host)
+                    self._rebuild(table, host)
                     self._taken_over.add((table, host))
         return insert_new(self.client, table, records)
+
+    def _rebuild(self, table: str, host: str) -> None:
+        """rebuild_rollups; a failure of its own is logged, not raised: the
+        records are not at fault and must not be dead-lettered for it (an
+        unreachable server still raises, and the batch waits)."""
+        try:
+            rebuild_rollups(self.client, table, host)
+        except OperationalError:
+            raise
+        except Exception:
+            log.exception("rebuilding the rollups of host %s from %s failed; its records are stored, its rollups "
+                          "may miss what a killed worker inserted last", host, table)
 
     async def run(self, fn, *args):
         """Run a blocking client call (e.g. a query) on the sink's thread."""
