@@ -105,8 +105,7 @@ class StreamsWorker:
         return query_worker(worker, "SELECT count() FROM jitterscope.runq_events", {})[1][0][0]
 
     def rss_mb(self) -> float:
-        status = Path(f"/proc/{self.proc.pid}/status").read_text()
-        return int(next(l for l in status.splitlines() if l.startswith("VmRSS:")).split()[1]) / 1024
+        return _cpu_and_rss(self.proc.pid)[1]
 
     def send_and_wait(self, hosts: int, n: int) -> tuple[float, float]:
         """Produce n runq events over ``hosts`` hosts; (seconds to produce, seconds until stored)."""
@@ -425,6 +424,11 @@ class ConsumedProbe:
         self.probe.close()
 
 
+def _git_show(rev: str, path: str) -> bytes:
+    """A file of this repository as committed at ``rev``."""
+    return subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:{path}"], capture_output=True, check=True).stdout
+
+
 #: the run-queue probe before one slot per thread (issue 13): the 'before' of the peers bench
 PROBE_BEFORE = "b7ae3fd"
 
@@ -437,8 +441,7 @@ def _head_runq_probe(directory: Path, rev: str = PROBE_BEFORE):
     from jitterscope.collector.probes.runq import RunqProbe
 
     for name in ("runqlat.bpf.c", "runqlat.h"):
-        shown = subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:bpf/{name}"], capture_output=True, check=True)
-        (directory / name).write_bytes(shown.stdout)
+        (directory / name).write_bytes(_git_show(rev, f"bpf/{name}"))
     for name in ("common.h", "drops.h", "drops.bpf.inc"):
         (directory / name).write_bytes((REPO / "bpf" / name).read_bytes())
     probe = RunqProbe.__new__(RunqProbe)
@@ -644,8 +647,7 @@ def _module_at(rev: str, path: str):
     import importlib.util
 
     copy = Path(tempfile.mkdtemp()) / Path(path).name
-    copy.write_bytes(subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:{path}"], capture_output=True,
-                                    check=True).stdout)
+    copy.write_bytes(_git_show(rev, path))
     spec = importlib.util.spec_from_file_location(f"before_{copy.stem}", copy)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
