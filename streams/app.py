@@ -1,8 +1,9 @@
 """The streams worker: a Faust app (aiokafka driver) over the raw topics.
 
-Each input topic has one agent that takes batches of messages, decodes them
-with the shared record types, writes them to ClickHouse and only then lets
-Faust commit the offsets (at-least-once; the sink's keys make it exact).
+Each input topic has one agent that decodes each message with the shared
+record types and judges it as it arrives, then queues it for the store,
+which writes batches to ClickHouse and only then lets Faust commit their
+offsets (at-least-once; the sink's keys make it exact).
 Undecodable input goes to the dead-letter topic with its reason and the agent
 carries on.
 
@@ -16,6 +17,7 @@ notification targets (streams/notify.py); every alert is stored.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import logging
@@ -39,6 +41,7 @@ from jitterscope.streams.host_state import HostState
 from jitterscope.streams.rules.base import Thresholds
 from jitterscope.streams.rules.requests import request_slo
 from jitterscope.streams.sink import ClickHouseSink
+from jitterscope.streams.store_queue import StoreQueue
 from jitterscope.streams.worker_state import state_file
 
 log = logging.getLogger("jitterscope.streams")
@@ -59,7 +62,8 @@ ATTRIBUTION_TICK_S = 0.25
 ALERT_GROUP_TICK_S = 0.5
 #: the record types the host state learns from (HostState.learn)
 LEARNED = (events.Topology, events.ProcessInfo, events.DeviceIo)
-TAKE_MESSAGES = 200  # messages per agent batch (each holds up to batch_max_records records)
+#: records that may wait for the store per topic, in batches of sink_batch_rows (streams/store_queue.py)
+STORE_AHEAD_BATCHES = 2
 
 
 class Decoded(NamedTuple):
@@ -205,24 +209,38 @@ class StreamsWorker:
     def _add_agent(self, app: faust.App, topic, name: str, record_type: type[events.Record]) -> None:
         decoder = events.BatchDecoder(record_type)
         table = clickhouse.TABLE_OF[record_type]
+        batch = self.settings.sink_batch_rows
 
         async def consume(stream):
-            # Each message is decoded (and alerted on) as it arrives, by a
-            # stream processor; storage then takes batches of decoded
-            # messages, so alerts never wait for the storage batch window.
-            async def receive(value) -> Decoded:
-                return await self.receive(name, decoder, value, stream.current_event.message)
-
-            stream.add_processor(receive)
-            async for batch in stream.take(TAKE_MESSAGES, within=self.settings.sink_flush_s):
-                await self.store(name, table, batch)
+            # Each message is decoded and judged as it arrives; the store
+            # (streams/store_queue.py) takes what gathered meanwhile and acks
+            # it once stored, so alerts never wait for inserts and Faust
+            # commits only stored offsets.
+            stream = stream.noack()
+            queue: StoreQueue[tuple[Decoded, faust.types.EventT]] = StoreQueue(
+                batch, STORE_AHEAD_BATCHES * batch, self.settings.sink_flush_s)
+            storing = asyncio.ensure_future(self._store_from(queue, stream, name, table))
+            try:
+                async for event in stream.events():
+                    if storing.done():
+                        storing.result()  # the store loop never ends but by a bug: crash the agent with it
+                    decoded = await self.receive(name, decoder, event.value, event.message)
+                    await queue.put((decoded, event), len(decoded.records) + len(decoded.alerts))
+            finally:
+                storing.cancel()
 
         consume.__name__ = f"consume_{name.split('.')[-1]}"
         app.agent(topic, name=consume.__name__)(consume)
 
+    async def _store_from(self, queue: "StoreQueue", stream, name: str, table: str) -> None:
+        """Store what the judge queued, then ack its messages (in order)."""
+        while True:
+            taken = await queue.take()
+            await self.store(name, table, [decoded for decoded, _ in taken])
+            for _, event in taken:
+                await stream.ack(event)
+
     async def receive(self, topic: str, decoder: events.BatchDecoder, value, message) -> "Decoded":
-        if isinstance(value, Decoded):  # a processor added twice (agent restart) must not decode twice
-            return value
         host = message.key.decode(errors="replace") if isinstance(message.key, bytes) else ""
         good, bad = decoder.decode(value if isinstance(value, bytes) else b"")
         dead = [events.DeadLetter(
