@@ -169,6 +169,16 @@ class StreamsWorker:
         web.add_routes(app, self)
 
         self.attribution_topic = raw_topic(topics.ATTRIBUTION)
+        held: set = set()
+
+        @app.on_partitions_assigned.connect
+        async def take_over(_app, assigned, **_kwargs) -> None:
+            # partitions new to this worker bring hosts another worker stored last
+            gained = set(assigned) - held
+            held.clear()
+            held.update(assigned)
+            if gained:
+                await self.sink.run(self.sink.forget_hosts)
 
         @app.timer(interval=ATTRIBUTION_TICK_S)
         async def attribute() -> None:

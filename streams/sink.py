@@ -8,7 +8,10 @@ Materialized views see every insert, FINAL or not, so rows bound for a table
 that feeds a rollup are inserted only if their key is not stored yet: a
 redelivered batch (worker crash, rebalance, re-attribution after a restart)
 is dropped before the views fire and the rollups stay exact. One worker owns
-a host's partition, so the check and the insert do not race for a host.
+a host's partition, so the check and the insert do not race for a host, and
+what it stored itself needs no asking: from its takeover on it keeps each
+(host, boot_id)'s highest stored seq, and only a batch that reaches back to
+or below it (a collector's spool replayed, a redelivery) is looked up.
 
 An insert and the views it fires are not one transaction: a worker killed
 between the two leaves rows the rollup never saw. So when a worker first
@@ -64,14 +67,7 @@ def stored_keys(client, table: str, records: list) -> set[tuple[str, str, int]]:
     and only rows within each (host, boot_id)'s seq range in the batch come
     back: a batch of many hosts would otherwise fetch every row its hosts
     stored in that time range (rows in Python, per insert)."""
-    ranges: dict[tuple[str, str], list[int]] = {}
-    for host, boot_id, seq in map(_KEY, records):
-        if (span := ranges.get((host, boot_id))) is None:
-            ranges[(host, boot_id)] = [seq, seq]
-        elif seq < span[0]:
-            span[0] = seq
-        elif seq > span[1]:
-            span[1] = seq
+    ranges = seq_ranges(records)
     ts = list(map(operator.attrgetter("ts_ns"), records))
     parameters = {"hosts": sorted({host for host, _ in ranges}), "lo": min(ts), "hi": max(ts)}
     clauses = []
@@ -86,10 +82,41 @@ def stored_keys(client, table: str, records: list) -> set[tuple[str, str, int]]:
     return {(host, boot_id, int(seq)) for host, boot_id, seq in result.result_rows}
 
 
-def insert_new(client, table: str, records: list) -> int:
-    """Insert, skipping already-stored keys for rollup sources; returns rows inserted."""
+def seq_ranges(records: list) -> dict[tuple[str, str], list[int]]:
+    """(host, boot_id) -> [lowest, highest] seq among ``records``."""
+    ranges: dict[tuple[str, str], list[int]] = {}
+    for host, boot_id, seq in map(_KEY, records):
+        if (span := ranges.get((host, boot_id))) is None:
+            ranges[(host, boot_id)] = [seq, seq]
+        elif seq < span[0]:
+            span[0] = seq
+        elif seq > span[1]:
+            span[1] = seq
+    return ranges
+
+
+def highest_stored(client, table: str, host: str) -> dict[tuple[str, str], int]:
+    """(host, boot_id) -> the highest seq ``table`` holds for ``host``."""
+    result = client.query(f"SELECT boot_id, max(seq) FROM {clickhouse.DATABASE}.{table} WHERE host = {{h:String}} "
+                          "GROUP BY boot_id", parameters={"h": host})
+    return {(host, boot_id): int(seq) for boot_id, seq in result.result_rows}
+
+
+def insert_new(client, table: str, records: list, stored_through: dict[tuple[str, str], int] | None = None) -> int:
+    """Insert, skipping already-stored keys for rollup sources; returns rows
+    inserted. ``stored_through``: (host, boot_id) -> the highest seq known
+    stored, for every host of ``records`` (kept up to date here): a (host,
+    boot_id) whose seqs all lie above it needs no look-up. None: look up all."""
     if table in ROLLUP_SOURCES:
-        records = unseen(records, stored_keys(client, table, records))
+        if stored_through is None:
+            records = unseen(records, stored_keys(client, table, records))
+        else:
+            ranges = seq_ranges(records)
+            doubtful = {group for group, (lowest, _) in ranges.items() if lowest <= stored_through.get(group, -1)}
+            known = stored_keys(client, table, [r for r in records if (r.host, r.boot_id) in doubtful]) if doubtful else set()
+            records = unseen(records, known)
+            for group, (_, highest) in ranges.items():
+                stored_through[group] = max(highest, stored_through.get(group, -1))
     clickhouse.insert_records(client, table, records)
     return len(records)
 
@@ -132,6 +159,8 @@ class ClickHouseSink:
         self.client = client
         self.retry_delay_s = retry_delay_s
         self._taken_over: set[tuple[str, str]] = set()  # (table, host) whose rollups were rebuilt
+        #: table -> (host, boot_id) -> highest seq stored, for the hosts taken over (insert_new)
+        self._stored_through: dict[str, dict[tuple[str, str], int]] = {}
         # chDB serialises calls per client; one thread keeps inserts ordered.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clickhouse")
 
@@ -156,12 +185,21 @@ class ClickHouseSink:
                 raise
 
     def _insert(self, table: str, records: list) -> int:
-        if table in ROLLUP_SOURCES:
-            for host in sorted({r.host for r in records}):
-                if (table, host) not in self._taken_over:
-                    self._rebuild(table, host)
-                    self._taken_over.add((table, host))
-        return insert_new(self.client, table, records)
+        if table not in ROLLUP_SOURCES:
+            return insert_new(self.client, table, records)
+        stored_through = self._stored_through.setdefault(table, {})
+        for host in sorted({r.host for r in records}):
+            if (table, host) not in self._taken_over:
+                self._rebuild(table, host)
+                stored_through.update(highest_stored(self.client, table, host))
+                self._taken_over.add((table, host))
+        return insert_new(self.client, table, records, stored_through)
+
+    def forget_hosts(self) -> None:
+        """Another worker may have stored some hosts' rows meanwhile (this one
+        was given partitions in a rebalance): take every host over afresh."""
+        self._taken_over.clear()
+        self._stored_through.clear()
 
     def _rebuild(self, table: str, host: str) -> None:
         """rebuild_rollups; a failure of its own is logged, not raised: the
