@@ -40,7 +40,7 @@ import tomllib
 from collections import Counter
 from pathlib import Path
 
-from run import REPO, StreamsWorker, _git_show  # noqa: E402  (bench/ is on sys.path when run.py runs)
+from run import REPO, StreamsWorker, _git_show, _module_at  # noqa: E402  (bench/ is on sys.path when run.py runs)
 
 from jitterscope.schemas import events, topics
 
@@ -109,8 +109,12 @@ class Mix:
             s = self._next("runq")
             pid = SERVING[s % len(SERVING)] if s % 4 else OTHERS[s % len(OTHERS)]
             sp, sc = SUSPECTS[s % len(SUSPECTS)]
-            runq.append(events.RunqEvent(host=h, boot_id="mix", seq=s, ts_ns=ts - s % 1000, pid=pid,
-                                         tid=pid * 10 + s % 8, comm="vllm", cpu=s % 64,
+            # 64 threads a process, each waiting at most twice a tick, in different 12.5 ms slots of it: one
+            # thread's waits never overlap (a thread cannot wait twice at once; attribution drops such repeats)
+            tid = pid * 100 + (s % 64) // 16 * 16 + (s // 64) % 16
+            end = ts - (s // 1024) % 4 * 12_500_000
+            runq.append(events.RunqEvent(host=h, boot_id="mix", seq=s, ts_ns=end, pid=pid,
+                                         tid=tid, comm="vllm", cpu=s % 64,
                                          wait_ns=(12 if s % 100 == 0 else 5) * ms + s % 997, suspect_pid=sp,
                                          suspect_tid=sp, suspect_comm=sc))
         out += [(topics.RUNQ, runq[i:i + 500]) for i in range(0, len(runq), 500)]
@@ -362,3 +366,63 @@ def bench_sink_batch(target: float = 200_000, seconds: float = 6.0, sizes=(5_000
         f"{r['paced'][hosts]['rate']:,.0f} records/s stored | "
         f"sink_batch_rows={sizes[0]:,}: {base['capacity']:,.0f} records/s | {r['capacity'] / base['capacity']:.2f}x |"
         for n, r in results.items())
+
+
+def _attribute_mix(attribution_module, seconds: float, ticks_per_due: int = 5) -> tuple[float, list]:
+    """One host's mix (``seconds`` of it) fed to an Attributor from
+    ``attribution_module`` as the worker feeds it, with due() every
+    ticks_per_due ticks (the worker's 0.25 s timer); (seconds in due(), results)."""
+    from jitterscope.streams.host_state import HostState
+
+    state = HostState()
+    t0 = 1_800_000_000_000_000_000  # the same mix in every run: results compare
+    for _topic, records in setup_records("mix0", t0):
+        for record in records:
+            state.learn(record)
+    attributor = attribution_module.Attributor(grace_ns=2_000_000_000, horizon_ns=300_000_000_000,
+                                               slo_ns=300_000_000, processes=state)
+    mix, spent, out = Mix("mix0"), 0.0, []
+    ticks = int(seconds / TICK_S)
+    for tick in range(ticks + int(3 / TICK_S)):  # then 3 s more: the last grace periods end
+        now = t0 + int(tick * TICK_S * 1e9)
+        for topic, records in (mix.tick(tick, now) if tick < ticks else []):
+            if topic == topics.REQUESTS:
+                for span in records:
+                    attributor.add_request(span)
+            elif topic == topics.RUNQ:
+                attributor.add_evidence_many(records)
+            elif topic in (topics.IRQ, topics.CGROUP_THROTTLE):
+                for record in records:
+                    attributor.add_evidence(record)
+        if tick % ticks_per_due == 0:
+            started = time.perf_counter()
+            out += attributor.due(now)
+            spent += time.perf_counter() - started
+    return spent, out
+
+
+def bench_attribution_mix(seconds: float = 4.0, rounds: int = 3) -> str:
+    """The attribution step alone under one busy host's mix at twice its
+    rate (16-process serving group, 30k serving waits/s over 128 threads,
+    interrupt and throttling records, 400 spans/s), against the module as at
+    MIX_BEFORE in the same process, alternating; asserts both attribute
+    every request the same."""
+    from jitterscope.streams import attribution
+
+    before = _module_at(MIX_BEFORE, "streams/attribution.py")
+    took: dict[str, list[float]] = {"before": [], "after": []}
+    for r in range(rounds):
+        for label in (("before", "after") if r % 2 == 0 else ("after", "before")):
+            spent, out = _attribute_mix(before if label == "before" else attribution, seconds)
+            took[label].append(spent)
+            if label == "before":
+                expected = out
+            else:
+                result = out
+        assert result == expected, "the attribution differs from the module as at " + MIX_BEFORE
+    spans = len(result)
+    per = lambda label: spans / statistics.median(took[label])  # noqa: E731
+    return (f"| attribute one busy host's mix x{SPEEDUP} ({seconds:.0f} s: {spans:,} requests, 16-process serving "
+            f"group, {SPEEDUP * BUSY_HOST['runq'] * 3 // 4:,} serving waits/s), median of {rounds} alternating rounds | "
+            f"{per('after'):,.0f} requests/s ({_spread([spans / t for t in took['after']], '{:,.0f}')}) | "
+            f"as at {MIX_BEFORE}: {per('before'):,.0f} requests/s | {per('after') / per('before'):.2f}x |")

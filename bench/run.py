@@ -650,6 +650,7 @@ def _module_at(rev: str, path: str):
     copy.write_bytes(_git_show(rev, path))
     spec = importlib.util.spec_from_file_location(f"before_{copy.stem}", copy)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
@@ -802,7 +803,8 @@ def bench_storage() -> str:
 BENCHES = {"decode": bench_decode, "pipeline": bench_pipeline, "probe": bench_probe, "peers": bench_probe_peers,
            "attribution": bench_attribution, "hardware": bench_hardware_probes, "saved": bench_saved_queries, "storage": bench_storage,
            "storm": bench_storm_memory, "footprint": bench_collector_footprint, "pipeline-mix": lambda: __import__("mix").bench_pipeline_mix(),
-           "sink-batch": lambda: __import__("mix").bench_sink_batch()}
+           "sink-batch": lambda: __import__("mix").bench_sink_batch(),
+           "attribution-mix": lambda: __import__("mix").bench_attribution_mix()}
 
 
 def main(names: list[str]) -> None:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import operator
 import statistics
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
@@ -91,6 +92,7 @@ class Culprits:
     irq: IrqTime | None = None  # the interrupt source charged most, with its CPU
 
 TOP_SUSPECTS = 3
+_THREAD_ORDER = operator.itemgetter(0, 1, 2)  # a part's (pid, tid, start): one thread's parts in time order
 # Excess under max(1 ms, a quarter of the baseline) is ordinary jitter: nothing to explain.
 NO_EXCESS_NS = 1_000_000
 NO_EXCESS_SHARE = 0.25
@@ -130,9 +132,13 @@ class _Evidence:
             del self.starts[:cut]
             del self.events[:cut]
 
+    def overlapping_range(self, start_ns: int, end_ns: int) -> tuple[int, int]:
+        """The index range of the events that may overlap [start, end]."""
+        return (bisect.bisect_left(self.starts, start_ns - self.longest_ns),
+                bisect.bisect_right(self.starts, end_ns))
+
     def overlapping(self, start_ns: int, end_ns: int) -> list[Evidence]:
-        first = bisect.bisect_left(self.starts, start_ns - self.longest_ns)
-        last = bisect.bisect_right(self.starts, end_ns)
+        first, last = self.overlapping_range(start_ns, end_ns)
         return self.events[first:last]
 
 
@@ -167,6 +173,7 @@ class Attributor:
         self.min_samples = min_samples
         self.processes = processes  # serving groups and cgroups; None = each process alone, no cgroups
         self._culprits: dict[tuple[str, str, int], Culprits] = {}  # of the last due() batch
+        self._splits: dict[int, tuple] = {}  # id(wait) -> _split() of the whole wait, during one due()
         # host -> (pid | cgroup | cpu, kind) -> evidence; requests look up their processes directly
         self._evidence: dict[str, dict[tuple[int | str, type], _Evidence]] = defaultdict(lambda: defaultdict(_Evidence))
         self._newest: dict[str, int] = defaultdict(int)
@@ -272,13 +279,16 @@ class Attributor:
         self._culprits = {}
         ready.sort(key=lambda s: s.end_ns)
         out = []
-        for span in ready:
-            key = (span.host, span.boot_id, span.seq)
-            if key in self._attributed:  # the same span twice in the backlog
-                continue
-            out.append(self.attribute(span))
-            self._mark_attributed(span)
-            self._attributed_until[span.host] = max(self._attributed_until.get(span.host, 0), span.end_ns)
+        try:
+            for span in ready:
+                key = (span.host, span.boot_id, span.seq)
+                if key in self._attributed:  # the same span twice in the backlog
+                    continue
+                out.append(self.attribute(span))
+                self._mark_attributed(span)
+                self._attributed_until[span.host] = max(self._attributed_until.get(span.host, 0), span.end_ns)
+        finally:
+            self._splits.clear()  # evidence changes between calls (and ids are reused)
         return out
 
     def baseline_ns(self, host: str, name: str) -> tuple[int, bool]:
@@ -316,30 +326,28 @@ class Attributor:
         irq_records: dict[tuple[int, str, str], IrqTime] = {}
         contributed: set[int] = set()
         runq = ioctl = (0, 0, 0)
+        splits = self._splits
         for kind in (RunqEvent, GpuIoctl):
             total = longest = count = 0
-            for event, lo, hi in self._thread_parts(span, kind, group):
+            for event, lo, hi, whole in self._thread_parts(span, kind, group):
                 part = hi - lo
                 total += part
-                longest = max(longest, part)
+                if part > longest:
+                    longest = part
                 count += 1
                 contributed.add(event.pid)
                 if kind is not RunqEvent:
                     continue
-                cut, cgroup = self._throttled(event, lo, hi)
+                split = splits.get(id(event)) if whole else None
+                cut, cgroup, shares, stolen = split or self._split(event, lo, hi, whole)
                 throttles[cgroup] += cut
-                left = part - cut
-                on_cpu = self._irq(event.host, event.cpu, lo, hi)
-                spent = sum(ns for ns, _ in on_cpu.values())
-                scale = min(1.0, left / spent) if spent else 0.0  # at most what the wait has left
-                for key, (ns, record) in on_cpu.items():
-                    sources[key] += int(ns * scale)
+                for key, ns, record in shares:
+                    sources[key] += ns
                     irq_records[key] = record
-                stolen = int(spent * scale)
                 throttled += cut
                 irq += stolen
-                if left - stolen > 0:
-                    by_suspect[event.suspect_comm][event.suspect_pid] += left - stolen
+                if part - cut - stolen > 0:
+                    by_suspect[event.suspect_comm][event.suspect_pid] += part - cut - stolen
             if kind is RunqEvent:
                 runq = (total, longest, count)
             else:
@@ -375,35 +383,56 @@ class Attributor:
             container=info.container if info else "",
         )
 
-    def _thread_parts(self, span: RequestSpan, kind: type, group: set[int] | None) -> list[tuple[Evidence, int, int]]:
-        """(event, start, end) of each part of ``kind`` evidence inside the
-        request, from the processes of ``group`` (None: every process of the
-        host), each thread's time counted once: one thread cannot wait twice
-        at the same moment, so an overlap is a duplicate (a redelivered or
-        re-primed event) and is dropped."""
+    def _thread_parts(self, span: RequestSpan, kind: type,
+                      group: set[int] | None) -> list[tuple[Evidence, int, int, bool]]:
+        """(event, start, end, whether that is the whole event) of each part
+        of ``kind`` evidence inside the request, from the processes of
+        ``group`` (None: every process of the host), each thread's time
+        counted once: one thread cannot wait twice at the same moment, so an
+        overlap is a duplicate (a redelivered or re-primed event) and is dropped."""
         processes = self._evidence.get(span.host, {})
         if group is None:
             sources = [e for (_, k), e in processes.items() if k is kind]
         else:
             sources = [processes[(pid, kind)] for pid in group if (pid, kind) in processes]
         parts = []
+        start_ns, end_ns = span.start_ns, span.end_ns
         for evidence in sources:
-            for event in evidence.overlapping(span.start_ns, span.end_ns):
-                lo = max(span.start_ns, event.ts_ns - duration_ns(event))
-                hi = min(span.end_ns, event.ts_ns)
+            first, last = evidence.overlapping_range(start_ns, end_ns)
+            for begin, event in zip(evidence.starts[first:last], evidence.events[first:last]):
+                finish = event.ts_ns
+                lo = begin if begin > start_ns else start_ns
+                hi = finish if finish < end_ns else end_ns
                 if hi > lo:
-                    parts.append((event, lo, hi))
-        parts.sort(key=lambda p: (p[0].pid, p[0].tid, p[1]))
+                    parts.append((event.pid, event.tid, lo, hi, event, lo == begin and hi == finish))
+        parts.sort(key=_THREAD_ORDER)
         out = []
         thread, covered = None, 0
-        for event, lo, hi in parts:
-            if (event.pid, event.tid) != thread:
-                thread, covered = (event.pid, event.tid), 0
-            lo = max(lo, covered)
+        for pid, tid, lo, hi, event, whole in parts:
+            if (pid, tid) != thread:
+                thread, covered = (pid, tid), 0
+            if lo < covered:
+                lo, whole = covered, False
             if hi > lo:
-                out.append((event, lo, hi))
+                out.append((event, lo, hi, whole))
                 covered = hi
         return out
+
+    def _split(self, event: RunqEvent, lo: int, hi: int, whole: bool) -> tuple[int, str, list[tuple[tuple, int, IrqTime]], int]:
+        """A wait's part [lo, hi] split by what kept the CPU away: (throttled
+        ns, the cgroup charged, interrupt ns per source with its latest
+        record, interrupt ns in all); the rest was the suspects'. A ``whole``
+        wait's split is kept for the rest of due(): the requests served
+        together (continuous batching) overlap the same waits, and each asks."""
+        cut, cgroup = self._throttled(event, lo, hi)
+        on_cpu = self._irq(event.host, event.cpu, lo, hi)
+        spent = sum(ns for ns, _ in on_cpu.values())
+        scale = min(1.0, (hi - lo - cut) / spent) if spent else 0.0  # at most what the wait has left
+        split = (cut, cgroup, [(key, int(ns * scale), record) for key, (ns, record) in on_cpu.items()],
+                 int(spent * scale))
+        if whole:
+            self._splits[id(event)] = split  # the event stays in the evidence (and its id its own) during due()
+        return split
 
     def _throttled(self, event: RunqEvent, lo: int, hi: int) -> tuple[int, str]:
         """How much of a wait's part [lo, hi] its cgroup (or an ancestor) was
