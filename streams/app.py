@@ -243,11 +243,19 @@ class StreamsWorker:
         app.agent(topic, name=consume.__name__)(consume)
 
     async def _store_from(self, queue: "StoreQueue", stream, name: str, table: str) -> None:
-        """Store what the judge queued, then ack its messages (in order)."""
+        """Store what the judge queued, then ack its messages (in order).
+        Messages read before a rebalance are not stored: they are unacked,
+        so their partition's owner now reads them again, and a late insert
+        here would race with its own (it may be the new owner of the host)."""
         while True:
             taken = await queue.take()
-            await self.store(name, table, [decoded for decoded, _ in taken])
-            for _, event in taken:
+            generation = self.app.consumer_generation_id
+            current = [(decoded, event) for decoded, event in taken if event.message.generation_id == generation]
+            if len(current) < len(taken):
+                log.info("%s: %d messages read before the rebalance left to their partition's owner",
+                         name, len(taken) - len(current))
+            await self.store(name, table, [decoded for decoded, _ in current])
+            for _, event in current:
                 await stream.ack(event)
 
     async def receive(self, topic: str, decoder: events.BatchDecoder, value, message) -> "Decoded":

@@ -7,22 +7,21 @@ from jitterscope.streams.store_queue import StoreQueue
 
 
 def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, 30))
+    return asyncio.run(asyncio.wait_for(coro, 120))
 
 
 def test_a_full_batch_is_taken_at_once_and_a_partial_one_after_within():
     async def scenario():
-        queue = StoreQueue(batch=10, limit=100, within_s=0.3)
-        await queue.put("a", 6)
-        await queue.put("b", 4)
+        full = StoreQueue(batch=10, limit=100, within_s=600)
+        await full.put("a", 6)
+        await full.put("b", 4)
+        assert await asyncio.wait_for(full.take(), 60) == ["a", "b"]  # full: no wait for within_s (600 s)
+        partial = StoreQueue(batch=10, limit=100, within_s=0.3)
         t0 = time.monotonic()
-        assert await queue.take() == ["a", "b"]
-        assert time.monotonic() - t0 < 0.3  # full: no wait for within_s
-        await queue.put("c", 1)
-        t0 = time.monotonic()
-        assert await queue.take() == ["c"]
-        assert time.monotonic() - t0 >= 0.25  # partial: waited for more until within_s
-        assert queue.records == 0
+        await partial.put("c", 1)
+        assert await partial.take() == ["c"]
+        assert time.monotonic() - t0 >= 0.3  # partial: waited for more until within_s
+        assert partial.records == 0
 
     run(scenario())
 
