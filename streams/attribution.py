@@ -338,8 +338,15 @@ class Attributor:
                 contributed.add(event.pid)
                 if kind is not RunqEvent:
                     continue
+                # a whole wait is split once per due(): the requests served together (continuous
+                # batching) overlap the same waits, and each asks; the event stays in the evidence
+                # (and its id its own) while due() runs
                 split = splits.get(id(event)) if whole else None
-                cut, cgroup, shares, stolen = split or self._split(event, lo, hi, whole)
+                if split is None:
+                    split = self._split(event, lo, hi)
+                    if whole:
+                        splits[id(event)] = split
+                cut, cgroup, shares, stolen = split
                 throttles[cgroup] += cut
                 for key, ns, record in shares:
                     sources[key] += ns
@@ -418,21 +425,16 @@ class Attributor:
                 covered = hi
         return out
 
-    def _split(self, event: RunqEvent, lo: int, hi: int, whole: bool) -> tuple[int, str, list[tuple[tuple, int, IrqTime]], int]:
+    def _split(self, event: RunqEvent, lo: int, hi: int) -> tuple[int, str, list[tuple[tuple, int, IrqTime]], int]:
         """A wait's part [lo, hi] split by what kept the CPU away: (throttled
         ns, the cgroup charged, interrupt ns per source with its latest
-        record, interrupt ns in all); the rest was the suspects'. A ``whole``
-        wait's split is kept for the rest of due(): the requests served
-        together (continuous batching) overlap the same waits, and each asks."""
+        record, interrupt ns in all); the rest was the suspects'."""
         cut, cgroup = self._throttled(event, lo, hi)
         on_cpu = self._irq(event.host, event.cpu, lo, hi)
         spent = sum(ns for ns, _ in on_cpu.values())
         scale = min(1.0, (hi - lo - cut) / spent) if spent else 0.0  # at most what the wait has left
-        split = (cut, cgroup, [(key, int(ns * scale), record) for key, (ns, record) in on_cpu.items()],
-                 int(spent * scale))
-        if whole:
-            self._splits[id(event)] = split  # the event stays in the evidence (and its id its own) during due()
-        return split
+        return (cut, cgroup, [(key, int(ns * scale), record) for key, (ns, record) in on_cpu.items()],
+                int(spent * scale))
 
     def _throttled(self, event: RunqEvent, lo: int, hi: int) -> tuple[int, str]:
         """How much of a wait's part [lo, hi] its cgroup (or an ancestor) was

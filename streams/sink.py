@@ -102,23 +102,17 @@ def highest_stored(client, table: str, host: str) -> dict[tuple[str, str], int]:
     return {(host, boot_id): int(seq) for boot_id, seq in result.result_rows}
 
 
-def insert_new(client, table: str, records: list, stored_through: dict[tuple[str, str], int] | None = None) -> int:
-    """Insert, skipping already-stored keys for rollup sources; returns rows
-    inserted. ``stored_through``: (host, boot_id) -> the highest seq known
-    stored, for every host of ``records`` (kept up to date here): a (host,
-    boot_id) whose seqs all lie above it needs no look-up. None: look up all."""
-    if table in ROLLUP_SOURCES:
-        if stored_through is None:
-            records = unseen(records, stored_keys(client, table, records))
-        else:
-            ranges = seq_ranges(records)
-            doubtful = {group for group, (lowest, _) in ranges.items() if lowest <= stored_through.get(group, -1)}
-            known = stored_keys(client, table, [r for r in records if (r.host, r.boot_id) in doubtful]) if doubtful else set()
-            records = unseen(records, known)
-            for group, (_, highest) in ranges.items():
-                stored_through[group] = max(highest, stored_through.get(group, -1))
-    clickhouse.insert_records(client, table, records)
-    return len(records)
+def unstored(client, table: str, records: list, stored_through: dict[tuple[str, str], int]) -> list:
+    """``records`` without the keys ``table`` holds already or repeats within
+    them. ``stored_through``: (host, boot_id) -> the highest seq known stored,
+    for every host of ``records`` (kept up to date here): only a (host,
+    boot_id) whose seqs reach back to it is looked up."""
+    ranges = seq_ranges(records)
+    doubtful = {group for group, (lowest, _) in ranges.items() if lowest <= stored_through.get(group, -1)}
+    known = stored_keys(client, table, [r for r in records if (r.host, r.boot_id) in doubtful]) if doubtful else set()
+    for group, (_, highest) in ranges.items():
+        stored_through[group] = max(highest, stored_through.get(group, -1))
+    return unseen(records, known)
 
 
 #: how far back a taken-over host's rollups are rebuilt, before its newest stored row
@@ -159,7 +153,7 @@ class ClickHouseSink:
         self.client = client
         self.retry_delay_s = retry_delay_s
         self._taken_over: set[tuple[str, str]] = set()  # (table, host) whose rollups were rebuilt
-        #: table -> (host, boot_id) -> highest seq stored, for the hosts taken over (insert_new)
+        #: table -> (host, boot_id) -> highest seq stored, for the hosts taken over (unstored())
         self._stored_through: dict[str, dict[tuple[str, str], int]] = {}
         # chDB serialises calls per client; one thread keeps inserts ordered.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clickhouse")
@@ -185,15 +179,17 @@ class ClickHouseSink:
                 raise
 
     def _insert(self, table: str, records: list) -> int:
-        if table not in ROLLUP_SOURCES:
-            return insert_new(self.client, table, records)
-        stored_through = self._stored_through.setdefault(table, {})
-        for host in sorted({r.host for r in records}):
-            if (table, host) not in self._taken_over:
-                self._rebuild(table, host)
-                stored_through.update(highest_stored(self.client, table, host))
-                self._taken_over.add((table, host))
-        return insert_new(self.client, table, records, stored_through)
+        """Insert; rows bound for a rollup source only if not stored yet. Returns rows inserted."""
+        if table in ROLLUP_SOURCES:
+            stored_through = self._stored_through.setdefault(table, {})
+            for host in sorted({r.host for r in records}):
+                if (table, host) not in self._taken_over:
+                    self._rebuild(table, host)
+                    stored_through.update(highest_stored(self.client, table, host))
+                    self._taken_over.add((table, host))
+            records = unstored(self.client, table, records, stored_through)
+        clickhouse.insert_records(self.client, table, records)
+        return len(records)
 
     def forget_hosts(self) -> None:
         """Another worker may have stored some hosts' rows meanwhile (this one
