@@ -76,16 +76,23 @@ def test_requests_in_the_contention_window_are_blamed_on_the_hog(pipeline):
     wait_until(lambda: attribution(stack, last), 60, "the last request attributed", worker)
 
     top_is_hog = 0
+    breached_inside = set()
     for rid in inside:
         cause, waited, excess, duration, suspects, breached, got_pid = attribution(stack, rid)
         assert got_pid == pid
         assert cause == "runq_starvation", (rid, cause, waited, excess, duration, stack.query(
             "SELECT max(ringbuf_drops), max(map_full_drops) FROM jitterscope.collector_stats"))
-        assert waited >= 0.5 * excess and breached
+        assert waited >= 0.5 * excess
+        # whether the crowded core pushed a request past the SLO is the
+        # scheduler's call (one took 29.5 ms on a CI box); the verdict must match it
+        assert breached == (duration > SLO_MS * MS), (rid, duration, breached)
+        if breached:
+            breached_inside.add(rid)
         assert HOG_COMM in [x["comm"] for x in suspects], suspects
         top_is_hog += suspects[0]["comm"] == HOG_COMM
     # a kernel thread of the VM (kdamond, kworker) can out-wait the hogs for a request, not for most
     assert top_is_hog >= 0.8 * len(inside), (top_is_hog, len(inside))
+    assert len(breached_inside) >= 0.8 * len(inside), (len(breached_inside), len(inside))
     quiet = [attribution(stack, rid) for rid in outside]
     assert all(q is not None for q in quiet)
     near_zero = [q for q in quiet if q[1] < 2 * MS]
@@ -95,7 +102,7 @@ def test_requests_in_the_contention_window_are_blamed_on_the_hog(pipeline):
         "SELECT request_id, toUnixTimestamp64Nano(raised) - toUnixTimestamp64Nano(ts) FROM jitterscope.alerts "
         "WHERE kind = 'request_slo' AND pid = {pid:UInt32}", pid=pid)
     alerted = {a[0] for a in alerts}
-    assert set(inside) <= alerted
+    assert alerted & set(inside) == breached_inside
     assert not alerted & set(outside), [(r, attribution(stack, r)) for r in sorted(alerted & set(outside))][:5]
     delays = sorted(a[1] / 1e6 for a in alerts)
     print(f"\n[measured] {len(requests)} requests, {len(inside)} in the contention window; "

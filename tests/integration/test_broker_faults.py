@@ -125,6 +125,13 @@ def stored_ids(stack, host: str) -> set[str]:
         "SELECT request_id FROM jitterscope.requests FINAL WHERE host = {h:String}", h=host)}
 
 
+def stored_stats(stack, host: str) -> list[tuple[int, int]]:
+    """(seq, creation time in ns) of the host's stored stats records, by seq."""
+    return [tuple(r) for r in stack.query(
+        "SELECT seq, toUnixTimestamp64Nano(ts) FROM jitterscope.collector_stats FINAL WHERE host = {h:String} "
+        "ORDER BY seq", h=host)]
+
+
 def stored_by_topic(stack, host: str) -> dict[str, int]:
     out = {}
     for topic, kind in topics.INPUT_TOPICS.items():
@@ -161,7 +168,7 @@ def kill_and_restart(stack, broker, worker, host: str, **env: str) -> int:
         # under load: the broker dies with whatever it held
         broker.proc.kill()
         broker.proc.wait()
-        killed_at = time.monotonic()
+        killed_at, killed_ns = time.monotonic(), time.time_ns()
         wait_until(lambda: len([1 for _, t in stream.accepted if t > killed_at]) >= 600, 60,
                    "spans accepted while the broker is down", collector)
         sent_at_kill = sent_metric(metrics_port, topics.REQUESTS)  # the metric lags by up to 1 s
@@ -182,6 +189,7 @@ def kill_and_restart(stack, broker, worker, host: str, **env: str) -> int:
     accepted = len(stream.accepted)
     wait_until(lambda: sent_metric(metrics_port, topics.REQUESTS) >= accepted, 120,
                f"the collector acknowledged for all {accepted} spans", collector)
+    stopping_ns = time.time_ns()
     final = final_counts(stack, collector)
 
     posted = dict(stream.accepted)
@@ -207,13 +215,22 @@ def kill_and_restart(stack, broker, worker, host: str, **env: str) -> int:
     assert len(lost) <= sent_at_kill
     counts = stored_by_topic(stack, host)
     assert all(counts[t] <= n for t, n in final["sent_by_topic"].items())
-    wait_until(lambda: stored_by_topic(stack, host)[topics.COLLECTOR_STATS]
-               == final["sent_by_topic"][topics.COLLECTOR_STATS], 60, "the last stats record stored", worker)
+    stats_sent = final["sent_by_topic"][topics.COLLECTOR_STATS]
+    stats = wait_until(lambda: (rows := stored_stats(stack, host)) and rows[-1][1] >= stopping_ns and rows, 60,
+                       "the last stats record (sent on stop) stored", worker)
+    # A stats record is a record like any other: the dead broker may take the
+    # latest one with it (the worker lags a little on a busy box). Seqs count
+    # up by one per stats record, so those missing are known exactly; each
+    # must have been sent before the kill: below every record made after it.
+    seqs = [seq for seq, _ in stats]
+    missing = sorted(set(range(seqs[-1] - stats_sent + 1, seqs[-1] + 1)) - set(seqs))
+    first_after_kill = next(seq for seq, ts in stats if ts > killed_ns)
+    assert all(seq < first_after_kill for seq in missing), (missing, first_after_kill, stats)
     restarts = stack.query("SELECT max(producer_restarts) FROM jitterscope.collector_stats WHERE host = {h:String}",
                            h=host)[0][0]
     print(f"\n[measured] broker kill+restart: {len(posted)} spans, {len(lost)} lost with the dead broker "
-          f"(acknowledged before the kill, not yet read), 0 of {sum(t > killed_at for t in posted.values())} "
-          f"sent after the kill lost; collector acknowledging again {recovered_s:.1f}s after the restart, "
+          f"(acknowledged before the kill, not yet read) and {len(missing)} stats records, "
+          f"0 of {sum(t > killed_at for t in posted.values())} sent after the kill lost; collector acknowledging again {recovered_s:.1f}s after the restart, "
           f"stored end to end after {stored_s:.1f}s; producer restarts {restarts}; "
           f"sent {final['sent_by_topic']} stored {counts}")
     return restarts
