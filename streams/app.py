@@ -12,7 +12,8 @@ Records go to their signal's rules through the topic -> handler table
 streams/host_state.py; the Kafka client patches are in
 streams/kafka_patches.py; the web pages are in streams/web.py. Alerts are
 grouped (streams/alert_groups.py) before they reach the alerts topic and the
-notification targets (streams/notify.py); every alert is stored.
+notification targets (streams/notify.py); every alert is stored. What the
+broker refuses to take is sent again (streams/outbox.py).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from jitterscope.streams import clickhouse, kafka_patches, notify, signal_metric
 from jitterscope.streams.alert_groups import AlertGroups, announced
 from jitterscope.streams.attribution import Attributor
 from jitterscope.streams.handlers import Handlers
+from jitterscope.streams.outbox import Outbox
 from jitterscope.streams.host_state import HostState
 from jitterscope.streams.rules.base import Thresholds
 from jitterscope.streams.rules.requests import request_slo
@@ -113,6 +115,7 @@ class StreamsWorker:
         signal_metrics.limit_comms(settings.metrics_comms_max)
         self.alert_groups = AlertGroups.from_settings(settings)
         self.notifier = notify.Notifier.from_settings(settings)
+        self.outbox = Outbox()
         self.app = self._build_app(bootstrap_servers)
 
     def prime_attribution(self) -> None:
@@ -380,14 +383,14 @@ class StreamsWorker:
         for host, group in by_host.items():
             limit = self.settings.kafka_max_message_bytes
             for payload, _count in events.split_lines(events.encode_batch(group), limit):
-                await topic.send(key=host.encode(), value=payload)
+                await self.outbox.send(topic, host.encode(), payload)
 
     async def dead_letter(self, dead: list[events.DeadLetter]) -> None:
         for letter in dead:
             DEAD_LETTERS.labels(letter.topic).inc()
             log.warning("dead-lettered %s[%d]@%d line %d: %s", letter.topic, letter.partition,
                         letter.offset, letter.line, letter.reason[:300])
-            await self.deadletter_topic.send(key=letter.topic.encode(), value=msgspec.json.encode(letter))
+            await self.outbox.send(self.deadletter_topic, letter.topic.encode(), msgspec.json.encode(letter))
         try:
             await self.sink.write("deadletter", dead)
         except Exception:  # they are on the dead-letter topic already

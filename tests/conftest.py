@@ -147,3 +147,31 @@ def make_stack(broker, data_dir: Path) -> Stack:
 
 def json_lines(payload: bytes) -> list[dict]:
     return [json.loads(line) for line in payload.splitlines() if line.strip()]
+
+
+def records_on_topic(bootstrap_servers: str, topic: str, record_type: type) -> list:
+    """Every record on a topic, read from the beginning until nothing new
+    comes for 5 s (the worker's sends may still be in flight)."""
+    import uuid
+
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    from jitterscope.schemas import events
+
+    consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": f"t-{uuid.uuid4()}",
+                         "enable.auto.commit": False})
+    try:
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+        decoder, out, idle_until = events.BatchDecoder(record_type), [], time.monotonic() + 5
+        while time.monotonic() < idle_until:
+            message = consumer.poll(0.5)
+            if message is None or message.error():
+                continue
+            good, bad = decoder.decode(message.value())
+            assert not bad, bad
+            out += good
+            idle_until = time.monotonic() + 5
+        return out
+    finally:
+        consumer.close()

@@ -25,9 +25,9 @@ import urllib.request
 import pytest
 
 from jitterscope.broker import EmbeddedBroker, free_port
-from jitterscope.schemas import topics
+from jitterscope.schemas import events, topics
 from jitterscope.streams.clickhouse import TABLE_OF
-from tests.conftest import wait_until
+from tests.conftest import records_on_topic, wait_until
 
 pytestmark = [pytest.mark.bpf, pytest.mark.integration]
 
@@ -123,6 +123,11 @@ def sent_metric(port: int, topic: str) -> float:
 def stored_ids(stack, host: str) -> set[str]:
     return {r[0] for r in stack.query(
         "SELECT request_id FROM jitterscope.requests FINAL WHERE host = {h:String}", h=host)}
+
+
+def attributed_ids(stack, host: str) -> set[str]:
+    return {r[0] for r in stack.query(
+        "SELECT request_id FROM jitterscope.request_attribution WHERE host = {h:String}", h=host)}
 
 
 def stored_stats(stack, host: str) -> list[tuple[int, int]]:
@@ -226,11 +231,21 @@ def kill_and_restart(stack, broker, worker, host: str, **env: str) -> int:
     missing = sorted(set(range(seqs[-1] - stats_sent + 1, seqs[-1] + 1)) - set(seqs))
     first_after_kill = next(seq for seq, ts in stats if ts > killed_ns)
     assert all(seq < first_after_kill for seq in missing), (missing, first_after_kill, stats)
+    # what the worker publishes after the restart reaches the new broker, even
+    # what it refused in its first moments (UnknownError until the producer's
+    # metadata catches up): each request that reached the worker through the
+    # new broker has its attribution on the new broker's topic
+    wait_until(lambda: attributed_ids(stack, host) >= after_kill, 90, "every span sent after the kill attributed",
+               worker)
+    on_topic = {a.request_id for a in records_on_topic(broker.bootstrap_servers, topics.ATTRIBUTION,
+                                                       events.RequestAttribution) if a.host == host}
+    unpublished = sorted(after_kill - on_topic, key=lambda rid: posted[rid])
+    assert not unpublished, (len(unpublished), len(after_kill), unpublished[:5])
     restarts = stack.query("SELECT max(producer_restarts) FROM jitterscope.collector_stats WHERE host = {h:String}",
                            h=host)[0][0]
     print(f"\n[measured] broker kill+restart: {len(posted)} spans, {len(lost)} lost with the dead broker "
           f"(acknowledged before the kill, not yet read) and {len(missing)} stats records, "
-          f"0 of {sum(t > killed_at for t in posted.values())} sent after the kill lost; collector acknowledging again {recovered_s:.1f}s after the restart, "
+          f"0 of {len(after_kill)} sent after the kill lost or unpublished; collector acknowledging again {recovered_s:.1f}s after the restart, "
           f"stored end to end after {stored_s:.1f}s; producer restarts {restarts}; "
           f"sent {final['sent_by_topic']} stored {counts}")
     return restarts

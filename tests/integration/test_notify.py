@@ -24,7 +24,7 @@ from jitterscope.broker import free_port
 from jitterscope.collector.publish import KafkaPublisher
 from jitterscope.schemas import events, topics
 from jitterscope.workload import HOG_COMM, VICTIM_COMM, starvation
-from tests.conftest import wait_until
+from tests.conftest import records_on_topic, wait_until
 
 pytestmark = [pytest.mark.bpf, pytest.mark.integration]
 
@@ -151,25 +151,7 @@ def test_grouped_alerts_reach_alertmanager_and_resolve_when_the_hogs_stop(notifi
 
 
 def alerts_on_topic(stack) -> list[events.Alert]:
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-
-    consumer = Consumer({"bootstrap.servers": stack.broker.bootstrap_servers, "group.id": f"t-{uuid.uuid4()}",
-                         "enable.auto.commit": False})
-    try:
-        partitions = consumer.list_topics(topics.ALERTS, timeout=10).topics[topics.ALERTS].partitions
-        consumer.assign([TopicPartition(topics.ALERTS, p, OFFSET_BEGINNING) for p in partitions])
-        decoder, out, idle_until = events.BatchDecoder(events.Alert), [], time.monotonic() + 5
-        while time.monotonic() < idle_until:  # read until nothing new for 5 s
-            message = consumer.poll(0.5)
-            if message is None or message.error():
-                continue
-            good, bad = decoder.decode(message.value())
-            assert not bad, bad
-            out += good
-            idle_until = time.monotonic() + 5
-        return out
-    finally:
-        consumer.close()
+    return records_on_topic(stack.broker.bootstrap_servers, topics.ALERTS, events.Alert)
 
 
 def burst(stack, host: str, victims: int = 200, per_victim: int = 10) -> float:
