@@ -7,8 +7,10 @@ producer has not caught up with answers UnknownError for a moment) would
 drop the message silently. Every record published is also stored in
 ClickHouse, but a consumer of the alert topic would miss the alert. So each
 send is watched and, if refused, sent again with a growing pause, for up to
-``give_up_s``; past that it is counted and logged as given up. Retries live
-in memory: a worker that stops drops the ones pending (they are stored).
+``give_up_s``; past that, or past ``max_pending_bytes`` waiting, it is
+counted and logged as given up (one line per topic every 10 s, with a
+count). Retries live in memory: a worker that stops drops the ones pending
+(they are stored).
 Sent again means possibly twice and out of order; records carry their
 (host, boot_id, seq), so a consumer can tell.
 """
@@ -31,12 +33,17 @@ GIVEN_UP = Counter("jitterscope_streams_publish_given_up_total",
 
 FIRST_PAUSE_S = 0.5
 MAX_PAUSE_S = 10.0
+LOG_EVERY_S = 10.0  # a long outage refuses every send: one line per topic this often, with the count
 
 
 class Outbox:
-    def __init__(self, give_up_s: float = 300.0):
+    def __init__(self, give_up_s: float = 300.0, max_pending_bytes: int = 64 << 20):
         self.give_up_s = give_up_s
+        self.max_pending_bytes = max_pending_bytes  # memory bound while the broker refuses everything
         self._retries: set[asyncio.Future] = set()  # strong refs: the loop keeps only weak ones to tasks
+        self._pending_bytes = 0
+        self._unlogged: dict[tuple[str, int], int] = {}
+        self._logged_at: dict[tuple[str, int], float] = {}
 
     @property
     def pending(self) -> int:
@@ -64,18 +71,38 @@ class Outbox:
         name = topic.get_topic_name()
         if time.monotonic() - since + pause > self.give_up_s:
             GIVEN_UP.labels(name).inc()
-            log.error("gave up sending a message to %s after %.0f s of refusals (%s); its records are stored in "
-                      "ClickHouse. Check the broker and the topic.", name, time.monotonic() - since, error)
+            self._say(logging.ERROR, name, f"gave up sending to {name} after {self.give_up_s:.0f} s of refusals "
+                      f"({error}); the records are stored in ClickHouse. Check the broker and the topic")
+            return
+        size = len(key) + len(value)
+        if self._pending_bytes + size > self.max_pending_bytes:
+            GIVEN_UP.labels(name).inc()
+            self._say(logging.ERROR, name, f"gave up sending to {name} ({error}): {self.max_pending_bytes >> 20} "
+                      "MiB already wait to be sent again; the records are stored in ClickHouse")
             return
         RESENT.labels(name).inc()
-        log.warning("the broker refused a message to %s (%s); sending it again in %.1f s", name, error, pause)
+        self._say(logging.WARNING, name, f"the broker refused a message to {name} ({error}); sending it again "
+                  f"in {pause:.1f} s, then less often, for up to {self.give_up_s:.0f} s")
         retry = asyncio.ensure_future(self._later(topic, key, value, since, pause))
         self._retries.add(retry)
-        retry.add_done_callback(self._retries.discard)
+        self._pending_bytes += size
+        retry.add_done_callback(lambda _: self._retried(retry, size))
+
+    def _retried(self, retry: asyncio.Future, size: int) -> None:
+        self._retries.discard(retry)
+        self._pending_bytes -= size
 
     async def _later(self, topic, key: bytes, value: bytes, since: float, pause: float) -> None:
         await asyncio.sleep(pause)
         await self._attempt(topic, key, value, since, min(2 * pause, MAX_PAUSE_S))
+
+    def _say(self, level: int, topic: str, text: str) -> None:
+        """At most one line per topic and level every LOG_EVERY_S, counting the rest."""
+        key, now = (topic, level), time.monotonic()
+        self._unlogged[key] = self._unlogged.get(key, 0) + 1
+        if now - self._logged_at.get(key, -LOG_EVERY_S) >= LOG_EVERY_S:
+            count, self._unlogged[key], self._logged_at[key] = self._unlogged[key], 0, now
+            log.log(level, "%s%s", text, f" ({count} such since the last line)" if count > 1 else "")
 
 
 def _failed(error: BaseException) -> asyncio.Future:

@@ -99,3 +99,25 @@ def test_a_send_the_producer_refuses_at_once_is_retried_not_raised(monkeypatch):
         return topic.sent
 
     assert run(scenario()) == [(b"k", b"v")] * 2
+
+
+def test_retries_are_bounded_in_memory(monkeypatch):
+    """A broker refusing everything for minutes must not grow the worker
+    without bound: past max_pending_bytes a refused message is given up."""
+    monkeypatch.setattr(outbox, "FIRST_PAUSE_S", 30)  # nothing is retried during the test
+    given_up = outbox.GIVEN_UP.labels("jitterscope.test")._value.get()
+
+    async def scenario():
+        box, topic = Outbox(give_up_s=600, max_pending_bytes=1000), ScriptedTopic(*[RuntimeError("down")] * 10)
+        for _ in range(10):
+            await box.send(topic, b"k", b"v" * 199)  # 200 bytes each: 5 fit
+        while len(topic.sent) < 10 or box.pending + outbox.GIVEN_UP.labels(
+                "jitterscope.test")._value.get() - given_up < 10:
+            await asyncio.sleep(0.01)
+        pending = box.pending
+        for retry in list(box._retries):
+            retry.cancel()
+        return pending
+
+    assert run(scenario()) == 5
+    assert outbox.GIVEN_UP.labels("jitterscope.test")._value.get() - given_up == 5
