@@ -2,17 +2,16 @@
 again when the broker refuses it.
 
 Faust's ``topic.send`` only buffers: the broker's answer comes later, on a
-future nobody awaits ("exception was never retrieved"), so a refusal (a restarted broker whose metadata the
-producer has not caught up with answers UnknownError for a moment) would
-drop the message silently. Every record published is also stored in
-ClickHouse, but a consumer of the alert topic would miss the alert. So each
-send is watched and, if refused, sent again with a growing pause, for up to
-``give_up_s``; past that, or past ``max_pending_bytes`` waiting, it is
-counted and logged as given up (one line per topic every 10 s, with a
-count). Retries live in memory: a worker that stops drops the ones pending
-(they are stored).
-Sent again means possibly twice and out of order; records carry their
-(host, boot_id, seq), so a consumer can tell.
+future nobody awaits ("exception was never retrieved"). So a refusal would
+drop the message silently; a restarted broker answers UnknownError for a
+moment, until the producer's metadata catches up. Every record published is
+also stored in ClickHouse, but a consumer of the alert topic would miss the
+alert. So each send is watched and, if refused, sent again with a growing
+pause, for up to ``give_up_s``. Past that, or past ``max_pending_bytes``
+waiting, it is counted and logged as given up (one line per topic every
+10 s, with a count). Retries live in memory: a worker that stops drops the
+ones pending (they are stored). Sent again means possibly twice and out of
+order; records carry their (host, boot_id, seq), so a consumer can tell.
 """
 
 from __future__ import annotations
