@@ -16,16 +16,28 @@ chDB 26.9 (checked by hand, see tests/unit/test_readonly_sql.py)
 So the guard refuses, before anything runs: more than one statement, any
 statement that does not start with SELECT/WITH/SHOW/DESCRIBE/DESC/EXISTS/
 EXPLAIN (or a parenthesised SELECT), INTO OUTFILE, calls of functions that
-reach files, URLs, other servers or processes, and SETTINGS clauses. The
-read-only settings stay as the second line of defence.
+reach files, URLs, other servers, other processes or AI providers, merge()
+over the system database, and SETTINGS clauses. The read-only settings stay
+as the last line of defence.
 
-It works on tokens, not on text: string literals, quoted identifiers and
-comments are told apart the way ClickHouse's lexer does it (backslash escapes
-and doubled quotes inside quotes; ``--`` comments to the end of the line;
-``/* */`` comments nest). Where ClickHouse has syntax the guard does not model
-(``$$`` heredoc strings, ``#`` comments, backslashes or non-ASCII characters
-outside quotes), it refuses rather than guess: a guess that sees a string
-where ClickHouse sees code is a bypass.
+Two readings, so that the guard agrees with ClickHouse by construction:
+
+1. ``check()``: our own tokens, offline, before anything is sent. String
+   literals, quoted identifiers and comments are told apart the way
+   ClickHouse's lexer does it (backslash escapes and doubled quotes inside
+   quotes; ``--`` comments to the end of the line; ``/* */`` comments nest).
+   Where ClickHouse has syntax this reading does not model (``//`` and ``#``
+   comments, ``$$`` heredoc strings, backslashes or non-ASCII characters
+   outside quotes), it refuses rather than guess: a guess that sees a string
+   where ClickHouse sees code is a bypass (``SELECT 1 // '`` + newline +
+   ``, file('/etc/hostname') -- '`` read a file when ``//`` was not known).
+2. ``run()``/``run_raw()``, on the client that will run the query: ClickHouse's
+   own parser reads the text first (``formatQuerySingleLine``, with the text
+   sent as a typed parameter, so it is parsed and never run). It refuses more
+   than one statement, and what comes back is the statement as ClickHouse
+   understood it, with every comment gone and every literal in one canonical
+   quoting. The same checks then run on that text, where no lexer trick is
+   left to disagree about. The text run is the user's own, unchanged.
 
 Parameters are checked after binding. clickhouse-connect fills ``%(name)s``
 markers in by text, and a value placed inside a string literal ends the
@@ -72,7 +84,13 @@ DENIED_FUNCTIONS = frozenset(name.lower() for name in (
     "viewExplain", "fuzzJSON", "fuzzQuery", "prometheusQuery", "prometheusQueryRange",
     "timeSeriesData", "timeSeriesMetricFamilies", "timeSeriesMetrics", "timeSeriesSamples",
     "timeSeriesSelector", "timeSeriesTags",
+    # scalar functions that send data to an LLM provider over the network
+    "aiClassify", "aiEmbed", "aiExtract", "aiFilter", "aiGenerate", "aiRedact", "aiSimilarity", "aiTranslate",
 ))
+
+#: system.functions categories whose every member must be denied (a unit test
+#: checks this against the running chDB, so a new AI function is caught)
+DENIED_FUNCTION_CATEGORIES = frozenset({"AI"})
 
 #: table functions reviewed as local and read-only
 SAFE_TABLE_FUNCTIONS = frozenset({
@@ -84,6 +102,9 @@ SAFE_TABLE_FUNCTIONS = frozenset({
 
 #: system tables that hold secrets (credentials of external sources)
 DENIED_SYSTEM_TABLES = frozenset({"named_collections"})
+
+#: databases merge() may not read: it reaches every table of one, secrets too
+SYSTEM_DATABASES = frozenset({"system", "information_schema"})
 
 WHITESPACE = " \t\n\r\f\v"
 PUNCTUATION = "()[]{},;.:+-*/%<>=!|?^&~@"
@@ -159,11 +180,12 @@ def tokenize(sql: str) -> list[Token]:
                 end += 1
             tokens.append(Token("word", sql[i:end]))
             i = end
-        elif c in PUNCTUATION:
+        elif c in PUNCTUATION and not sql.startswith("//", i):  # // is a comment to ClickHouse
             tokens.append(Token("punct", c))
             i += 1
         else:
             why = {"$": "dollar-quoted strings are not supported, use '...'",
+                   "/": "// comments are not supported, use --",
                    "#": "# comments are not supported, use --"}.get(c, "not valid outside quotes")
             raise UnsafeQuery(f"refused: character {c!r} at position {i}: {why}")
     return tokens
@@ -201,6 +223,18 @@ def _check_explain(statement: list[Token]) -> None:
     raise UnsafeQuery("refused: EXPLAIN may only explain a SELECT")
 
 
+def _check_merge(arguments: list[Token]) -> None:
+    """merge(database, tables_regexp) reads every matching table of one
+    database: only a database named by a plain literal, never a system one
+    (``merge('system', '^named_collections$')`` reads the credentials)."""
+    database = arguments[0] if arguments else None
+    named = (database is not None and database.kind == "string" and arguments[1:2] == [Token("punct", ",")]
+             and "\\" not in database.text)
+    if not named or database.text[1:-1].replace("''", "'").lower() in SYSTEM_DATABASES:
+        raise UnsafeQuery("refused: merge() may only name a database of tables as a plain literal, "
+                          "and not a system one: merge('jitterscope', '^runq')")
+
+
 def check_sql(sql: str) -> None:
     """Raise UnsafeQuery unless ``sql`` is one statement that only reads."""
     statements = _statements(tokenize(sql))
@@ -226,6 +260,8 @@ def check_sql(sql: str) -> None:
                 raise UnsafeQuery(f"refused: quoted function name `{token.text}`; write function names plainly")
             if token.text.lower() in DENIED_FUNCTIONS:
                 raise UnsafeQuery(f"refused: {token.text}() reaches files, URLs, other servers or processes")
+            if token.text.lower() == "merge":
+                _check_merge(statement[i + 2:])
         if (_is(token, "SETTINGS") and after is not None and after.kind in ("word", "quoted")
                 and statement[i + 2:i + 3] == [Token("punct", "=")]):  # not a column named settings
             raise UnsafeQuery("refused: SETTINGS clauses are not allowed; query limits are fixed by jitterscope")
@@ -247,10 +283,42 @@ def output_format(sql: str) -> str | None:
     return None
 
 
+def parsed(client, sql: str) -> str:
+    """``sql`` as ClickHouse's own parser reads it, on ``client``'s engine:
+    one statement, canonical text, comments gone. The text goes as a typed
+    parameter, so it is parsed and never run. UnsafeQuery when ClickHouse
+    does not read it as exactly one statement."""
+    try:
+        result = client.query("SELECT formatQuerySingleLine({q:String})", parameters={"q": sql})
+    except Exception as exc:
+        why = " ".join(str(exc).split())
+        why = why.split("DB::Exception: ", 1)[-1].split(": In scope SELECT formatQuery", 1)[0]
+        raise UnsafeQuery(f"refused: ClickHouse does not read this as one statement: {why[:300]}") from exc
+    return result.result_rows[0][0]
+
+
+def check_with_engine(client, sql: str, parameters: dict | None = None) -> None:
+    """``check``, then the same rules on ClickHouse's own reading of the text
+    that will be sent. Every path that runs user SQL calls this."""
+    check(sql, parameters)
+    canonical = parsed(client, bound_sql(sql, parameters))
+    try:
+        check_sql(canonical)
+    except UnsafeQuery as exc:
+        raise UnsafeQuery(f"{exc} (as ClickHouse reads it: {canonical[:200]})") from exc
+
+
+def run_raw(client, sql: str, parameters: dict | None = None) -> bytes:
+    """ClickHouse's own bytes for checked ``sql`` that names its FORMAT."""
+    check_with_engine(client, sql, parameters)
+    return client.raw_query(sql, parameters=parameters or None)
+
+
 def run(client, sql: str, parameters: dict | None = None) -> tuple[list[str], list[list]]:
     """(columns, rows) of checked ``sql`` on a read-only client.
     clickhouse-connect reports no columns for an empty result, so their
     names are asked for again then: an empty answer still has its header."""
+    check_with_engine(client, sql, parameters)
     result = client.query(sql, parameters=parameters or None)
     columns, rows = list(result.column_names), [list(r) for r in result.result_rows]
     if not rows and not columns:

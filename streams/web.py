@@ -110,7 +110,7 @@ def add_routes(app: faust.App, worker) -> None:
                 return self.json({"error": f"bad request: {exc!r}"}, status=400)
             try:
                 if readonly_sql.output_format(sql):  # the query names its FORMAT: ClickHouse's bytes, as written
-                    data = await worker.sink.run(lambda: worker.reader.raw_query(sql, parameters=parameters or None))
+                    data = await worker.sink.run(lambda: readonly_sql.run_raw(worker.reader, sql, parameters))
                     return self.bytes(data, content_type="application/octet-stream")
                 columns, rows = await worker.sink.run(lambda: readonly_sql.run(worker.reader, sql, parameters))
             except Exception as exc:

@@ -97,7 +97,10 @@ def attacks(folder: Path, victims: list[Path]) -> list[str]:
             f"SELECT 'x' INTO OUTFILE '{victims[1]}' TRUNCATE",
             f"sEleCt 'x' /* */ into/**/outfile '{folder}/created'",
             f"SELECT file('{victims[0]}')",
-            f"INSERT INTO FUNCTION file('{folder}/created', 'CSV') SELECT 1"]
+            f"INSERT INTO FUNCTION file('{folder}/created', 'CSV') SELECT 1",
+            # ClickHouse reads // as a comment to the end of the line: a quote in it hid the next line
+            f"SELECT 1 // '\n, file('{victims[0]}') AS leaked -- '",
+            f"SELECT 1 // '\n; SELECT 'x' INTO OUTFILE '{victims[1]}' TRUNCATE FORMAT RawBLOB; SELECT 2 -- '"]
 
 
 @pytest.fixture(scope="module")

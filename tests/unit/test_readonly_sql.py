@@ -3,6 +3,8 @@ queries it must let through."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from jitterscope.common.errors import JitterscopeError, UnsafeQuery
@@ -211,3 +213,111 @@ def test_every_table_function_of_this_chdb_is_classified(tmp_path):
                     and n not in readonly_sql.SAFE_TABLE_FUNCTIONS}
     assert not unclassified, f"classify these table functions in streams/readonly_sql.py: {sorted(unclassified)}"
     assert not {n.lower() for n in readonly_sql.SAFE_TABLE_FUNCTIONS} & readonly_sql.DENIED_FUNCTIONS
+
+
+# --- round two: ClickHouse's own reading of the text ------------------------
+
+#: the two shapes the security review used: // is a comment to ClickHouse, so
+#: a quote inside it hid the next line from a guard that did not know that
+SLASH_COMMENT_ATTACKS = [
+    "SELECT 1 // '\n, file('/etc/hostname') AS leaked -- '",
+    "SELECT 1 // '\n; SELECT 'x' INTO OUTFILE '/tmp/jitterscope-guard-victim' TRUNCATE FORMAT RawBLOB; "
+    "SELECT 2 -- '",
+]
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    """A throwaway chDB, read-only as the query paths open theirs."""
+    import clickhouse_connect
+
+    client = clickhouse_connect.get_client(interface="chdb", path=str(tmp_path_factory.mktemp("ch")),
+                                           settings={"readonly": 1})
+    yield client
+    client.close()
+
+
+def engine_refused(client, sql: str, parameters: dict | None = None) -> str:
+    with pytest.raises(UnsafeQuery) as info:
+        readonly_sql.check_with_engine(client, sql, parameters)
+    message = str(info.value)
+    assert "\n" not in message and message.startswith("refused: ")
+    return message
+
+
+@pytest.mark.parametrize("sql", SLASH_COMMENT_ATTACKS)
+def test_slash_comments_are_refused_by_the_tokens(sql):
+    assert "// comments" in refused(sql)
+
+
+@pytest.mark.parametrize("sql", SLASH_COMMENT_ATTACKS)
+def test_slash_comment_attacks_run_nothing(engine, sql):
+    victim = Path("/tmp/jitterscope-guard-victim")
+    victim.unlink(missing_ok=True)
+    with pytest.raises(UnsafeQuery):
+        readonly_sql.run(engine, sql)
+    with pytest.raises(UnsafeQuery):
+        readonly_sql.run_raw(engine, sql)
+    assert not victim.exists()
+
+
+def test_the_engine_reading_catches_what_the_tokens_would_miss(engine, monkeypatch):
+    """With our own reading blinded to //, ClickHouse's still sees file()
+    and the second statement: the two readings do not share a lexer."""
+    monkeypatch.setattr(readonly_sql, "check", lambda sql, parameters=None: None)
+    assert "file()" in engine_refused(engine, SLASH_COMMENT_ATTACKS[0])
+    assert "one statement" in engine_refused(engine, SLASH_COMMENT_ATTACKS[1])
+    assert "INSERT" in engine_refused(engine, "WITH 1 AS x INSERT INTO t SELECT x")
+    assert "SETTINGS" in engine_refused(engine, "SELECT 1 # '\n SETTINGS readonly = 0 -- '")
+
+
+def test_with_before_insert_is_refused(engine):
+    engine_refused(engine, "WITH 1 AS x INSERT INTO t SELECT x")
+    engine_refused(engine, "WITH (SELECT 1) AS x INSERT INTO FUNCTION null('a UInt8') SELECT x")
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT * FROM merge('system', '^named_collections$')",
+    "SELECT * FROM merge('SYSTEM', 'named')",
+    "SELECT * FROM merge('information_schema', '.*')",
+    "SELECT * FROM merge(REGEXP('^sys'), '^named')",
+    "SELECT * FROM merge(currentDatabase(), '^named')",
+    "SELECT * FROM merge({db:String}, '^named')",
+    "SELECT * FROM merge('^named_collections$')",
+])
+def test_merge_over_the_system_database_is_refused(sql):
+    assert "merge()" in refused(sql)
+
+
+@pytest.mark.parametrize("name", ["aiGenerate", "aiEmbed", "AIClassify", "aiRedact"])
+def test_ai_functions_are_refused(name):
+    assert f"{name}()" in refused(f"SELECT {name}('summarize ' || (SELECT groupArray(cmdline) FROM t))")
+
+
+def test_every_function_of_a_denied_category_is_denied(engine):
+    """A chDB upgrade that adds an AI function fails here until it is denied."""
+    names = {row[0] for row in engine.query(
+        "SELECT name FROM system.functions WHERE categories IN {c:Array(String)}",
+        parameters={"c": sorted(readonly_sql.DENIED_FUNCTION_CATEGORIES)}).result_rows}
+    assert names, "no function in the denied categories: has chDB renamed them?"
+    assert {n.lower() for n in names} <= readonly_sql.DENIED_FUNCTIONS
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT * FROM merge('jitterscope', '^runq')",
+    "SELECT 'a // b', 1 AS `x//y` -- // \n",
+    "SELECT 4 / 2",
+])
+def test_reads_with_lookalikes_pass(sql, engine):
+    check(sql)
+    readonly_sql.check_with_engine(engine, sql)
+
+
+def test_ordinary_reads_pass_the_engine_reading_too(engine):
+    for case in test_ordinary_reads_pass.pytestmark[0].args[1]:
+        readonly_sql.check_with_engine(engine, case)
+    assert readonly_sql.run(engine, "SELECT 41 + {n:UInt8} AS n", {"n": 1}) == (["n"], [[42]])
+
+
+def test_a_typo_is_one_line_naming_the_syntax_error(engine):
+    assert "Syntax error" in engine_refused(engine, "SELECT 1 FORM system.one")
