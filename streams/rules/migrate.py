@@ -9,9 +9,17 @@ from jitterscope.schemas.topology import cpu_list
 from jitterscope.streams.rules.base import Thresholds, alert, gpu_context
 
 
+#: a rate over a shorter interval says nothing: one migration in the last
+#: 10 us of a stop is not "100,000 per second" (collectors before the stop fix
+#: sent interval 0 on their last flush, which read as 8e9 per second)
+MIN_RATE_INTERVAL_NS = 100_000_000
+
+
 def migration_storm(m: Migrations, process: ProcessInfo | None, topo: Topology | None,
                     t: Thresholds, now_ns: int) -> Alert | None:
-    rate = m.migrations / max(m.interval_ns / 1e9, 1e-9)
+    if m.interval_ns < MIN_RATE_INTERVAL_NS:
+        return None
+    rate = m.migrations / (m.interval_ns / 1e9)
     if rate < t.migrations_per_s:
         return None
     gpu, node, node_cpus = gpu_context(topo, process.gpus) if topo and process else ("", -1, [])

@@ -103,6 +103,15 @@ def test_migration_storm_pins_to_the_gpu_node(topo):
     assert migrate.migration_storm(calm, process(), topo, T, NOW) is None
 
 
+def test_a_zero_or_tiny_interval_is_no_storm(topo):
+    """The stop flush once sent interval 0: 8 migrations read as 8e9 per
+    second, and every Ctrl-C stored a burst of bogus storms."""
+    for interval_ns in (0, 1_000, migrate.MIN_RATE_INTERVAL_NS - 1):
+        flush = events.Migrations(host="gpu-a1", boot_id="b", seq=6, ts_ns=NOW, pid=12, tid=12, comm="kworker/0:1",
+                                  interval_ns=interval_ns, migrations=8, cross_node=0, last_cpu=1)
+        assert migrate.migration_storm(flush, process(), topo, T, NOW) is None
+
+
 def test_pcie_contention_needs_traffic_on_the_same_switch(topo):
     nvme0 = next(d for d in topo.pci if d.name == "nvme0").address
     eth0 = next(d for d in topo.pci if d.name == "eth0").address
