@@ -10,7 +10,8 @@ Optional and never in the way: one fetch at most every ``ttl_s`` (60 s),
 each bounded by ``timeout_s`` (2 s); a failure keeps the last good list
 (pods do not rename) or answers from the UID alone, is counted in
 ``jitterscope_kubelet_errors_total`` and logged at most once per
-``LOG_EVERY_S``.
+``LOG_EVERY_S``. A redirect is such a failure (common/outbound.py: the
+token is never sent on to where it points).
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ from typing import Callable, NamedTuple
 from prometheus_client import Counter
 
 from jitterscope.collector.containers import normal_uid
+from jitterscope.common import outbound
 from jitterscope.common.logs import fields
+from jitterscope.common.masking import mask_url
 
 log = logging.getLogger("jitterscope.collector.kubelet")
 
@@ -100,6 +103,10 @@ class KubeletPods:
         if insecure_tls:  # kubelets often serve a self-signed certificate
             self._tls.check_hostname = False
             self._tls.verify_mode = ssl.CERT_NONE
+        # The request carries the service account's token: a 3xx is a failed
+        # fetch (counted), never followed to where it points, and no proxy is
+        # used: the kubelet is this node's own (http_proxy is for egress).
+        self._opener = outbound.opener(proxies=False, tls=self._tls)
         self._lock = threading.Lock()
         self._pods: dict[str, Pod] = {}
         self._containers: dict[str, str] = {}
@@ -131,7 +138,7 @@ class KubeletPods:
                 # read each time: projected service account tokens rotate
                 headers["Authorization"] = "Bearer " + self.token_file.read_text().strip()
             request = urllib.request.Request(self.url, headers=headers)
-            with urllib.request.urlopen(request, timeout=self.timeout_s, context=self._tls) as answer:
+            with self._opener.open(request, timeout=self.timeout_s) as answer:
                 body = answer.read(MAX_BODY_BYTES + 1)
             if len(body) > MAX_BODY_BYTES:
                 raise ValueError(f"pod list over {MAX_BODY_BYTES} bytes")
@@ -142,7 +149,7 @@ class KubeletPods:
                 self._logged_at = now
                 log.warning("kubelet pod list unavailable: pods are named by UID only "
                             "(check kubelet_url, the token in kubelet_token_file and RBAC on nodes/proxy)",
-                            extra=fields(url=self.url, error=str(exc)[:200]))
+                            extra=fields(url=mask_url(self.url), error=str(exc)[:200]))
 
 
 def from_settings(settings) -> KubeletPods | None:

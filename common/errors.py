@@ -1,11 +1,18 @@
 """Errors a user can hit, each saying how to fix it. Only the CLI turns them
 into exit codes."""
 
+from jitterscope.common.masking import mask_text
+
 
 class JitterscopeError(Exception):
-    """Base class: the message is one line a user can act on."""
+    """Base class: the message is one line a user can act on. It is printed
+    and logged, so credentials in it (a URL's password, a token) are masked
+    as it is made: ``cannot open ClickHouse (http://default:***@ch:8123)``."""
 
     exit_code = 1
+
+    def __init__(self, *args):
+        super().__init__(*(mask_text(a) if isinstance(a, str) else a for a in args))
 
 
 class NotPrivileged(JitterscopeError):
@@ -38,6 +45,13 @@ class ClickHouseUnavailable(JitterscopeError):
 
 class BadConfig(JitterscopeError):
     exit_code = 78
+
+
+class PortTaken(JitterscopeError):
+    """A port a listener needs is held by another process (common/ports.py
+    says which, and the setting that moves it)."""
+
+    exit_code = 69  # EX_UNAVAILABLE
 
 
 class UnsafeQuery(JitterscopeError):

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import NamedTuple
 
-from jitterscope.common import errors
+from jitterscope.common import errors, outbound
+from jitterscope.common.masking import mask_url
 from jitterscope.common.settings import Settings
 from jitterscope.streams import clickhouse, readonly_sql
 from jitterscope.streams.worker_state import state_file
@@ -54,7 +54,7 @@ def _not_yours(path: Path, how: str = "read", why: str = "") -> errors.NotPrivil
 
 
 def no_data(s: Settings) -> errors.NoData:
-    url = re.sub(r"//([^:/@]*):[^@/]*@", r"//\1:***@", s.clickhouse_url or "")  # never print the password
+    url = mask_url(s.clickhouse_url or "")  # never print the password
     where = url or s.data_dir / "clickhouse"
     how = (f"start 'jitterscope streams --clickhouse-url {url}' (it creates the tables)"
            if s.clickhouse_url else
@@ -89,6 +89,15 @@ def running_worker_port(s: Settings) -> int | None:
     return worker.port if worker else None
 
 
+# The request carries the worker's /query token. The worker is found through
+# the state file in this host's data directory, so it runs here and its
+# address is one the user configured (streams_web_bind: loopback or this
+# host's own address): no proxy, whatever http_proxy says (a proxy would see
+# the token, and cannot reach the worker's loopback), and a redirect is
+# refused, never followed with the token.
+WORKER_HTTP = outbound.opener(proxies=False)
+
+
 def query_worker(worker: Worker, sql: str, parameters: dict, raw: bool = False):
     """The worker's answer: (columns, rows), or with ``raw`` the bytes of a
     query that names its own FORMAT."""
@@ -97,7 +106,7 @@ def query_worker(worker: Worker, sql: str, parameters: dict, raw: bool = False):
         data=json.dumps({"sql": sql, "parameters": parameters}).encode(),
         headers={"Content-Type": "application/json", "Authorization": f"Bearer {worker.token}"}, method="POST")
     try:
-        with urllib.request.urlopen(request, timeout=120) as response:
+        with WORKER_HTTP.open(request, timeout=120) as response:
             data = response.read()
     except urllib.error.HTTPError as exc:
         try:
@@ -136,7 +145,7 @@ def _run(s: Settings, sql: str, parameters: dict | None, raw: bool):
     client = clickhouse.connect(s.clickhouse_url, s.data_dir, readonly=True)
     try:
         if raw:
-            return client.raw_query(sql, parameters=parameters or None)
+            return readonly_sql.run_raw(client, sql, parameters)
         return readonly_sql.run(client, sql, parameters)
     except Exception as exc:
         if "UNKNOWN_DATABASE" in str(exc) and f"Database {clickhouse.DATABASE} " in str(exc):

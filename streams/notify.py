@@ -33,7 +33,7 @@ from typing import Callable, Iterable
 import msgspec
 from prometheus_client import Counter
 
-from jitterscope.common import errors
+from jitterscope.common import errors, outbound
 from jitterscope.schemas.events import Alert
 from jitterscope.streams.alert_groups import RESOLVED, suspect_of
 
@@ -141,6 +141,9 @@ class Target:
         self.timeout_s, self.retries = timeout_s, retries
         self.backoff_base_s, self.backoff_cap_s = backoff_base_s, backoff_cap_s
         self.queue: queue.Queue[Alert] = queue.Queue(maxsize=queue_max)
+        # a 3xx is refused, never followed: the Authorization header would go
+        # wherever it points; the environment's proxies apply except to loopback
+        self._opener = outbound.opener()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"notify-{name}", daemon=True)
         self._thread.start()
@@ -181,11 +184,15 @@ class Target:
                     return False
             request = urllib.request.Request(self.url, data=body, headers=self.headers, method="POST")
             try:
-                with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                with self._opener.open(request, timeout=self.timeout_s) as response:
                     response.read()
                 return True
             except urllib.error.HTTPError as exc:
-                # a receiver that refuses the payload will refuse it again
+                # a receiver that refuses the payload (or redirects it) will do so again
+                if 300 <= exc.code < 400:
+                    log.warning("%s answered HTTP %d (a redirect) to %d bytes of alerts: not followed, counted as "
+                                "failed; point the setting at the final URL", self.name, exc.code, len(body))
+                    return False
                 if 400 <= exc.code < 500 and exc.code not in (408, 429):
                     log.warning("%s refused %d bytes of alerts: HTTP %d", self.name, len(body), exc.code)
                     return False
