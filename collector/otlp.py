@@ -11,19 +11,31 @@ Which spans are requests: one carrying a request-ID attribute
 (``gen_ai.request.id`` by default), else a root or SERVER span, identified
 by its trace ID. Other spans (a request's children) are skipped and counted.
 
-The serving process: the resource attribute ``process.pid`` where the SDK
-sets it, else the process at the other end of the HTTP connection, looked up
-in /proc for loopback peers (`pid_of_peer`), else 0 (host level). A
-``process.pid`` is trusted only because the collector listens for this host:
-a span relayed from another host would carry that host's pid.
+The serving process: the process at the other end of the HTTP connection,
+looked up in /proc for loopback peers (`pid_of_peer`), else the resource
+attribute ``process.pid``, else 0 (host level).
+
+Who may speak for whom: a sender on this host (its connection's process is
+known) is charged its own spans. Its resource may name another process
+(``process.pid``, ``container.id``, ``k8s.pod.uid``) only within the
+sender's own container or pod, or, for a sender in its own PID namespace,
+its own cgroup; a claim beyond that is refused: the spans are charged to the
+sender and counted as ``how="refused_claim"``. Only a relay named in
+``trusted_relays`` (setting ``otlp_trusted_relays``: process names as
+/proc/PID/comm shows them, or executable paths as /proc/PID/exe does; an
+OpenTelemetry Collector) speaks for any process. A sender whose process is
+not known (not on loopback: another host, or another network namespace)
+is taken at its resource's word, the only evidence there is; its
+``process.pid`` is trusted only because the collector listens for this host.
 
 From a container, ``process.pid`` is a pid in the container's PID namespace
 (`PidResolver`): where the connection's process is known and its innermost
 pid (NSpid) is ``process.pid``, it is the sender; else a resource with
 ``container.id`` or ``k8s.pod.uid`` is translated through NSpid among that
-container's processes (a sender in its own network namespace has no
-loopback owner to look up); a sender known to be in another PID namespace
-without those attributes is translated within its own cgroup. A translation
+container's processes (the sender's own container or pod where the sender
+is known; a sender in its own network namespace has no loopback owner to
+look up); a sender known to be in another PID namespace without those
+attributes is translated within its own cgroup. A translation
 that finds nothing gives pid 0, never the untranslated pid (which names
 some unrelated host process). How each request's pid was found is counted
 in ``jitterscope_otlp_pid_resolved_total{how}``.
@@ -130,7 +142,8 @@ PID_RESOLVED = Counter(
     "connection's process), peer_nspid (the connection's process, whose pid in its container is process.pid), "
     "nspid (process.pid translated through NSpid in the container, pod or sender's cgroup), container (a "
     "process of the container/pod of container.id/k8s.pod.uid: the exact one was not found), unresolved "
-    "(nothing matched: host level, pid 0)", ["how"])
+    "(nothing matched: host level, pid 0), refused_claim (an on-host sender that is no trusted relay named a "
+    "process outside its own container, pod or cgroup: charged to the sender)", ["how"])
 
 
 class OtlpError(Exception):
@@ -449,11 +462,18 @@ class PidResolver:
     /proc is scanned at most once per ``snapshot_s`` (`hostinfo.ns_processes`),
     indexed by container, pod and cgroup; answers are kept ``ttl_s`` (a
     found pid only while it lives; a miss only until the next scan may
-    show a container that just started)."""
+    show a container that just started).
+
+    ``trusted_relays``: the on-host senders whose resources may name any
+    process: process names (``comm``, compared on the kernel's 15
+    characters) and executable paths (entries with a "/", compared with
+    /proc/PID/exe). Any process may set its own name, so a name trusts
+    whatever calls itself that; a path, only processes running that file."""
 
     def __init__(self, proc: Path = Path("/proc"), ttl_s: float = 10.0, snapshot_s: float = 1.0,
-                 max_entries: int = 4096):
+                 max_entries: int = 4096, trusted_relays: Iterable[str] = ()):
         self.proc = proc
+        self.trusted_relays = tuple(r for r in trusted_relays if r)
         self.ttl_s = ttl_s
         self.snapshot_s = snapshot_s
         self.max_entries = max_entries
@@ -469,21 +489,70 @@ class PidResolver:
         container_id = containers.normal_container_id(resource_string(resource, "container.id"))
         pod_uid = containers.normal_uid(resource_string(resource, "k8s.pod.uid"))
         sender = peer(claimed)
-        if sender:
-            if claimed is None or sender == claimed:
-                return sender, "process_pid" if claimed else "peer"
-            ids = hostinfo.ns_pids(sender, self.proc)
-            if ids and ids[-1] == claimed:
-                return sender, "peer_nspid"
-            if len(ids) > 1 and not (container_id or pod_uid):
-                # a sender in its own PID namespace speaking for another of
-                # its processes: that process shares its cgroup
+        if not sender:  # not on this host's loopback: the resource is all there is
+            return self._claims(claimed, container_id, pod_uid)
+        if sender == claimed or (claimed is None and not (container_id or pod_uid)):
+            return sender, "process_pid" if claimed else "peer"
+        ids = hostinfo.ns_pids(sender, self.proc)
+        if claimed is not None and ids and ids[-1] == claimed:
+            return sender, "peer_nspid"
+        if self._trusted_relay(sender):  # an OpenTelemetry Collector: the resource speaks for itself
+            if claimed is not None and len(ids) > 1 and not (container_id or pod_uid):
                 return self._answer(("cgroup", claimed, self._cgroup(sender)))
-            # else a relay on the host (an OpenTelemetry Collector): the
-            # resource speaks for itself
+            return self._claims(claimed, container_id, pod_uid)
+        # Anyone else speaks only for its own container, pod or (in its own
+        # PID namespace) cgroup; the lookups below cannot leave them.
+        own = self._identity(sender)
+        if container_id or pod_uid:
+            if pod_uid and pod_uid != own.pod_uid:
+                return sender, "refused_claim"
+            if container_id and not own.matches(container_id) and not own.pod_uid:
+                return sender, "refused_claim"
+            if claimed is None:
+                return sender, "peer"
+            if container_id and not own.matches(container_id):
+                # maybe another container of the sender's pod: looked up among the pod's processes only
+                pid, how = self._answer(("container", claimed, container_id, own.pod_uid))
+                return (pid, how) if pid else (sender, "refused_claim")
+            return self._answer(("container", claimed, own.container_id if container_id else "", own.pod_uid))
+        if len(ids) > 1:
+            # a sender in its own PID namespace speaking for another of its
+            # processes: that process shares its cgroup
+            return self._answer(("cgroup", claimed, self._cgroup(sender)))
+        if own.container_id or own.pod_uid:  # a container sharing the host's PID namespace
+            other = self._identity(claimed)
+            if (own.container_id and other.container_id == own.container_id) or (
+                    own.pod_uid and other.pod_uid == own.pod_uid):
+                return claimed, "process_pid"
+        return sender, "refused_claim"
+
+    def _claims(self, claimed: int | None, container_id: str, pod_uid: str) -> tuple[int, str]:
+        """The host pid the resource names, taken at its word."""
         if container_id or pod_uid:
             return self._answer(("container", claimed, container_id, pod_uid))
         return (claimed, "process_pid") if claimed else (0, "unresolved")
+
+    def _trusted_relay(self, pid: int) -> bool:
+        if not self.trusted_relays:
+            return False
+        base = self.proc / str(pid)
+        try:
+            comm = (base / "comm").read_text(errors="replace").rstrip("\n")
+        except OSError:
+            comm = None
+        exe = None
+        if any("/" in r for r in self.trusted_relays):
+            try:
+                exe = os.readlink(base / "exe")
+            except OSError:
+                pass
+        return any(relay == exe if "/" in relay else relay[:15] == comm for relay in self.trusted_relays)
+
+    def _identity(self, pid: int) -> containers.ContainerRef:
+        try:
+            return containers.identity((self.proc / str(pid) / "cgroup").read_text(errors="replace"))
+        except OSError:
+            return containers.ContainerRef()
 
     def _cgroup(self, pid: int) -> str | None:
         try:
@@ -816,13 +885,14 @@ class OtlpReceiver:
     it raises, the sender gets a 500. ``port=0`` picks a free port, readable
     from ``.port`` after ``start()``. ``max_connections`` connections are
     served at once; each request must arrive within ``read_timeout_s``.
+    ``trusted_relays``: see `PidResolver`.
     """
 
     def __init__(self, host: str, port: int, on_requests: Callable[[list[dict]], None],
                  request_id_attributes: Iterable[str] = DEFAULT_REQUEST_ID_ATTRIBUTES,
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, proc: Path = Path("/proc"),
                  max_connections: int = DEFAULT_MAX_CONNECTIONS,
-                 read_timeout_s: float = DEFAULT_READ_TIMEOUT_S):
+                 read_timeout_s: float = DEFAULT_READ_TIMEOUT_S, trusted_relays: Iterable[str] = ()):
         if max_connections < 1 or not read_timeout_s > 0:
             raise ValueError("max_connections must be >= 1 and read_timeout_s > 0")
         self.host = host
@@ -833,7 +903,7 @@ class OtlpReceiver:
         self.request_id_attributes = tuple(request_id_attributes)
         self.max_body_bytes = max_body_bytes
         self.proc = proc
-        self.pids = PidResolver(proc)
+        self.pids = PidResolver(proc, trusted_relays=trusted_relays)
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 

@@ -22,6 +22,16 @@ once, so a collector killed mid-run leaves every earlier frame readable: the
 reader stops at the first incomplete member or frame and reports the file
 as truncated.
 
+Reading trusts nothing in the file (it may come from another host, or
+from an attacker): frame headers and payloads are capped
+(``MAX_HEADER_BYTES``, ``MAX_FRAME_BYTES``) and decompression goes a bounded
+step at a time, so a small file that inflates to gigabytes (a "zip bomb") or
+a header claiming a huge length is refused after reading at most a few MB.
+Replay produces only to jitterscope's input topics, only the frames keyed
+for the host the user names (``--host``), and only frames whose every
+record carries that host: a recording cannot write another host's records,
+or anything outside jitterscope's topics.
+
 Why gzip (stdlib) and not zstd (cramjam): nothing to install on the host
 that reads a recording (``zcat``/``gzip -dc`` everywhere), and zlib decodes a
 truncated stream up to its last complete byte, which is what makes the
@@ -33,20 +43,34 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from jitterscope.schemas import topics
+from jitterscope.schemas import events, topics
 from jitterscope.schemas.events import Record, encode_batch, split_lines
 
 from jitterscope.common import errors
+from jitterscope.common.private import open_private, private_dir
 
 log = logging.getLogger("jitterscope.collector.recording")
 
 MAGIC = b"jitterscope-recording 1\n"
+
+#: A frame header is a topic (~30 bytes), a key (a host name: 255 bytes at
+#: most), and two integers; anything longer is not a header.
+MAX_HEADER_BYTES = 1024
+#: A frame is one Kafka message. The recorder cuts them below
+#: kafka_max_message_bytes (900 kB by default) and never writes one above this
+#: (RecordingPublisher clamps), and replay's producer sends at most 2 MB
+#: (message.max.bytes): a longer frame can only be damage or an attack.
+MAX_FRAME_BYTES = 4 << 20
+#: Decompressed bytes per step. With the caps above, reading holds at most
+#: MAX_HEADER_BYTES + MAX_FRAME_BYTES + _STEP of decompressed data at once.
+_STEP = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -74,8 +98,9 @@ class RecordingWriter:
     def __init__(self, path: Path | str, level: int = 6):
         self.path = Path(path)
         self.level = level
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        private_dir(self.path.parent)
+        # command lines inside: 0600, and never written through a symlink
+        self._fd = open_private(self.path)
         self.bytes_written = 0
         self._write(MAGIC)
 
@@ -115,26 +140,36 @@ class RecordingReader:
 
     def _chunks(self, chunk: int = 1 << 20) -> Iterator[bytes]:
         """The decompressed bytes of the concatenated gzip members, as far
-        as they go; marks the file truncated when it ends inside a member."""
+        as they go, at most ``_STEP`` at a time (a compression bomb inflates
+        only as fast as the reader consumes it); marks the file truncated
+        when it ends inside a member."""
         with open(self.path, "rb") as f:
             decompressor, pending = zlib.decompressobj(31), False  # pending: a member begun, not ended
-            while data := f.read(chunk):
-                while data:
-                    try:
-                        out = decompressor.decompress(data)
-                    except zlib.error as exc:
-                        self.truncated, self.error = True, f"corrupt compressed data ({exc})"
-                        return
-                    pending = True
-                    if out:
-                        yield out
-                    if decompressor.eof:  # a member ended: what follows starts the next one
-                        data, pending = decompressor.unused_data, False
-                        decompressor = zlib.decompressobj(31)
-                    else:
-                        data = b""
+            data, held = b"", False  # held: zlib may hold output it had no room for
+            while True:
+                if not data and not held:
+                    data = f.read(chunk)
+                    if not data:
+                        break
+                try:
+                    out = decompressor.decompress(data, _STEP)
+                except zlib.error as exc:
+                    self.truncated, self.error = True, f"corrupt compressed data ({exc})"
+                    return
+                pending, held = True, len(out) == _STEP
+                if out:
+                    yield out
+                if decompressor.eof:  # a member ended: what follows starts the next one
+                    data, pending, held = decompressor.unused_data, False, False
+                    decompressor = zlib.decompressobj(31)
+                else:
+                    data = decompressor.unconsumed_tail
             if pending:
                 self.truncated, self.error = True, "the file ends inside a compressed block"
+
+    def _refuse(self, why: str) -> errors.BadConfig:
+        return errors.BadConfig(f"{self.path} is refused: {why} (it is damaged, or was not written by "
+                                "'jitterscope record')")
 
     def __iter__(self) -> Iterator[Frame]:
         buf = bytearray()
@@ -150,18 +185,27 @@ class RecordingReader:
                 checked = True
             pos = 0
             while True:
-                end = buf.find(b"\n", pos)
+                end = buf.find(b"\n", pos, pos + MAX_HEADER_BYTES + 1)
                 if end < 0:
+                    if len(buf) - pos > MAX_HEADER_BYTES:
+                        raise self._refuse(f"a frame header runs past {MAX_HEADER_BYTES} bytes")
                     break
                 try:
                     topic, key, records, length = bytes(buf[pos:end]).split(b"\t")
-                    records, length = int(records), int(length)
+                    if not (records.isdigit() and length.isdigit()):
+                        raise ValueError("not counts")
+                    records, length, topic = int(records), int(length), topic.decode()
                 except ValueError:
                     self.truncated, self.error = True, f"bad frame header {bytes(buf[pos:end])[:80]!r}"
                     return
+                if length > MAX_FRAME_BYTES:
+                    raise self._refuse(f"a frame claims {length:,} bytes, more than a recording frame may hold "
+                                       f"({MAX_FRAME_BYTES:,})")
+                if records > length:  # every record is a line, with its newline
+                    raise self._refuse(f"a frame claims {records:,} records in {length:,} bytes")
                 if end + 1 + length > len(buf):
                     break
-                yield Frame(topic.decode(), key, records, bytes(buf[end + 1:end + 1 + length]))
+                yield Frame(topic, key, records, bytes(buf[end + 1:end + 1 + length]))
                 pos = end + 1 + length
             del buf[:pos]
         if not checked:
@@ -207,7 +251,7 @@ class RecordingPublisher:
                  progress_every_s: float = 1.0, now: Callable[[], float] = time.monotonic):
         self.path = Path(path)
         self.host_key = host.encode()
-        self.max_message_bytes = max_message_bytes
+        self.max_message_bytes = min(max_message_bytes, MAX_FRAME_BYTES)  # what a reader accepts
         self.max_records = max_records
         self.records_sent = 0
         self.messages = 0
@@ -244,6 +288,14 @@ class RecordingPublisher:
             self.check_reachable()
         frames = [(topic, self.host_key, count, payload)
                   for payload, count in split_lines(encode_batch(records), self.max_message_bytes, self.max_records)]
+        too_long = [f for f in frames if len(f[3]) > self.max_message_bytes]
+        if too_long:  # one record over the limit, as KafkaPublisher: counted, not written
+            frames = [f for f in frames if len(f[3]) <= self.max_message_bytes]
+            self.given_up += sum(f[2] for f in too_long)
+            self.last_error = f"one record of {len(too_long[0][3])} bytes > kafka_max_message_bytes"
+            log.error("batch too large for a message: records dropped", extra={"error": self.last_error})
+            if not frames:
+                return
         try:
             self._writer.write(frames)
         except OSError as exc:  # disk full: counted as lost, the collector goes on
@@ -285,17 +337,75 @@ class ReplayResult:
     by_topic: dict[str, int] = field(default_factory=dict)
     truncated: bool = False
     error: str = ""
+    #: frames not produced, by why (one sentence each, hostile names quoted
+    #: with repr: safe to print); their records in refused_records
+    refused: dict[str, int] = field(default_factory=dict)
+    refused_records: int = 0
 
 
-def replay(path: Path | str, bootstrap_servers: str, *,
+def _quoted(key: bytes) -> str:
+    return repr(key.decode(errors="replace"))
+
+
+def check_host(summary: Summary, host: str | None, path: Path | str) -> str:
+    """The host to replay: ``host`` when the recording holds frames keyed
+    for it. Raises BadConfig, naming the hosts the file holds, when it is
+    not given or not there."""
+    held = ", ".join(map(repr, sorted(summary.hosts)))
+    if not summary.hosts:
+        raise errors.BadConfig(f"{path} holds no records to replay")
+    if not host:
+        if len(summary.hosts) == 1:
+            only = next(iter(summary.hosts))
+            shown = only if re.fullmatch(r"[\w.:-]+", only, re.ASCII) else repr(only)
+            raise errors.BadConfig(f"replay needs --host: {path} holds the records of host {only!r}; "
+                                   f"to replay them, pass --host {shown}")
+        raise errors.BadConfig(f"replay needs --host: {path} holds records of {len(summary.hosts)} hosts "
+                               f"({held}); name the one to replay with --host HOST")
+    if host not in summary.hosts:
+        raise errors.BadConfig(f"{path} holds no records of host {host!r}; it holds records of: {held}")
+    return host
+
+
+class FrameCheck:
+    """What replay produces: frames for one of jitterscope's input topics,
+    keyed for the chosen host, whose records all carry that host (the key
+    is the host the pipeline files a message under; a record naming another
+    host would overwrite that host's rows). Lines that do not decode are let
+    through: the streams worker dead-letters them under the message key."""
+
+    def __init__(self, host: str):
+        self.host, self.key = host, host.encode()
+        self._decoders = {t: events.BatchDecoder(rt) for t, rt in topics.INPUT_TOPICS.items()}
+
+    def refusal(self, frame: Frame) -> str | None:
+        """Why ``frame`` must not be produced, or None."""
+        decoder = self._decoders.get(frame.topic)
+        if decoder is None:
+            return f"topic {frame.topic!r} is not one of jitterscope's input topics"
+        if frame.key != self.key:
+            return f"keyed for host {_quoted(frame.key)}, not {self.host!r}"
+        good, _bad = decoder.decode(frame.payload)
+        others = sorted({r.host for r in good if r.host != self.host})
+        if others:
+            return (f"keyed for host {self.host!r} but holding records of host "
+                    f"{', '.join(map(repr, others[:3]))}{', ...' if len(others) > 3 else ''}")
+        return None
+
+
+def replay(path: Path | str, bootstrap_servers: str, *, host: str,
            progress: Callable[[ReplayResult], None] | None = None, timeout_s: float = 60.0,
            extra_config: dict | None = None) -> ReplayResult:
-    """Produce every frame of a recording, with its key, and wait for all
-    acknowledgements. Raises BrokerUnavailable when the broker does not
-    answer, BadConfig when a topic is missing (and not created)."""
+    """Produce the frames of a recording that are ``host``'s (see
+    FrameCheck), with their key, and wait for all acknowledgements; the
+    others are counted in ``refused``, never produced. Raises
+    BrokerUnavailable when the broker does not answer, BadConfig when the
+    file holds nothing of ``host`` or a topic is missing (and not created)."""
     from confluent_kafka import KafkaException, Producer
 
     summary = summarize(path)  # also validates the file before anything is sent
+    check_host(summary, host, path)
+    check = FrameCheck(host)
     config = {"bootstrap.servers": bootstrap_servers, "acks": "all", "enable.idempotence": False,
               "compression.type": "lz4", "linger.ms": 5, "message.timeout.ms": int(timeout_s * 1000),
               "message.max.bytes": 2_000_000, "client.id": "jitterscope-replay",
@@ -309,7 +419,8 @@ def replay(path: Path | str, bootstrap_servers: str, *,
         raise errors.BrokerUnavailable(
             f"Kafka at {bootstrap_servers} did not answer ({exc}); start it, or pass the right "
             "--bootstrap-servers") from exc
-    missing = sorted(t for t in summary.by_topic if t not in metadata.topics)
+    # only topics replay may produce to: a hostile name is refused below, not asked for
+    missing = sorted(t for t in summary.by_topic if t in topics.INPUT_TOPICS and t not in metadata.topics)
     if missing:
         raise errors.BadConfig(
             f"topics missing on {bootstrap_servers}: {', '.join(missing)}; create them "
@@ -328,6 +439,11 @@ def replay(path: Path | str, bootstrap_servers: str, *,
 
     next_progress = time.monotonic() + 1.0
     for frame in RecordingReader(path):
+        why = check.refusal(frame)
+        if why is not None:
+            result.refused[why] = result.refused.get(why, 0) + 1
+            result.refused_records += frame.records
+            continue
         while True:
             try:
                 producer.produce(frame.topic, frame.payload, key=frame.key,

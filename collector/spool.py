@@ -25,6 +25,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from jitterscope.common.private import open_private, private_dir
 from jitterscope.schemas.events import split_lines
 
 SEGMENT_BYTES = 4 << 20  # granularity of deletion and of one replay step
@@ -45,11 +46,11 @@ class SpoolBusy(Exception):
 
 class Spool:
     def __init__(self, directory: Path, max_bytes: int, segment_bytes: int = SEGMENT_BYTES):
-        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        private_dir(directory)  # the data dir too, when the spool is first to make it
         self.dir = directory
         self.max_bytes = max_bytes
         self.segment_bytes = segment_bytes
-        self._lock = open(directory / "lock", "w")
+        self._lock = os.fdopen(open_private(directory / "lock"), "w")
         try:  # two writers would interleave lines and delete each other's segments
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -97,7 +98,7 @@ class Spool:
         self._close_writer()
         path = self.dir / f"{self._next:012d}{SUFFIX}"
         self._next += 1
-        self._writer = open(path, "ab")
+        self._writer = os.fdopen(open_private(path, append=True), "ab")  # records' command lines: 0600
         self._segments.append(path)
         self._sizes[path] = 0
 

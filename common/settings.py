@@ -182,6 +182,11 @@ class CollectorSettings(BaseModel):
     otlp_max_connections: int = Field(64, ge=1, description="OTLP connections served at once; more wait")
     otlp_read_timeout_s: float = Field(
         10.0, gt=0, description="an OTLP client that does not send its whole request in this time gets 408")
+    otlp_trusted_relays: list[str] = Field(
+        default_factory=list,
+        description="on-host OTLP relays whose spans may name other processes and containers (process.pid, "
+                    "container.id, k8s.pod.uid): process names (comm, e.g. otelcol-contrib) or executable paths "
+                    "(/usr/bin/otelcol-contrib); any other on-host sender is charged its own spans")
     request_id_attributes: list[str] = Field(
         default_factory=lambda: ["gen_ai.request.id"],
         description="span attributes holding the request ID, first found wins (else the trace ID)")

@@ -330,16 +330,20 @@ def doctor(
     data_dir: DataDirOpt = None,
 ) -> None:
     """Check everything the collector and the pipeline need, and say how to fix what is missing."""
+    from rich.markup import escape
+
+    from jitterscope.common.masking import mask_text
     from jitterscope.doctor import run_checks
 
     s = _settings(config, sets, bootstrap_servers=bootstrap_servers, clickhouse_url=clickhouse_url, data_dir=data_dir)
     failed = 0
     for check in run_checks(s):
         mark = "[green]ok[/]  " if check.ok else "[red]FAIL[/]"
-        console.print(f"{mark} {check.name:16} {check.detail}")
+        # details quote the ClickHouse URL and client errors: never its password, never markup
+        console.print(f"{mark} {check.name:16} {escape(mask_text(str(check.detail)))}")
         if not check.ok:
             failed += 1
-            console.print(f"     {'':16} fix: {check.fix}")
+            console.print(f"     {'':16} fix: {escape(mask_text(str(check.fix)))}")
     if failed:
         raise typer.Exit(1)
 
@@ -399,8 +403,11 @@ def report(
     ctx = capacity.Context(rows, queries.parse_duration(since), remediation, s.runq_alert_ms)
     with console.status("building the report") as status:
         html = capacity.build(ctx, progress=lambda title: status.update(f"building: {title}"))
-    try:
-        out.write_text(html, encoding="utf-8")
+    from jitterscope.common.private import open_private
+
+    try:  # it names hosts and processes: 0600, and never written through a symlink
+        with os.fdopen(open_private(out), "w", encoding="utf-8") as f:
+            f.write(html)
     except OSError as exc:
         raise errors.BadConfig(f"cannot write --out {out}: {exc.strerror}") from exc
     console.print(f"wrote {out} ({len(html) / 1024:.0f} KiB)", soft_wrap=True)
@@ -409,7 +416,10 @@ def report(
 
 
 def _check_out_file(out: Path) -> None:
-    """--out must name a file in a folder that exists and this user may write."""
+    """--out must name a file in a folder that exists and this user may write, not a symlink."""
+    if out.is_symlink():
+        raise errors.BadConfig(f"--out {out} is a symbolic link, which the report is never written through: "
+                               "remove it or choose another --out")
     if out.is_dir():
         raise errors.BadConfig(f"--out {out} is a directory: name a file, e.g. --out {out / 'report.html'}")
     folder = out.parent
@@ -447,8 +457,10 @@ def config(
     if example:
         print(settings_mod.example_toml(), end="")
         return
+    from jitterscope.common.masking import masked_settings  # which settings are secret: common/masking.py
+
     s = _settings(config, sets)
-    for name, value in s.model_dump(mode="json").items():
+    for name, value in masked_settings(s).items():
         print(f"{name} = {settings_mod.toml_value(value)}" if value is not None else f"# {name} is unset")
 
 
@@ -485,7 +497,8 @@ def synthetic_fleet(
 
 @app.command()
 def record(
-    out: Annotated[Path, typer.Option("--out", help="recording file to write (gzip; replaced if it exists)")],
+    out: Annotated[Path, typer.Option(
+        "--out", help="recording file to write (gzip, mode 0600; replaced if it exists; never a symlink)")],
     duration: Annotated[float, typer.Option(help="record for this many seconds (Ctrl-C stops earlier)")],
     sets: SetOpt = None,
     config: ConfigOpt = None,
@@ -530,32 +543,45 @@ def replay(
     bootstrap_servers: BootstrapOpt = None,
     create_topics: Annotated[bool, typer.Option(
         "--create-topics", help="create missing jitterscope topics first")] = False,
+    host: Annotated[Optional[str], typer.Option(
+        "--host", help="the host whose records to replay (required; the error names the hosts the file holds)")] = None,
     sets: SetOpt = None,
     config: ConfigOpt = None,
 ) -> None:
-    """Publish a recording into a pipeline (real Kafka, or the broker of a running 'jitterscope up'), keys kept:
-    records keep their host, boot id and sequence, so replaying twice stores them once."""
-    from jitterscope.collector.recording import replay as replay_file, summarize
+    """Publish one host's records from a recording into a pipeline (real Kafka, or the broker of a running
+    'jitterscope up'), keys kept: records keep their host, boot id and sequence, so replaying twice stores them
+    once. Only jitterscope's input topics, and only records that carry --host, are published; other frames are
+    refused and counted."""
+    from jitterscope.collector.recording import check_host, replay as replay_file, summarize
     from jitterscope.common import kafka_auth
 
+    summary = summarize(file)  # a damaged or hostile file is refused here, before anything else
+    check_host(summary, host, file)
     s = _settings(config, sets, bootstrap_servers=bootstrap_servers)
     if not s.bootstrap_servers:
         raise errors.BadConfig(
             "replay needs a broker: pass --bootstrap-servers HOST:PORT (or set JITTERSCOPE_BOOTSTRAP_SERVERS); "
             "for a local pipeline, start 'jitterscope up' and use the broker address it prints")
-    summary = summarize(file)
     if summary.truncated:
-        err_console.print(f"[yellow]note:[/] {file} is truncated ({summary.error}); replaying its "
-                          f"{summary.records:,} complete records")
+        from rich.markup import escape
+
+        err_console.print(f"[yellow]note:[/] {escape(str(file))} is truncated ({escape(summary.error)}); replaying "
+                          f"its {summary.records:,} complete records", soft_wrap=True)
     if create_topics:
         from jitterscope.topics import create
 
         create(s)
-    result = replay_file(file, s.bootstrap_servers, extra_config=kafka_auth.librdkafka_config(s),
+    result = replay_file(file, s.bootstrap_servers, host=host, extra_config=kafka_auth.librdkafka_config(s),
                          progress=lambda r: err_console.print(f"replaying: {r.records:,} of {summary.records:,} records"))
     per_topic = ", ".join(f"{t.removeprefix('jitterscope.')} {n:,}" for t, n in sorted(result.by_topic.items()))
-    console.print(f"replayed {result.records:,} records ({per_topic or 'none'}) in {result.messages:,} messages "
-                  f"from {file} to {s.bootstrap_servers}", soft_wrap=True)
+    console.print(f"replayed {result.records:,} records of host {host} ({per_topic or 'none'}) in "
+                  f"{result.messages:,} messages from {file} to {s.bootstrap_servers}", soft_wrap=True, markup=False)
+    if result.refused:
+        for why, frames in sorted(result.refused.items()):
+            err_console.print(f"refused {frames:,} frame(s): {why}", soft_wrap=True, markup=False)
+        raise errors.JitterscopeError(
+            f"{sum(result.refused.values()):,} frame(s) ({result.refused_records:,} records) of {file} were refused "
+            "and not published (see above)")
 
 
 topics_app = typer.Typer(help="Create or check jitterscope's Kafka topics (kafka_partitions, kafka_replication_factor).",
@@ -637,7 +663,9 @@ def main() -> None:
         # one line, however long: scripts grep it and terminals wrap it themselves
         from rich.markup import escape  # messages quote user input: never markup
 
-        err_console.print(f"[red]jitterscope:[/] {escape(str(exc))}", soft_wrap=True)
+        from jitterscope.common.masking import mask_text  # errors mask themselves; this is the last guard
+
+        err_console.print(f"[red]jitterscope:[/] {escape(mask_text(str(exc)))}", soft_wrap=True)
         sys.exit(exc.exit_code)
 
 

@@ -77,9 +77,17 @@ def of_alert(query: Query, host: str, seq: int) -> tuple[list, dict[str, Stack |
     return alert[:6], {role: found.get(i) for role, i in ids.items()}
 
 
+#: Every character str.splitlines() breaks a line at (\n \r \v \f, the
+#: file/group/record separators \x1c-\x1e, NEL, and U+2028/U+2029 LINE and
+#: PARAGRAPH SEPARATOR), shown as an escape: a frame or process name must not
+#: turn one folded line into several (a forged stack for the flame graph).
+_LINE_BREAKS = {c: f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+                for c in (0x0A, 0x0B, 0x0C, 0x0D, 0x1C, 0x1D, 0x1E, 0x85, 0x2028, 0x2029)}
+
+
 def _folded_frame(frame: str) -> str:
     # ';' separates frames and the last space the count: neither may appear inside one
-    return frame.replace(";", ":").replace("\n", " ").replace(" ", "_")
+    return frame.translate(_LINE_BREAKS).replace(";", ":").replace(" ", "_")
 
 
 def folded(stacks: list[Stack]) -> list[str]:

@@ -18,6 +18,7 @@ from urllib.parse import urlparse
 import msgspec
 
 from jitterscope.common import errors
+from jitterscope.common.private import private_dir
 from jitterscope.schemas import events
 
 DATABASE = "jitterscope"
@@ -55,12 +56,11 @@ def connect(clickhouse_url: str | None, data_dir: Path, readonly: bool = False):
     try:
         if clickhouse_url is None:
             # The store holds process command lines (secrets, at times):
-            # only its owner may read it. mkdir's mode applies to the last
-            # directory only; a store made before this rule is tightened by
-            # its owner's writer.
+            # only its owner may read it. Every folder made here is 0700
+            # (common/private.py); a store made before this rule is
+            # tightened by its owner's writer.
             path = data_dir / "clickhouse"
-            data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-            path.mkdir(mode=0o700, exist_ok=True)
+            private_dir(path)  # and the data dir, and any folder above it it makes
             if not readonly and path.stat().st_uid == os.geteuid():
                 path.chmod(0o700)
             return clickhouse_connect.get_client(interface="chdb", path=str(path), settings=settings)

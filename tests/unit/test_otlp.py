@@ -91,6 +91,17 @@ def receiver():
         yield r
 
 
+@pytest.fixture
+def relay_receiver():
+    """A receiver that trusts this test process as a relay (named by its
+    executable), so the spans it posts may name another process (4242)."""
+    got: list[dict] = []
+    r = OtlpReceiver("127.0.0.1", 0, got.extend, trusted_relays=[os.readlink("/proc/self/exe")])
+    r.got = got
+    with r:
+        yield r
+
+
 def post(port: int, body: bytes, content_type: str | None = otlp.PROTOBUF, path: str = "/v1/traces",
          method: str = "POST", headers: dict | None = None):
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
@@ -103,25 +114,26 @@ def post(port: int, body: bytes, content_type: str | None = otlp.PROTOBUF, path:
         conn.close()
 
 
-def test_protobuf_export_becomes_request_records(receiver):
+def test_protobuf_export_becomes_request_records(relay_receiver):
     body = export(with_id("cmpl-1", status=Status.STATUS_CODE_OK), pid=4242).SerializeToString()
-    status, content_type, answer = post(receiver.port, body)
+    status, content_type, answer = post(relay_receiver.port, body)
     assert (status, content_type, answer) == (200, otlp.PROTOBUF, b"")  # an empty ExportTraceServiceResponse
-    assert receiver.got == [{
+    assert relay_receiver.got == [{
         "request_id": "cmpl-1", "trace_id": TRACE.hex(), "span_id": SPAN_ID.hex(), "name": "llm_request",
         "pid": 4242, "start_ns": 1_700_000_000_000_000_000, "end_ns": 1_700_000_000_075_000_000,
         "status": "ok", "queue_ns": 0, "prefill_ns": 0, "decode_ns": 0, "ttft_ns": 0,
     }]
     # What the caller does with them: stamp and build the schema's record.
-    record = RequestSpan(host="h", boot_id="b", seq=1, ts_ns=receiver.got[0]["end_ns"], **receiver.got[0])
+    got = relay_receiver.got[0]
+    record = RequestSpan(host="h", boot_id="b", seq=1, ts_ns=got["end_ns"], **got)
     assert record.request_id == "cmpl-1"
 
 
-def test_json_export_with_hex_ids(receiver):
+def test_json_export_with_hex_ids(relay_receiver):
     body = (FIXTURES / "vllm_trace.json").read_bytes()
-    status, content_type, answer = post(receiver.port, body, "application/json; charset=utf-8")
+    status, content_type, answer = post(relay_receiver.port, body, "application/json; charset=utf-8")
     assert (status, content_type, json.loads(answer)) == (200, otlp.JSON, {})
-    server, root = receiver.got
+    server, root = relay_receiver.got
     assert server == {
         "request_id": "cmpl-8c1f2a", "trace_id": "5b8efff798038103d269b633813fc60c",
         "span_id": "eee19b7ec3c1b174", "name": "llm_request", "pid": 4242,
@@ -678,7 +690,8 @@ def resource(**attributes) -> Resource:
 @pytest.mark.parametrize("attributes, peer, answer", [
     # container.id / k8s.pod.uid: process.pid is the container's, translated through NSpid
     ({"process__pid": 7, "container__id": DOCKER_ID}, None, (2002, "nspid")),
-    ({"process__pid": 7, "container__id": DOCKER_ID}, 1, (2002, "nspid")),  # through a relay on the host
+    # from a host process that is no trusted relay (see test_a_named_relay_speaks_for_others)
+    ({"process__pid": 7, "container__id": DOCKER_ID}, 1, (1, "refused_claim")),
     ({"process__pid": 1, "k8s__pod__uid": POD1}, None, (3001, "container")),  # two pid 1s in the pod
     ({"container__id": DOCKER_ID}, None, (2001, "container")),
     ({"process__pid": 7, "container__id": "0" * 64}, None, (0, "unresolved")),  # never the raw pid
@@ -689,7 +702,7 @@ def resource(**attributes) -> Resource:
     # on the host, as before
     ({"process__pid": 4242}, None, (4242, "process_pid")),
     ({"process__pid": 1}, 1, (1, "process_pid")),
-    ({"process__pid": 4242}, 1, (4242, "process_pid")),  # a relay on the host: the resource speaks
+    ({"process__pid": 4242}, 1, (1, "refused_claim")),  # no trusted relay: charged to itself
     ({}, 555, (555, "peer")),
     ({}, None, (0, "unresolved")),
 ])
@@ -754,3 +767,117 @@ def test_a_flood_of_unknown_containers_scans_proc_once(monkeypatch):
     assert resolver.resolve(resource(process__pid=1, container__id="containerd://" + DOCKER_ID.upper()),
                             lambda hint: None) == (2001, "nspid")
     assert len(scans) == 1
+
+
+# -- who may speak for whom --------------------------------------------------
+
+RELAY_EXE = "/usr/bin/otelcol-contrib"
+
+
+def add_process(proc: Path, pid: int, comm: str, exe: str, cgroup: str, uid: int = 0, nspid: str = "") -> None:
+    """A process in a fixture /proc: status (NSpid), comm, cgroup, exe."""
+    status = (CPROC / "1" / "status").read_text().replace("systemd", comm)
+    for name, value in (("Tgid", pid), ("Pid", pid), ("NStgid", nspid or pid), ("NSpid", nspid or pid),
+                        ("Uid", f"{uid}\t{uid}\t{uid}\t{uid}")):
+        status = "\n".join(f"{name}:\t{value}" if line.startswith(f"{name}:") else line
+                           for line in status.splitlines()) + "\n"
+    (proc / str(pid)).mkdir()
+    (proc / str(pid) / "status").write_text(status)
+    (proc / str(pid) / "comm").write_text(comm + "\n")
+    (proc / str(pid) / "cgroup").write_text(cgroup)
+    (proc / str(pid) / "exe").symlink_to(exe)
+
+
+@pytest.fixture
+def senders_proc(tmp_path):
+    """host-containers plus an OpenTelemetry Collector (900, root), an
+    unprivileged process (901, uid 65534) and one that calls itself
+    otelcol-contrib (902, uid 65534), all on the host."""
+    proc = tmp_path / "proc"
+    shutil.copytree(CPROC, proc)
+    add_process(proc, 900, "otelcol-contrib", RELAY_EXE, "0::/system.slice/otelcol-contrib.service\n")
+    add_process(proc, 901, "python3", "/usr/bin/python3.11", "0::/user.slice/user-65534.slice/session-4.scope\n",
+                uid=65534)
+    add_process(proc, 902, "otelcol-contrib", "/tmp/otelcol-contrib",
+                "0::/user.slice/user-65534.slice/session-4.scope\n", uid=65534)
+    return proc
+
+
+def test_an_unprivileged_sender_claiming_another_process_is_charged_itself(senders_proc):
+    """uid 65534 claims root's pid 1 (or a container's process): refused,
+    its spans are its own, and each refused request is counted."""
+    resolver = otlp.PidResolver(senders_proc, trusted_relays=["otelcol"])
+    for attributes in ({"process__pid": 1}, {"process__pid": 7, "container__id": DOCKER_ID},
+                       {"process__pid": 1, "k8s__pod__uid": POD1}, {"container__id": DOCKER_ID}):
+        assert resolver.resolve(resource(**attributes), lambda hint: 901) == (901, "refused_claim"), attributes
+    before = metric("jitterscope_otlp_pid_resolved_total", how="refused_claim")
+    request = export(with_id("a"), with_id("b", span_id=b"\x01" * 8))
+    request.resource_spans[0].resource.CopyFrom(resource(process__pid=1))
+    records, _, _ = spans_to_requests(request, resolve_pid=lambda res: resolver.resolve(res, lambda hint: 901))
+    assert [r["pid"] for r in records] == [901, 901]
+    assert metric("jitterscope_otlp_pid_resolved_total", how="refused_claim") == before + 2
+
+
+@pytest.mark.parametrize("sender, attributes", [
+    (2002, {"process__pid": 1, "container__id": "9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f5a4b3c2d1e0f9a8b"}),
+    (2002, {"process__pid": 1, "k8s__pod__uid": POD1}),
+    (4001, {"process__pid": 1, "container__id": DOCKER_ID}),
+    (4001, {"process__pid": 1, "container__id": DOCKER_ID[:12]}),
+    (4001, {"process__pid": 1, "container__id": DOCKER_ID, "k8s__pod__uid": "5b6c7d8e-9f0a-4b1c-8d2e-3f4a5b6c7d8e"}),
+    (3050, {"process__pid": 7, "container__id": DOCKER_ID}),  # a pod's sender, another pod's container
+])
+def test_a_sender_in_one_container_cannot_claim_another(sender, attributes):
+    """container A claiming container.id of B and process.pid=1 is charged
+    to itself: its own cgroup is not skipped for the claim."""
+    resolver = otlp.PidResolver(CPROC)
+    assert resolver.resolve(resource(**attributes), lambda hint: sender) == (sender, "refused_claim")
+
+
+def test_a_claim_over_loopback_is_charged_to_its_sender(receiver):
+    """The receiver for real: this test process is no trusted relay, so its
+    claim to be 4242 is refused."""
+    before = metric("jitterscope_otlp_pid_resolved_total", how="refused_claim")
+    assert post(receiver.port, export(with_id("claimed"), pid=4242).SerializeToString())[0] == 200
+    assert [(g["request_id"], g["pid"]) for g in receiver.got] == [("claimed", os.getpid())]
+    assert metric("jitterscope_otlp_pid_resolved_total", how="refused_claim") == before + 1
+
+
+@pytest.mark.parametrize("relays", [["otelcol-contrib"], [RELAY_EXE], ["otelcol", "otelcol-contrib"]])
+@pytest.mark.parametrize("attributes, answer", [
+    ({"process__pid": 7, "container__id": DOCKER_ID}, (2002, "nspid")),
+    ({"process__pid": 1, "k8s__pod__uid": POD1}, (3001, "container")),
+    ({"container__id": DOCKER_ID}, (2001, "container")),
+    ({"process__pid": 1}, (1, "process_pid")),
+    ({"process__pid": 4242}, (4242, "process_pid")),
+])
+def test_a_named_relay_speaks_for_others(senders_proc, relays, attributes, answer):
+    resolver = otlp.PidResolver(senders_proc, trusted_relays=relays)
+    assert resolver.resolve(resource(**attributes), lambda hint: 900) == answer
+
+
+def test_a_relay_named_by_path_is_not_whoever_takes_its_name(senders_proc):
+    """Any process can call itself otelcol-contrib; only the named file runs as the relay."""
+    claim = resource(process__pid=1)
+    assert otlp.PidResolver(senders_proc, trusted_relays=[RELAY_EXE]).resolve(claim, lambda hint: 902) == (
+        902, "refused_claim")
+    assert otlp.PidResolver(senders_proc, trusted_relays=[]).resolve(claim, lambda hint: 900) == (
+        900, "refused_claim")  # the default: no relay
+
+
+@pytest.mark.parametrize("sender, attributes, answer", [
+    (2002, {"process__pid": 1, "container__id": DOCKER_ID}, (2001, "nspid")),
+    (2002, {"process__pid": 1, "container__id": "docker://" + DOCKER_ID[:12]}, (2001, "nspid")),
+    (2002, {"process__pid": 1}, (2001, "nspid")),  # within its PID namespace's cgroup, as before
+    (2001, {"process__pid": 7, "container__id": DOCKER_ID}, (2002, "nspid")),
+    (2001, {"container__id": DOCKER_ID}, (2001, "peer")),
+    # another container of the sender's own pod
+    (3050, {"process__pid": 2, "k8s__pod__uid": POD1,
+            "container__id": "9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f5a4b3c2d1e0f9a8b"}, (3001, "container")),
+    (3050, {"process__pid": 5, "k8s__pod__uid": POD1}, (3001, "container")),
+])
+def test_a_sender_speaks_for_its_own_container_and_pod(sender, attributes, answer):
+    assert otlp.PidResolver(CPROC).resolve(resource(**attributes), lambda hint: sender) == answer
+
+
+def test_a_receiver_passes_its_trusted_relays_on():
+    assert OtlpReceiver("127.0.0.1", 0, list.extend, trusted_relays=["otelcol"]).pids.trusted_relays == ("otelcol",)

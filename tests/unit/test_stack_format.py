@@ -154,3 +154,20 @@ def test_without_final_counts_done_once_counts_stand_still():
     assert not quiet.settled({"t": 2}, now=7.9)
     assert quiet.settled({"t": 2}, now=8.0)
     assert not quiet.settled({"t": 3}, now=9.0)  # grew again: wait again
+
+
+# -- folded stacks: one stack, one line ----------------------------------------
+
+def test_folded_stacks_escape_every_line_break_unicode_knows():
+    from jitterscope.reports.stacks import Stack, folded
+
+    breaks = [chr(c) for c in range(0x110000) if len(f"a{chr(c)}b".splitlines()) > 1]
+    assert {"\u2028", "\u2029", "\x85", "\r", "\x1c"} <= set(breaks)
+    for brk in breaks:
+        stack = Stack(1, f"vllm{brk}evil;frame 99", kernel=[f"schedule{brk}"], user=[f"main{brk}x", "loop"],
+                      wait_ns=5_000_000)
+        (line,) = folded([stack])
+        assert len(line.splitlines()) == 1 and line.endswith(" 5000"), repr(line)
+        assert line.count(";") == 3 and line.count(" ") == 1
+    line = folded([Stack(1, "a\u2028b\u2029c\nd", [], [])])[0]
+    assert line == "a\\u2028b\\u2029c\\x0ad 1"
