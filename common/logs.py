@@ -52,6 +52,9 @@ DICT_CONFIG = {
 # unicode included, passes unchanged.
 _UNPRINTABLE = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))}
 _UNPRINTABLE.update({c: f"\\u{c:04x}" for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))})
+# and the line separators that are not control characters: a terminal or a
+# log reader that splits on them would show one record as several lines
+_UNPRINTABLE.update({c: f"\\u{c:04x}" for c in (0x2028, 0x2029)})
 
 
 def printable(text: str) -> str:

@@ -11,6 +11,7 @@ idempotent producer (callers turn that off).
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import socket
 import subprocess
@@ -18,6 +19,7 @@ import time
 from pathlib import Path
 
 from jitterscope.common import errors
+from jitterscope.common.private import open_private
 from jitterscope.schemas import topics
 
 log = logging.getLogger("jitterscope.broker")
@@ -94,7 +96,8 @@ class EmbeddedBroker:
                 f"no embedded broker binary ({exc}); reinstall with 'make setup', "
                 "or use a real Kafka with --bootstrap-servers") from exc
         url = f"tcp://{self.host}:{self.port}"
-        out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL
+        # the broker's log may echo topic and client names: the owner's only, never through a symlink
+        out = os.fdopen(open_private(self.log_file, append=True), "ab") if self.log_file else subprocess.DEVNULL
         self.proc = subprocess.Popen(
             [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
              "--storage-engine", "memory://tansu/"],

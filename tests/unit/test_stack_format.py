@@ -171,3 +171,10 @@ def test_folded_stacks_escape_every_line_break_unicode_knows():
         assert line.count(";") == 3 and line.count(" ") == 1
     line = folded([Stack(1, "a\u2028b\u2029c\nd", [], [])])[0]
     assert line == "a\\u2028b\\u2029c\\x0ad 1"
+
+
+def test_printable_escapes_the_unicode_line_separators():
+    from jitterscope.common.logs import printable
+
+    assert printable("jsvictim\u2028[critical] forged\u2029") == "jsvictim\\u2028[critical] forged\\u2029"
+    assert len(printable("a\u2028b\u2029c\x85d").splitlines()) == 1
