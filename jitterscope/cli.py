@@ -369,14 +369,15 @@ def report(
     out: Annotated[Path, typer.Option(help="where to write the HTML file")] = Path("jitterscope-report.html"),
     since: Annotated[str, typer.Option(help="period covered: 24h, 7d, ...")] = "7d",
     remediation_date: Annotated[Optional[str], typer.Option(
-        help="compare before/after this moment (ISO 8601, UTC if no zone), e.g. 2026-11-29T12:00")] = None,
+        help="compare before/after this moment: ISO 8601 (UTC if no zone), e.g. 2026-11-29T12:00, "
+             "or a time before now, e.g. now-12h")] = None,
     sets: SetOpt = None,
     config: ConfigOpt = None,
     clickhouse_url: ClickHouseOpt = None,
     data_dir: DataDirOpt = None,
 ) -> None:
     """Write the capacity-planning report: a self-contained HTML file with trends, causes, placement and actions."""
-    from datetime import datetime, timezone
+    from datetime import datetime, timedelta, timezone
 
     from jitterscope.query import run_query
     from jitterscope.reports import capacity, queries
@@ -386,9 +387,14 @@ def report(
     remediation = None
     if remediation_date:
         try:
-            remediation = datetime.fromisoformat(remediation_date)
-        except ValueError as exc:
-            raise errors.BadConfig(f"--remediation-date {remediation_date!r}: {exc}") from exc
+            if remediation_date.startswith("now-"):  # relative, as Grafana writes it
+                ago = timedelta(seconds=queries.parse_duration(remediation_date[4:]))
+                remediation = datetime.now(timezone.utc) - ago
+            else:
+                remediation = datetime.fromisoformat(remediation_date)
+        except (ValueError, errors.BadConfig) as exc:
+            raise errors.BadConfig(f"--remediation-date {remediation_date!r}: {exc}; "
+                                   "use e.g. 2026-11-29T12:00 or now-12h") from exc
         if remediation.tzinfo is None:
             remediation = remediation.replace(tzinfo=timezone.utc)
     no_data: list[errors.NoData] = []

@@ -203,6 +203,11 @@ def before_after(ctx: Context) -> str:
     if "before" in by_side and "after" in by_side:
         headline = (f"<p class=\"headline\">Request P999 {by_side['before'][3]:,.0f} ms → "
                     f"{by_side['after'][3]:,.0f} ms after {escape(ctx.remediation.isoformat())}</p>")
+    elif rows:  # one side only: say why, rather than show half a comparison
+        side, other = ("after", "before") if "after" in by_side else ("before", "after")
+        headline = (f"<p>Every request in the period is {side} {escape(ctx.remediation.isoformat())}, so there "
+                    f"is nothing {other} it to compare with: choose a date inside the period "
+                    f"(--since), e.g. --remediation-date now-12h.</p>")
     return headline + _table(["", "requests", "P99 ms", "P999 ms", "over SLO"], rows)
 
 

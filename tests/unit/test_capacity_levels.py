@@ -16,3 +16,24 @@ def test_the_alert_level_follows_the_setting():
 
 def test_the_default_is_the_setting_default():
     assert capacity.Context(rows, 86400, None).runq_alert_ms == Settings.model_fields["runq_alert_ms"].default
+
+
+def test_before_after_says_why_when_one_side_is_empty():
+    """A remediation date outside the period once showed only "after",
+    without a word: the report says why and how to choose a date."""
+    from datetime import datetime, timezone
+
+    from jitterscope.reports import capacity
+
+    def only_after(sql, params):
+        return [("after", 1200, 80.0, 95.0, 3)]
+
+    ctx = capacity.Context(only_after, since_s=86400, remediation=datetime(2020, 1, 1, tzinfo=timezone.utc))
+    html = capacity.BUILDERS["before-after"](ctx)
+    assert "Every request in the period is after 2020-01-01" in html and "now-12h" in html
+
+    def both(sql, params):
+        return [("before", 1000, 900.0, 2400.0, 40), ("after", 1200, 80.0, 95.0, 3)]
+
+    html = capacity.BUILDERS["before-after"](capacity.Context(both, 86400, datetime.now(timezone.utc)))
+    assert "2,400 ms → 95 ms" in html and "Every request" not in html
