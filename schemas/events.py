@@ -332,7 +332,8 @@ class RequestAttribution(Record, frozen=True):
 
     ``baseline_ns`` is the host's rolling median for requests of this name;
     ``excess_ns`` what this one took beyond it. ``cause`` is the evidence that
-    explains most of the excess ("runq_starvation", "gpu_ioctl_stall"), or
+    explains most of the excess ("runq_starvation", "self_contention",
+    "cfs_throttling", "irq", "gpu_ioctl_stall"), or
     "unexplained" (or "none" when there was no excess). Requests batched
     together share evidence, by design.
     """
@@ -364,6 +365,10 @@ class RequestAttribution(Record, frozen=True):
     pod: str = ""
     namespace: str = ""
     container: str = ""
+    # part of its waits behind its own serving group's threads: more runnable
+    # threads than CPUs (self-contention), never a neighbour's doing
+    self_wait_ns: U64 = 0
+    self_threads: U32 = 0  # distinct threads of the group that held the CPUs it waited for
 
 
 class DeadLetter(msgspec.Struct, kw_only=True, frozen=True, gc=False):

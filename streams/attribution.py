@@ -27,8 +27,12 @@ A wait is then split by what kept the CPU from the thread:
 - ``irq``: interrupt time on the wait's CPU during the wait: each
   overlapping IrqTime interval's time_ns prorated by the overlap (again
   assuming an even spread), at most what the wait has left after throttling.
+- ``self_contention``: of the rest, what the group's own threads held (the
+  CPU's holder is a process of the request's serving group): more runnable
+  threads than CPUs. It is never charged to a neighbour, and the group's own
+  threads are never suspects.
 - ``runq_starvation``: the rest; only this part is charged to the suspects
-  (the tasks that held the CPU).
+  (the tasks outside the group that held the CPU).
 """
 
 from __future__ import annotations
@@ -325,6 +329,7 @@ class Attributor:
         sources: dict[tuple[int, str, str], int] = defaultdict(int)
         irq_records: dict[tuple[int, str, str], IrqTime] = {}
         contributed: set[int] = set()
+        own_ns, own_threads = 0, set()  # held by the group's own threads
         runq = ioctl = (0, 0, 0)
         splits = self._splits
         for kind in (RunqEvent, GpuIoctl):
@@ -353,8 +358,14 @@ class Attributor:
                     irq_records[key] = record
                 throttled += cut
                 irq += stolen
-                if part - cut - stolen > 0:
-                    by_suspect[event.suspect_comm][event.suspect_pid] += part - cut - stolen
+                rest = part - cut - stolen
+                if rest <= 0:
+                    continue
+                if group is not None and event.suspect_pid in group:
+                    own_ns += rest
+                    own_threads.add(event.suspect_tid)
+                else:
+                    by_suspect[event.suspect_comm][event.suspect_pid] += rest
             if kind is RunqEvent:
                 runq = (total, longest, count)
             else:
@@ -367,8 +378,9 @@ class Attributor:
             cause, explained = "none", 0.0
         else:
             # the cause that explains the most of the excess, if it explains enough
-            name, ns = max((("runq_starvation", runq[0] - throttled - irq), ("cfs_throttling", throttled),
-                            ("irq", irq), ("gpu_ioctl_stall", ioctl[0])), key=lambda c: c[1])
+            name, ns = max((("runq_starvation", runq[0] - throttled - irq - own_ns), ("cfs_throttling", throttled),
+                            ("irq", irq), ("self_contention", own_ns), ("gpu_ioctl_stall", ioctl[0])),
+                           key=lambda c: c[1])
             explained = min(1.0, ns / excess)
             cause = name if explained >= DOMINANT_SHARE else "unexplained"
         slo = self.slo_ns or (int(self.slo_factor * baseline) if trusted else 0)
@@ -387,7 +399,7 @@ class Attributor:
             gpu_ioctl_ns=ioctl[0], gpu_ioctl_max_ns=ioctl[1], gpu_ioctls=ioctl[2],
             throttled_ns=throttled, irq_ns=irq, pids=sorted(contributed),
             pod=info.pod if info else "", namespace=info.namespace if info else "",
-            container=info.container if info else "",
+            container=info.container if info else "", self_wait_ns=own_ns, self_threads=len(own_threads),
         )
 
     def _thread_parts(self, span: RequestSpan, kind: type,

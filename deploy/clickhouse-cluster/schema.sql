@@ -581,3 +581,11 @@ CREATE MATERIALIZED VIEW IF NOT EXISTS jitterscope.seq_blocks_cgroup_throttle_mv
 
 CREATE MATERIALIZED VIEW IF NOT EXISTS jitterscope.seq_blocks_stacks_mv ON CLUSTER '{cluster}' TO jitterscope.seq_blocks_local AS
     SELECT host, boot_id, 'stacks' AS tbl, intDiv(seq, 1048576) AS block, groupBitmapState(seq) AS seqs, max(ts) AS last_ts FROM jitterscope.stacks_local GROUP BY host, boot_id, block;
+
+ALTER TABLE jitterscope.request_attribution_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS self_wait_ns UInt64;
+
+ALTER TABLE jitterscope.request_attribution ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS self_wait_ns UInt64;
+
+ALTER TABLE jitterscope.request_attribution_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS self_threads UInt32;
+
+ALTER TABLE jitterscope.request_attribution ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS self_threads UInt32;

@@ -70,6 +70,10 @@ def request_slo(attribution: RequestAttribution, comm: str, cpus_allowed: list[i
                     f"({a.explained:.0%} of the excess)")
         if top:
             summary += f"; top suspect {top.comm} (pid {top.pid}) {ms(top.wait_ns)}"
+    elif a.cause == "self_contention":
+        summary += (f"its threads{processes} waited {ms(a.self_wait_ns)} for CPUs held by {a.self_threads} "
+                    f"thread(s) of its own serving group ({a.explained:.0%} of the excess): more runnable "
+                    f"threads than CPUs, no neighbour")
     elif a.cause == "cfs_throttling":
         summary += (f"its threads{processes} were CPU-throttled by their cgroup for {ms(a.throttled_ns)} "
                     f"({a.explained:.0%} of the excess)")
@@ -89,8 +93,11 @@ def request_slo(attribution: RequestAttribution, comm: str, cpus_allowed: list[i
         remedy = (f"move {top.comm} (pid {top.pid}) off the CPUs of pid {a.pid}: "
                   + (f"taskset -apc {cpu_list(others)} {top.pid}" if others
                      else f"renice 19 -p {top.pid}, or give pid {a.pid} dedicated CPUs"))
-    elif a.cause == "runq_starvation":
-        remedy = f"pid {a.pid} starves itself: allow it more CPUs or run fewer busy threads"
+    elif a.cause in ("runq_starvation", "self_contention"):
+        cpus = f"its {len(cpus_allowed)} CPU(s) ({cpu_list(cpus_allowed)})" if cpus_allowed else "its CPUs"
+        remedy = (f"{a.self_threads or 'several'} busy thread(s) of pid {a.pid}'s serving group compete for {cpus}: "
+                  f"run fewer (OMP_NUM_THREADS, torch.set_num_threads, fewer tokenizer/detokenizer workers) "
+                  f"or give it more CPUs")
     elif a.cause == "gpu_ioctl_stall":
         remedy = "the GPU driver was slow: see the gpu_ioctl_stall / pcie_contention alerts of these pids"
     else:
@@ -102,5 +109,6 @@ def request_slo(attribution: RequestAttribution, comm: str, cpus_allowed: list[i
         cpus_allowed=cpus_allowed, summary=summary, remedy=remedy, request_id=a.request_id,
         pod=a.pod, namespace=a.namespace, container=a.container,
         evidence={k: str(v) for k, v in (("pids", pids), ("throttled_ms", a.throttled_ns / 1e6),
-                                         ("irq_ms", a.irq_ns / 1e6)) if v},
+                                         ("irq_ms", a.irq_ns / 1e6), ("self_wait_ms", a.self_wait_ns / 1e6))
+                  if v},
     )

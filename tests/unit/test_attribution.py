@@ -157,9 +157,34 @@ def test_suspects_are_grouped_by_command_name():
     a.add_evidence(wait(20, 10, suspect=(901, "jshog")))
     a.add_evidence(wait(40, 10, suspect=(902, "jshog")))
     a.add_evidence(wait(60, 15, suspect=(902, "jshog")))
-    a.add_evidence(wait(90, 20, suspect=(100, "vllm")))  # its own other thread
+    a.add_evidence(wait(90, 20, suspect=(100, "vllm")))  # its own other thread: never a suspect
     [result] = due_after(a, 100)
-    assert [(s.comm, s.pid, s.wait_ns) for s in result.suspects] == [("jshog", 902, 35 * MS), ("vllm", 100, 20 * MS)]
+    assert [(s.comm, s.pid, s.wait_ns) for s in result.suspects] == [("jshog", 902, 35 * MS)]
+    assert (result.self_wait_ns, result.self_threads) == (20 * MS, 1)
+
+
+def test_waits_behind_the_groups_own_threads_are_self_contention_not_a_neighbour():
+    """vLLM's EngineCore with more busy threads than CPUs: the waits are the
+    group's own doing, and nobody outside it is named."""
+    a = Attributor(grace_ns=GRACE)
+    baseline(a)
+    a.add_request(span("r", 0, 100))
+    for i, at in enumerate((20, 45, 70, 95)):
+        own = RunqEvent(**{**{f: getattr(wait(at, 20), f) for f in RunqEvent.__struct_fields__},
+                           "suspect_pid": 100, "suspect_tid": 150 + i % 2, "suspect_comm": "VLLM::EngineCor"})
+        a.add_evidence(own)
+    a.add_evidence(wait(99, 3, suspect=(900, "jshog")))  # a neighbour, briefly
+    [result] = due_after(a, 100)
+    assert result.cause == "self_contention" and result.self_wait_ns == 80 * MS and result.self_threads == 2
+    assert [s.comm for s in result.suspects] == ["jshog"]  # the neighbour's 3 ms, kept as evidence
+    # with the same waits behind a neighbour, it is the neighbour's
+    b = Attributor(grace_ns=GRACE)
+    baseline(b)
+    b.add_request(span("r", 0, 100))
+    for at in (20, 45, 70, 95):
+        b.add_evidence(wait(at, 20, suspect=(900, "jshog")))
+    [result] = due_after(b, 100)
+    assert result.cause == "runq_starvation" and result.self_wait_ns == 0 and result.suspects[0].comm == "jshog"
 
 
 def test_request_of_an_unknown_process_gets_no_evidence():

@@ -73,3 +73,12 @@ def test_a_neighbour_is_still_moved():
     alert = request_slo(a, "python3", [2, 3], [0, 1, 2, 3], NOW)
     assert alert.remedy == "move logrotate (pid 4321) off the CPUs of pid 1234: taskset -apc 0-1 4321"
     assert "across pids 1234,1240" in alert.summary
+
+
+def test_self_contention_names_no_neighbour_and_says_how_many_threads_for_how_many_cpus():
+    a = attribution(cause="self_contention", self_wait_ns=260 * MS, self_threads=6, explained=0.8, suspects=[])
+    alert = request_slo(a, "VLLM::EngineCor", [2, 3], [0, 1, 2, 3], NOW)
+    assert "held by 6 thread(s) of its own serving group" in alert.summary and "no neighbour" in alert.summary
+    assert alert.remedy.startswith("6 busy thread(s) of pid 1234's serving group compete for its 2 CPU(s) (2-3)")
+    assert "taskset" not in alert.remedy and alert.suspect_pid == 0
+    assert alert.evidence["self_wait_ms"] == "260.0"
