@@ -144,6 +144,10 @@ class CollectorSettings(BaseModel):
         "auto", description="which processes a request's evidence comes from: process (the span's only), tree "
                             "(and its descendants), cgroup (and its cgroup's processes), auto (tree, plus the "
                             "container's processes when the span process runs in a container)")
+    own_tree_pid: int = Field(
+        0, ge=0, description="a process whose tree is jitterscope's own (`up` sets itself: the broker, worker and "
+                             "collector); its processes, and the collector itself always, are never alert victims "
+                             "and are labelled 'jitterscope:' wherever they are suspects (0: the collector alone)")
     runq_stacks: bool = Field(
         True, description="capture the culprit's and the starved thread's stacks for run-queue events (off: no "
                           "stack walks in the kernel, no symbolization; alerts name no stacks)")

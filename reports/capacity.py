@@ -17,6 +17,7 @@ from typing import Callable
 
 from jitterscope.common.settings import Settings
 from jitterscope.reports import charts
+from jitterscope.schemas.events import OWN_SUSPECT_PREFIX
 from jitterscope.streams.clickhouse import DATABASE as DB
 
 HOST_CLASS = "replaceRegexpOne(host, '-?[0-9]+$', '')"
@@ -219,7 +220,11 @@ def actions(ctx: Context) -> str:
             SELECT suspect_comm, sum(waits) AS n, uniqExact(host), sum(waited_ns) / 1e9 FROM {DB}.runq_minute
             WHERE minute > now() - toIntervalSecond({{since:UInt32}}) AND neighbour
             GROUP BY suspect_comm ORDER BY n DESC LIMIT 3"""):
-        found.append((waited, f"Move {comm} off the inference CPUs (cpuset / taskset) on {hosts} host(s)",
+        what = (f"Give jitterscope's own {comm.removeprefix(OWN_SUSPECT_PREFIX)} CPUs apart from inference "
+                f"(CPUAffinity= of its unit, or a cpuset) on {hosts} host(s): the cost of watching"
+                if comm.startswith(OWN_SUSPECT_PREFIX) else
+                f"Move {comm} off the inference CPUs (cpuset / taskset) on {hosts} host(s)")
+        found.append((waited, what,
                       f"it held a CPU an inference thread waited for {count:,} times, {waited:,.0f} s of waits"))
     for kind, hosts, count, example, what in _rows(ctx, f"""
             SELECT kind, uniqExact(host), count(), any(host), any(remedy) FROM {DB}.alerts FINAL

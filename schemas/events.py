@@ -48,6 +48,12 @@ class Record(msgspec.Struct, kw_only=True, frozen=True, gc=False):
     ts_ns: EpochNs
 
 
+#: what a suspect's name starts with when the process is jitterscope's own
+#: (its collector, or under `up` its broker and worker): never a neighbour to
+#: move, always the cost of watching
+OWN_SUSPECT_PREFIX = "jitterscope:"
+
+
 class RunqEvent(Record, frozen=True):
     """A thread waited at least the probe threshold for a CPU."""
 

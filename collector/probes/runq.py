@@ -115,6 +115,7 @@ class RunqSignal(LatencySignal):
     def __init__(self):
         super().__init__()
         self.stacks: RunqStacks | None = None
+        self.own_skipped = 0  # waits of jitterscope's own processes, not published
 
     def open(self, context: ProbeContext) -> None:
         self.ctx = context
@@ -132,6 +133,12 @@ class RunqSignal(LatencySignal):
         self.events_read += 1
         ctx = self.ctx
         pid = raw.pid or hostinfo.tgid_of(raw.tid, ctx.proc) or raw.tid
+        if pid in ctx.own:  # jitterscope's own wait is no user's alert (dropped before it takes a seq)
+            self.own_skipped += 1
+            return
+        suspect_comm = raw.suspect_comm
+        if raw.suspect_pid and raw.suspect_pid in ctx.own:
+            suspect_comm = events.OWN_SUSPECT_PREFIX + suspect_comm
         ctx.describe_process(pid)
         ctx.describe_process(raw.suspect_pid)
         # the stacks first: a StackTrace goes out before the event naming it
@@ -139,7 +146,7 @@ class RunqSignal(LatencySignal):
         ctx.publish(ctx.event(
             events.RunqEvent, raw.ts_ns, pid=pid, tid=raw.tid, comm=raw.comm, cpu=raw.cpu,
             wait_ns=raw.wait_ns, suspect_pid=raw.suspect_pid, suspect_tid=raw.suspect_tid,
-            suspect_comm=raw.suspect_comm, victim_stack=victim_stack, suspect_stack=suspect_stack))
+            suspect_comm=suspect_comm, victim_stack=victim_stack, suspect_stack=suspect_stack))
 
     def forget(self, pids: set[int]) -> None:
         super().forget(pids)

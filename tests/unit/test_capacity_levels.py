@@ -37,3 +37,16 @@ def test_before_after_says_why_when_one_side_is_empty():
 
     html = capacity.BUILDERS["before-after"](capacity.Context(both, 86400, datetime.now(timezone.utc)))
     assert "2,400 ms → 95 ms" in html and "Every request" not in html
+
+
+def test_jitterscopes_own_suspect_is_the_cost_of_watching_not_a_neighbour_to_move():
+    from jitterscope.reports import capacity
+
+    def rows(sql, params):
+        if "runq_minute" in sql:
+            return [("jitterscope:python", 40, 1, 2.5), ("logrotate", 30, 3, 1.5)]
+        return []
+
+    html = capacity.BUILDERS["actions"](capacity.Context(rows, 86400, None))
+    assert "Give jitterscope&#x27;s own python CPUs apart from inference" in html
+    assert "Move jitterscope:python" not in html and "Move logrotate off the inference CPUs" in html

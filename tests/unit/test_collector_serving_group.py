@@ -74,3 +74,30 @@ def test_span_process_descendants_are_its_serving_group(tmp_path):
         for p in (front, neighbour):
             p.kill()
             p.wait()
+
+
+def test_the_own_tree_is_jitterscopes_own(tmp_path):
+    """`up` names itself: its children and theirs (a restarted worker too)
+    are jitterscope's own, and so is the collector always."""
+    front = subprocess.Popen([sys.executable, "-c", TREE])
+    spawned: list[int] = []
+    try:
+        engine = wait_until(lambda: (children(front.pid) or [None])[0], 30, "the front's child")
+        spawned.append(engine)
+        worker = wait_until(lambda: (children(engine) or [None])[0], 30, "the engine's child")
+        spawned.append(worker)
+        alone = Collector(Settings(data_dir=tmp_path, spool_max_mb=0), publisher=Discard())
+        alone.refresh_own()
+        assert alone.own == {os.getpid()}
+        collector = Collector(Settings(data_dir=tmp_path, spool_max_mb=0, own_tree_pid=front.pid), publisher=Discard())
+        held = collector.own  # the probes hold this very set
+        collector.update_targets()
+        assert held is collector.own and held == {os.getpid(), front.pid, engine, worker}
+    finally:
+        for pid in spawned:  # the ones this test started, by pid
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        front.kill()
+        front.wait()
