@@ -375,6 +375,9 @@ class RequestAttribution(Record, frozen=True):
     # threads than CPUs (self-contention), never a neighbour's doing
     self_wait_ns: U64 = 0
     self_threads: U32 = 0  # distinct threads of the group that held the CPUs it waited for
+    # its duration less the run-queue waits of its most-delayed thread: what
+    # it would have taken uncontended, and what the baseline learns (0: unknown)
+    service_ns: U64 = 0
 
 
 class DeadLetter(msgspec.Struct, kw_only=True, frozen=True, gc=False):

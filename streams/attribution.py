@@ -236,7 +236,7 @@ class Attributor:
 
     def remember(self, done: RequestAttribution) -> None:
         """Count an earlier attribution into the baseline (priming after a restart)."""
-        self._durations[(done.host, done.name)].append(done.duration_ns)
+        self._durations[(done.host, done.name)].append(done.service_ns or done.duration_ns)
         self._mark_attributed(done)
 
     def add_request(self, span: RequestSpan) -> None:
@@ -296,8 +296,11 @@ class Attributor:
         return out
 
     def baseline_ns(self, host: str, name: str) -> tuple[int, bool]:
-        """Rolling median duration of this host's requests of this name, and
-        whether enough were seen to judge against it."""
+        """Rolling median of this host's requests of this name, each less its
+        most-delayed thread's run-queue waits (``service_ns``: what it would
+        have taken uncontended), and whether enough were seen to judge
+        against it. Learning plain durations during a contention made the
+        contention the normal: no excess left to explain."""
         samples = self._durations.get((host, name))
         if not samples:
             return 0, False
@@ -313,10 +316,6 @@ class Attributor:
         the same span again replaces, not adds, its row."""
         duration = max(0, span.end_ns - span.start_ns)
         baseline, trusted = self.baseline_ns(span.host, span.name)
-        self._durations[(span.host, span.name)].append(duration)
-        if not baseline:
-            baseline = duration
-        excess = max(0, duration - baseline)
         group = (self.processes.serving_group(span.host, span.pid) if self.processes and span.pid
                  else {span.pid} if span.pid else None)
 
@@ -330,6 +329,7 @@ class Attributor:
         irq_records: dict[tuple[int, str, str], IrqTime] = {}
         contributed: set[int] = set()
         own_ns, own_threads = 0, set()  # held by the group's own threads
+        thread_waits: dict[tuple[int, int], int] = defaultdict(int)  # run-queue ns per thread
         runq = ioctl = (0, 0, 0)
         splits = self._splits
         for kind in (RunqEvent, GpuIoctl):
@@ -343,6 +343,7 @@ class Attributor:
                 contributed.add(event.pid)
                 if kind is not RunqEvent:
                     continue
+                thread_waits[(event.pid, event.tid)] += part
                 # a whole wait is split once per due(): the requests served together (continuous
                 # batching) overlap the same waits, and each asks; the event stays in the evidence
                 # (and its id its own) while due() runs
@@ -370,6 +371,13 @@ class Attributor:
                 runq = (total, longest, count)
             else:
                 ioctl = (total, longest, count)
+        # one thread cannot wait twice at once, so its waits are a lower bound
+        # of the delay; other threads' waits may be off the request's path
+        service = duration - min(duration, max(thread_waits.values(), default=0))
+        self._durations[(span.host, span.name)].append(service)
+        if not baseline:
+            baseline = service
+        excess = max(0, duration - baseline)
         ranked = sorted(by_suspect.items(), key=lambda item: -sum(item[1].values()))[:TOP_SUSPECTS]
         suspects = [Suspect(pid=max(pids, key=pids.get), comm=comm, wait_ns=sum(pids.values()))
                     for comm, pids in ranked]
@@ -400,6 +408,7 @@ class Attributor:
             throttled_ns=throttled, irq_ns=irq, pids=sorted(contributed),
             pod=info.pod if info else "", namespace=info.namespace if info else "",
             container=info.container if info else "", self_wait_ns=own_ns, self_threads=len(own_threads),
+            service_ns=service,
         )
 
     def _thread_parts(self, span: RequestSpan, kind: type,

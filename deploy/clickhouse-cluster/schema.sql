@@ -589,3 +589,7 @@ ALTER TABLE jitterscope.request_attribution ON CLUSTER '{cluster}' ADD COLUMN IF
 ALTER TABLE jitterscope.request_attribution_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS self_threads UInt32;
 
 ALTER TABLE jitterscope.request_attribution ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS self_threads UInt32;
+
+ALTER TABLE jitterscope.request_attribution_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS service_ns UInt64;
+
+ALTER TABLE jitterscope.request_attribution ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS service_ns UInt64;

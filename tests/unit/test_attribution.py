@@ -462,3 +462,32 @@ def test_the_worker_hands_throttle_and_irq_records_to_the_attributor():
     asyncio.run(handlers.handle(topics.IRQ, [irq_time(end_ms=500, interval_ms=1000, time_ms=250)], T0))
     [result] = due_after(a, 100)
     assert result.throttled_ns == 40 * MS and result.irq_ns == 20 * MS  # 50% and 25% of the 80 ms wait
+
+
+def test_a_baseline_learned_during_contention_does_not_make_it_normal():
+    """The README's demo: every request of the stand-in waits behind the
+    hogs. Learning plain durations made ~50 ms "normal", and a 54 ms request
+    with 43 ms behind jshog got cause none."""
+    a = Attributor(grace_ns=GRACE)
+    for i in range(30):  # 11 ms of work, 40 ms behind the hog, one every 100 ms
+        a.add_request(span(f"r{i}", i * 100, i * 100 + 51))
+        a.add_evidence(wait(i * 100 + 45, 40, seq=i))
+    learned = due_after(a, 30 * 100)
+    assert len(learned) == 30 and all(r.service_ns == 11 * MS for r in learned)
+    assert a.baseline_ns("h1", "llm_request") == (11 * MS, True)
+    a.add_request(span("req-502", 5_000, 5_054))
+    a.add_evidence(wait(5_050, 43))
+    [result] = due_after(a, 5_054)
+    assert result.baseline_ns == 11 * MS and result.excess_ns == 43 * MS
+    assert result.cause == "runq_starvation" and result.suspects[0].comm == "jshog"
+    assert result.slo_breached is False  # 54 ms < 5 x 11 ms: slow, explained, within the objective
+
+
+def test_priming_learns_the_stored_service_time():
+    a = Attributor(grace_ns=GRACE)
+    a.add_request(span("r", 0, 50))
+    a.add_evidence(wait(45, 40))
+    [done] = due_after(a, 50)
+    b = Attributor(grace_ns=GRACE)
+    b.remember(done)
+    assert b.baseline_ns("h1", "llm_request") == (10 * MS, False)
