@@ -23,14 +23,15 @@ from prometheus_client import Counter, Gauge, start_http_server
 
 from jitterscope.collector import hostinfo, kubelet, serving_group, topology
 from jitterscope.collector.clock import EpochConverter
-from jitterscope.collector.otlp import OtlpReceiver
+from jitterscope.collector.otlp import OtlpReceiver, OtlpReceiverUnavailable
 from jitterscope.collector.probes import base, registry
 from jitterscope.collector.probes.interface import Probe, ProbeContext
 from jitterscope.collector.publish import Batcher, KafkaPublisher
 from jitterscope.collector.selfcost import SelfCost
 from jitterscope.collector.spool import Spool, SpoolBusy
-from jitterscope.common import buildinfo, kafka_auth  # noqa: F401  (buildinfo: registers jitterscope_build_info)
+from jitterscope.common import buildinfo, kafka_auth, ports  # noqa: F401  (buildinfo: registers jitterscope_build_info)
 from jitterscope.common.logs import fields
+from jitterscope.common.private import open_private, private_dir
 from jitterscope.schemas import events
 from jitterscope.common.settings import Settings
 
@@ -47,6 +48,8 @@ SPOOL_DROPS = Counter("jitterscope_collector_spool_drops_total",
                       "records dropped: Kafka could not take them and the on-disk spool was full or off")
 PRODUCER_RESTARTS = Counter("jitterscope_collector_producer_restarts_total",
                             "Kafka producers recreated after a fatal error or a stall")
+OWN_WAITS_SKIPPED = Counter("jitterscope_collector_own_waits_skipped_total",
+                            "run-queue waits of jitterscope's own processes, not published (no user's alert)")
 MAP_FULL_DROPS = Counter("jitterscope_collector_map_full_drops_total",
                          "in-kernel map updates that failed (map full): state the probes lost")
 SPOOLED = Gauge("jitterscope_collector_spooled_records", "records waiting in the on-disk spool")
@@ -116,6 +119,7 @@ class Collector:
         self._export = _Exported()
         self.batcher = Batcher(settings.batch_max_records, settings.batch_max_delay_ms * 1_000_000)
         self._processes_sent: dict[int, int] = {}  # pid -> monotonic ns of last publish
+        self._cgroups_sent: dict[int, str] = {}  # pid -> the cpu cgroup its last record named
         self._comms: dict[int, str] = {}
         self._stop = threading.Event()
         self._reported_losses = (0, 0)  # (ringbuf, map-full) drops already logged
@@ -128,6 +132,10 @@ class Collector:
         # member pid -> the span process whose serving group it is in
         # (collector/serving_group.py); re-found at each target rescan
         self._group_of: dict[int, int] = {}
+        # jitterscope's own processes (this collector; under `up` its whole
+        # tree): never victims, labelled as suspects. Updated in place: the
+        # probes hold this very set
+        self.own: set[int] = {os.getpid()}
 
     # -- records ---------------------------------------------------------
     def _queue(self, record: events.Record) -> None:
@@ -152,8 +160,10 @@ class Collector:
         try:
             info = hostinfo.process_info(pid, self.proc, self.kubelet)
         except hostinfo.ProcessGone:
+            self._cgroups_sent.pop(pid, None)
             return
         self._comms[pid] = info["comm"]
+        self._cgroups_sent[pid] = info["cgroup"]
         gpus, cuda_visible = topology.process_gpus(pid, self.proc, self.topology)
         info = {**info, "serving_group": self._group_of.get(pid, 0)}
         self._queue(events.ProcessInfo(**self.stamp.header(events.ProcessInfo, time.time_ns()), **info,
@@ -228,6 +238,7 @@ class Collector:
             if probe.events_read:
                 self._export(EVENTS_READ, probe.events_read, probe.metric_label or probe.name)
         self._export(MAP_FULL_DROPS, self.map_full_drops())
+        self._export(OWN_WAITS_SKIPPED, sum(getattr(probe, "own_skipped", 0) for probe in self.probes))
         for topic, sent in p.sent_by_topic.items():
             self._export(RECORDS_SENT, sent, topic)
         self._export(DELIVERY_ERRORS, p.delivery_errors)
@@ -262,9 +273,10 @@ class Collector:
         if self.cost:
             final["self_cost"] = self.cost.summary()
         path = Path(self.settings.data_dir) / FINAL_FILE
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(path.parent)
         tmp = path.with_name(f".{FINAL_FILE}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(final))
+        with os.fdopen(open_private(tmp), "w") as out:
+            out.write(json.dumps(final))
         os.replace(tmp, path)
         return path
 
@@ -278,7 +290,8 @@ class Collector:
         """Re-find each span process's serving group (its children come
         and go); a process that joins or changes group is described again
         at once, so the worker learns its ``serving_group`` before its waits
-        are needed for attribution."""
+        are needed for attribution; so is a watched process moved to another
+        cgroup (`_moved`), so its waits are charged to its new quota."""
         self._serving_pids = {p for p in self._serving_pids if (self.proc / str(p)).exists()}
         mode = self.settings.serving_group
         containers = set()
@@ -297,8 +310,48 @@ class Collector:
         for pid in changed:
             self._processes_sent.pop(pid, None)
             self.describe_process(pid)
+        for pid in self._moved():  # its throttling is its new cgroup's from now on
+            self._processes_sent.pop(pid, None)
+            self.describe_process(pid)
+
+    def _moved(self) -> list[int]:
+        """The watched processes whose cpu cgroup is no longer the one their
+        last record named: moved after they were described (``systemctl
+        set-property``, ``cgclassify``, a supervisor), so the worker would
+        look for their throttling in the wrong cgroup. Watched: the serving
+        groups' members and, when targets are filtered, the targets described
+        so far; one small read of /proc/PID/cgroup each."""
+        for pid in self._cgroups_sent.keys() - self._processes_sent.keys():  # exited (publish_histograms)
+            del self._cgroups_sent[pid]
+        s = self.settings
+        watched = set(self._group_of)
+        if s.filters_targets:
+            watched |= {pid for pid in self._cgroups_sent if pid in s.target_pids or (
+                s.target_comms and hostinfo.comm_matches(self._comms.get(pid, ""), s.target_comms))}
+        moved = []
+        for pid in sorted(watched):
+            sent = self._cgroups_sent.get(pid)
+            if sent is None:  # not described yet: its first record will name its cgroup as it is then
+                continue
+            try:
+                if hostinfo.process_cgroup(pid, self.proc) != sent:
+                    moved.append(pid)
+            except hostinfo.ProcessGone:
+                continue
+        return moved
+
+    def refresh_own(self) -> None:
+        """Re-find jitterscope's own processes: the tree of ``own_tree_pid``
+        (a worker `up` restarts has a new pid), and this collector."""
+        head = self.settings.own_tree_pid
+        found = set(serving_group.find_groups({head}, "tree", self.proc)) if head else set()
+        found.add(os.getpid())
+        if found != self.own:
+            self.own.clear()
+            self.own.update(found)
 
     def update_targets(self) -> None:
+        self.refresh_own()
         self.refresh_groups()
         targets, thresholds = self.current_targets(), self.serving_thresholds()
         for probe in self.probes:
@@ -311,7 +364,7 @@ class Collector:
         context = ProbeContext(
             settings=s, stamp=self.stamp, publish=self._queue, describe_process=self.describe_process,
             comm_of=self._comm, topology=self.topology_fields, targets=self.current_targets(),
-            thresholds=self.serving_thresholds(), proc=self.proc, sys=self.sys)
+            thresholds=self.serving_thresholds(), proc=self.proc, sys=self.sys, own=self.own)
         try:
             for probe in registry.create(registry.enabled(s)):
                 probe.open(context)
@@ -341,10 +394,14 @@ class Collector:
 
     def run(self, duration_s: float | None = None) -> None:
         s = self.settings
+        metrics, otlp = ports.collector_listeners(s)
+        ports.require_free(metrics, otlp)  # a port taken: one line now, not a traceback after the BPF compile
         self.publisher.check_reachable(10.0 if duration_s is None else min(10.0, duration_s))  # --duration bounds it
         if s.collector_metrics_port:
-            start_http_server(s.collector_metrics_port, addr=s.collector_metrics_bind)
+            with ports.refusing(metrics):  # taken since the check
+                start_http_server(s.collector_metrics_port, addr=s.collector_metrics_bind)
         self.publish_topology()  # before the probes: some are configured from it
+        self.refresh_own()  # before the first event: its own waits are never alerts
         self.open_probes()
         for probe in self.probes:
             probe.rescan()
@@ -355,7 +412,12 @@ class Collector:
             hardware=s.hardware_probes))
         if s.otlp_port:
             self.otlp = OtlpReceiver(s.otlp_bind, s.otlp_port, self._spans_in.put, s.request_id_attributes, max_connections=s.otlp_max_connections, read_timeout_s=s.otlp_read_timeout_s,
-                                     proc=self.proc).start()
+                                     proc=self.proc, trusted_relays=s.otlp_trusted_relays)
+            try:
+                self.otlp.start()
+            except OtlpReceiverUnavailable:
+                ports.require_free(otlp)  # taken since the check: say by whom
+                raise
             log.info("OTLP receiver listening", extra=fields(
                 endpoint=f"http://{s.otlp_bind}:{self.otlp.port}/v1/traces"))
 
@@ -396,19 +458,19 @@ class Collector:
                     next_rescan = now + s.target_rescan_s
         finally:
             try:
-                self.shutdown()
+                self.shutdown(time.monotonic_ns() - last_hist_ns)
             finally:
                 if self.cost:  # the kernel's BPF statistics back as they were
                     self.cost.close()
 
-    def shutdown(self) -> None:
+    def shutdown(self, since_last_histograms_ns: int) -> None:
         if self.otlp:
             self.otlp.stop()
             self.take_requests()
         if self.probes:
             for probe in self.probes:
                 probe.poll(0)  # take what the kernel still holds
-            self.publish_histograms(0)
+            self.publish_histograms(since_last_histograms_ns)  # the rates' true interval, never 0
             self.publish_stats()
         for topic, batch in self.batcher.drain():
             self.publisher.send(topic, batch)

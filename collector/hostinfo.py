@@ -74,16 +74,7 @@ def process_info(pid: int, proc: Path = Path("/proc"), kubelet: KubeletPods | No
     base = proc / str(pid)
     status = _status_fields(_read(base / "status").decode(errors="replace"))
     cgroup_text = _read(base / "cgroup").decode(errors="replace")
-    cgroup_lines = cgroup_text.splitlines()
-    # The cpu controller's cgroup: the one whose CFS quota can throttle the
-    # process (CgroupThrottle records name it the same way). cgroup v1 lists
-    # controllers per line; v2 is the single "0::/path" line; else the first.
-    fields = [l.split(":", 2) for l in cgroup_lines if l.count(":") >= 2]
-    cgroup = next((f[2] for f in fields if "cpu" in f[1].split(",")), None)
-    if cgroup is None:
-        cgroup = next((f[2] for f in fields if f[0] == "0" and not f[1]), None)
-    if cgroup is None and fields:
-        cgroup = fields[0][2]
+    cgroup = cpu_cgroup_path(cgroup_text)
     tgid = _int(status.get("Tgid"), pid)
     # NStgid, not NSpid: ``pid`` may be a thread, the record names its process.
     ns_ids = _ids(status.get("NStgid") or status.get("NSpid") or "")
@@ -93,7 +84,7 @@ def process_info(pid: int, proc: Path = Path("/proc"), kubelet: KubeletPods | No
         "pid": tgid,
         "comm": _read(base / "comm").decode(errors="replace").strip(),
         "cmdline": _read(base / "cmdline").replace(b"\0", b" ").decode(errors="replace").strip(),
-        "cgroup": cgroup or "",
+        "cgroup": cgroup,
         "cpus_allowed": parse_cpu_list(status.get("Cpus_allowed_list", "")),
         "ppid": _int(status.get("PPid"), 0),
         "ns_pid": ns_ids[-1] if ns_ids else tgid,
@@ -103,6 +94,35 @@ def process_info(pid: int, proc: Path = Path("/proc"), kubelet: KubeletPods | No
         "namespace": meta.namespace if meta else "",
         "container": meta.container if meta else "",
     }
+
+
+def cpu_cgroup_path(cgroup_text: str) -> str:
+    """The cpu controller's cgroup in a /proc/PID/cgroup text: the one whose
+    CFS quota can throttle the process (CgroupThrottle records name it the
+    same way). cgroup v1 lists controllers per line; v2 is the single
+    "0::/path" line; else the first; "" when there is none."""
+    fields = [l.split(":", 2) for l in cgroup_text.splitlines() if l.count(":") >= 2]
+    cgroup = next((f[2] for f in fields if "cpu" in f[1].split(",")), None)
+    if cgroup is None:
+        cgroup = next((f[2] for f in fields if f[0] == "0" and not f[1]), None)
+    if cgroup is None and fields:
+        cgroup = fields[0][2]
+    return cgroup or ""
+
+
+def process_cgroup(pid: int, proc: Path = Path("/proc")) -> str:
+    """``pid``'s cpu cgroup now (as `process_info` names it), from one small
+    read: cheap enough to check at every target rescan whether a process was
+    moved (``systemctl set-property``, ``cgclassify``, a supervisor). Raises
+    ProcessGone."""
+    return cpu_cgroup_path(_read(proc / str(pid) / "cgroup").decode(errors="replace"))
+
+
+def comm_matches(comm: str, patterns: list[str]) -> bool:
+    """Whether a process name matches any shell-style pattern (target_comms)."""
+    from fnmatch import fnmatchcase
+
+    return any(fnmatchcase(comm, p) for p in patterns)
 
 
 def _status_fields(text: str) -> dict[str, str]:
@@ -220,8 +240,6 @@ def tgid_of(tid: int, proc: Path = Path("/proc")) -> int | None:
 
 def pids_matching(patterns: list[str], proc: Path = Path("/proc")) -> set[int]:
     """Processes whose comm matches any shell-style pattern."""
-    from fnmatch import fnmatchcase
-
     found: set[int] = set()
     for entry in os.scandir(proc):
         if not entry.name.isdigit():
@@ -230,6 +248,6 @@ def pids_matching(patterns: list[str], proc: Path = Path("/proc")) -> set[int]:
             comm = (Path(entry.path) / "comm").read_text().strip()
         except (FileNotFoundError, ProcessLookupError):
             continue
-        if any(fnmatchcase(comm, p) for p in patterns):
+        if comm_matches(comm, patterns):
             found.add(int(entry.name))
     return found

@@ -29,8 +29,9 @@ from rich.console import Console
 from jitterscope.common import errors
 from jitterscope import topics as topic_admin
 from jitterscope.broker import EmbeddedBroker, wait_for_port
-from jitterscope.common import kafka_auth
+from jitterscope.common import kafka_auth, ports
 from jitterscope.common.logs import printable
+from jitterscope.common.private import open_private, private_dir
 from jitterscope.query import dial_host
 from jitterscope.schemas import events, topics
 from jitterscope.common.settings import Settings, default_data_dir, to_env
@@ -140,9 +141,11 @@ class Stack:
         self.broker: EmbeddedBroker | None = None
 
     def _spawn(self, name: str, args: list[str], bootstrap: str) -> None:
-        env = dict(os.environ, **to_env(self.settings), JITTERSCOPE_BOOTSTRAP_SERVERS=bootstrap)
+        # this process's tree (broker, worker, collector) is jitterscope's own: never a victim, a labelled suspect
+        env = dict(os.environ, **to_env(self.settings), JITTERSCOPE_BOOTSTRAP_SERVERS=bootstrap,
+                   JITTERSCOPE_OWN_TREE_PID=str(os.getpid()))
         env.pop("JITTERSCOPE_CONFIG", None)  # everything is resolved into the env already
-        log = open(self.settings.data_dir / f"{name}.log", "ab")
+        log = os.fdopen(open_private(self.settings.data_dir / f"{name}.log", append=True), "ab")
         self.children[name] = subprocess.Popen(
             [sys.executable, "-m", "jitterscope.cli", *args], env=env, stdout=log, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, start_new_session=True)
@@ -155,9 +158,19 @@ class Stack:
                     f"{name} exited with status {proc.returncode}; last lines of "
                     f"{self.settings.data_dir / (name + '.log')}:\n  " + "\n  ".join(map(printable, tail)))
 
+    def listeners(self) -> list[ports.Listener]:
+        """Every port this stack's processes listen on (0: off, or any free one)."""
+        s = self.settings
+        broker = [] if s.bootstrap_servers else [ports.broker_listener(s.broker_port)]
+        return [*broker, *ports.streams_listeners(s), *ports.collector_listeners(s)]
+
     def start(self) -> str:
         s = self.settings
-        s.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # the store and the query token live here
+        # all of them before anything starts: a second `up` on this host (or
+        # anything else on a port of ours) is one line per port, not a worker
+        # and a collector that die with a traceback after "watching"
+        ports.require_free(*self.listeners())
+        private_dir(s.data_dir)  # the store and the query token live here
         with self.console.status("starting jitterscope") as status:
             if s.bootstrap_servers:
                 bootstrap = s.bootstrap_servers
@@ -252,9 +265,11 @@ class Stack:
 
     def _accounted(self) -> dict[str, int] | None:
         """The worker's accounted counts; {} while it does not answer (busy)."""
+        from jitterscope.query import WORKER_HTTP  # our own worker: no proxy, no redirects
+
         host = dial_host(self.settings.streams_web_bind)
         try:
-            with urllib.request.urlopen(f"http://{host}:{self.settings.streams_web_port}/metrics", timeout=10) as r:
+            with WORKER_HTTP.open(f"http://{host}:{self.settings.streams_web_port}/metrics", timeout=10) as r:
                 return parse_accounted(r.read().decode())
         except (urllib.error.URLError, OSError, ValueError):
             return {}

@@ -30,7 +30,7 @@ import faust
 import msgspec
 from prometheus_client import Counter, Gauge
 
-from jitterscope.common import kafka_auth, logs
+from jitterscope.common import kafka_auth, logs, ports
 from jitterscope.schemas import events, topics
 from jitterscope.common.settings import Settings
 from jitterscope.common import buildinfo  # noqa: F401  (registers jitterscope_build_info)
@@ -94,6 +94,9 @@ def faust_credentials(s: Settings) -> "faust.types.auth.CredentialsT | None":
 
 class StreamsWorker:
     def __init__(self, settings: Settings, bootstrap_servers: str):
+        # Faust binds the web port only once it runs, and a port taken ends it
+        # with a traceback: say it in one line, before the store is opened
+        ports.require_free(*ports.streams_listeners(settings))
         self.settings = settings
         self.client = clickhouse.connect_with_retry(settings.clickhouse_url, settings.data_dir)
         if not settings.clickhouse_cluster:  # a cluster's schema is the operator's: `jitterscope schema --cluster`
