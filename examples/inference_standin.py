@@ -8,7 +8,9 @@ collector's OTLP receiver can be exercised without a GPU or a model.
 CPU work is measured in thread CPU time, so a starved stand-in takes longer
 wall time for the same work: exactly the tail jitterscope explains.
 
-Prints ``request_id start_ns end_ns`` per request (epoch ns, as in the span).
+At a terminal it prints a progress line every 100 requests and a summary
+(wall-time percentiles); piped, or with --times, one ``request_id start_ns
+end_ns`` line per request (epoch ns, as in the span) for a program to read.
 
     python examples/inference_standin.py --requests 100 --cpu-ms 20 --gap-ms 50
 """
@@ -62,7 +64,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--id-prefix", default="req-", help="request IDs are PREFIX0, PREFIX1, ...")
     parser.add_argument("--pin-cpu", type=int, default=None,
                         help="pin the serving thread (only) to this CPU, as servers pin their GPU feeder")
+    parser.add_argument("--times", action=argparse.BooleanOptionalAction, default=None,
+                        help="one 'request_id start_ns end_ns' line per request (default: when not at a terminal)")
     args = parser.parse_args(argv)
+    times = args.times if args.times is not None else not sys.stdout.isatty()
+    walls_ms: list[float] = []
 
     set_process_name(PROCESS_NAME)
     attributes = {"service.name": "inference-standin"}
@@ -101,11 +107,25 @@ def main(argv: list[str] | None = None) -> int:
         })
         span.set_status(Status(StatusCode.OK))
         span.end()
-        print(request_id, span.start_time, span.end_time, flush=True)
+        if times:
+            print(request_id, span.start_time, span.end_time, flush=True)
+        else:
+            walls_ms.append((span.end_time - span.start_time) / 1e6)
+            if len(walls_ms) % 100 == 0:
+                print(f"{len(walls_ms)}/{args.requests} requests, last 100: {summary(walls_ms[-100:])}", flush=True)
         if args.gap_ms > 0:
             time.sleep(args.gap_ms / 1000)
 
+    if walls_ms:
+        print(f"done: {len(walls_ms)} requests of {args.cpu_ms:g} ms CPU each: {summary(walls_ms)}")
     return flush_spans(provider, args.endpoint)
+
+
+def summary(walls_ms: list[float]) -> str:
+    """Wall-time percentiles: a starved request takes longer for the same CPU work."""
+    ordered = sorted(walls_ms)
+    at = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
+    return f"wall p50 {at(0.5):.1f} ms, p99 {at(0.99):.1f} ms, max {ordered[-1]:.1f} ms"
 
 
 def flush_spans(provider: TracerProvider, endpoint: str) -> int:
