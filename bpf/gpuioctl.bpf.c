@@ -75,7 +75,11 @@ TRACEPOINT_PROBE(syscalls, sys_exit_ioctl)
         return 0;
 
     u32 tgid = pid_tgid >> 32;
-    struct gpu_hist_key hkey = {.pid = tgid, .slot = bpf_log2l(latency_ns / 1000)};
+    /* BCC's bpf_log2l(v) is floor(log2(v)) + 1 for v >= 1 (0 for 0): one
+     * less is the bucket [2^slot, 2^(slot+1)) us that gpuioctl.h and the
+     * LatencyHistogram record promise (< 1 us in slot 0 too). */
+    u64 us = latency_ns / 1000;
+    struct gpu_hist_key hkey = {.pid = tgid, .slot = us ? bpf_log2l(us) - 1 : 0};
     u64 none = 0;
     u64 *count = hist.lookup_or_try_init(&hkey, &none);
     if (count)

@@ -41,7 +41,8 @@ struct gpu_ioctl_event {
 };
 
 /* Per-process log2 histogram of every watched call, in microseconds
- * (the same convention as runqlat's). */
+ * (floor(log2): libbpf-tools runqlat's convention; BCC's bpf_log2l is one
+ * more, see gpuioctl.bpf.c). */
 struct gpu_hist_key {
     u32 pid;
     u32 slot;           /* latency in [2^slot, 2^(slot+1)) us; slot 0 also holds < 1 us */

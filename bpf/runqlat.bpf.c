@@ -232,7 +232,12 @@ TRACEPOINT_PROBE(sched, sched_switch)
 
     if (!is_target(tgid))   /* targets may have changed since it was queued */
         return 0;
-    struct runq_hist_key key = {.pid = tgid, .slot = bpf_log2l(wait_ns / 1000)};
+    /* BCC's bpf_log2l(v) is floor(log2(v)) + 1 for v >= 1 (0 for 0): one
+     * less is the bucket [2^slot, 2^(slot+1)) us that runqlat.h and the
+     * LatencyHistogram record promise (libbpf-tools runqlat's convention;
+     * < 1 us in slot 0 too). */
+    u64 wait_us = wait_ns / 1000;
+    struct runq_hist_key key = {.pid = tgid, .slot = wait_us ? bpf_log2l(wait_us) - 1 : 0};
     u64 none = 0;
     /* insert-if-absent, then add: two CPUs creating the same key both count */
     u64 *count = hist.lookup_or_try_init(&key, &none);

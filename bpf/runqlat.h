@@ -82,7 +82,8 @@ struct runq_event {
     u64 suspect_user[STACK_DEPTH];
 };
 
-/* Per-process log2 histogram of every wait, in microseconds. */
+/* Per-process log2 histogram of every wait, in microseconds: slot s holds
+ * waits in [2^s, 2^(s+1)) us (floor(log2), as libbpf-tools runqlat). */
 struct runq_hist_key {
     u32 pid;
     u32 slot;           /* wait in [2^slot, 2^(slot+1)) us; slot 0 also holds < 1 us */
