@@ -378,6 +378,7 @@ class RequestAttribution(Record, frozen=True):
     # its duration less the run-queue waits of its most-delayed thread: what
     # it would have taken uncontended, and what the baseline learns (0: unknown)
     service_ns: U64 = 0
+    gpu_ioctl_call: str = ""  # the longest slow GPU driver call's name (schemas/nvidia.py), "" for none
 
 
 class DeadLetter(msgspec.Struct, kw_only=True, frozen=True, gc=False):

@@ -48,6 +48,7 @@ from typing import Protocol
 
 from jitterscope.schemas.events import (CgroupThrottle, GpuIoctl, IrqTime, ProcessInfo, RequestAttribution,
                                         RequestSpan, RunqEvent, Suspect)
+from jitterscope.schemas.nvidia import ioctl_name
 
 Evidence = RunqEvent | GpuIoctl | CgroupThrottle | IrqTime
 
@@ -331,6 +332,7 @@ class Attributor:
         own_ns, own_threads = 0, set()  # held by the group's own threads
         thread_waits: dict[tuple[int, int], int] = defaultdict(int)  # run-queue ns per thread
         runq = ioctl = (0, 0, 0)
+        longest_call: Evidence | None = None  # the longest GPU driver call: the one the alert names
         splits = self._splits
         for kind in (RunqEvent, GpuIoctl):
             total = longest = count = 0
@@ -339,6 +341,8 @@ class Attributor:
                 total += part
                 if part > longest:
                     longest = part
+                    if kind is GpuIoctl:
+                        longest_call = event
                 count += 1
                 contributed.add(event.pid)
                 if kind is not RunqEvent:
@@ -408,7 +412,7 @@ class Attributor:
             throttled_ns=throttled, irq_ns=irq, pids=sorted(contributed),
             pod=info.pod if info else "", namespace=info.namespace if info else "",
             container=info.container if info else "", self_wait_ns=own_ns, self_threads=len(own_threads),
-            service_ns=service,
+            service_ns=service, gpu_ioctl_call=ioctl_name(longest_call.request) if longest_call else "",
         )
 
     def _thread_parts(self, span: RequestSpan, kind: type,

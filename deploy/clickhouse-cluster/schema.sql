@@ -593,3 +593,7 @@ ALTER TABLE jitterscope.request_attribution ON CLUSTER '{cluster}' ADD COLUMN IF
 ALTER TABLE jitterscope.request_attribution_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS service_ns UInt64;
 
 ALTER TABLE jitterscope.request_attribution ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS service_ns UInt64;
+
+ALTER TABLE jitterscope.request_attribution_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS gpu_ioctl_call LowCardinality(String) DEFAULT '';
+
+ALTER TABLE jitterscope.request_attribution ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS gpu_ioctl_call LowCardinality(String) DEFAULT '';

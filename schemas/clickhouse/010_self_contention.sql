@@ -10,3 +10,6 @@ ALTER TABLE jitterscope.request_attribution ADD COLUMN IF NOT EXISTS self_thread
 -- made the contention "normal" (a 54 ms request, 43 ms of it behind a hog,
 -- judged against a 35 ms baseline had no excess to explain).
 ALTER TABLE jitterscope.request_attribution ADD COLUMN IF NOT EXISTS service_ns UInt64;
+
+-- Which driver call stalled: the longest slow GPU ioctl's name (NV_ESC_RM_CONTROL, UVM_MIGRATE, ...).
+ALTER TABLE jitterscope.request_attribution ADD COLUMN IF NOT EXISTS gpu_ioctl_call LowCardinality(String) DEFAULT '';

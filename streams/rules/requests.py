@@ -83,6 +83,8 @@ def request_slo(attribution: RequestAttribution, comm: str, cpus_allowed: list[i
             summary += f"; top source {irq.kind} {irq.source} on CPU {irq.cpu}"
     elif a.cause == "gpu_ioctl_stall":
         summary += f"GPU driver calls took {ms(a.gpu_ioctl_ns)} ({a.explained:.0%} of the excess)"
+        if a.gpu_ioctl_call:
+            summary += f"; longest {a.gpu_ioctl_call} {ms(a.gpu_ioctl_max_ns)}"
     else:
         summary += f"cause {a.cause}: run-queue waits explain {a.explained:.0%} of the excess"
     if a.cause == "cfs_throttling":
@@ -99,7 +101,8 @@ def request_slo(attribution: RequestAttribution, comm: str, cpus_allowed: list[i
                   f"run fewer (OMP_NUM_THREADS, torch.set_num_threads, fewer tokenizer/detokenizer workers) "
                   f"or give it more CPUs")
     elif a.cause == "gpu_ioctl_stall":
-        remedy = "the GPU driver was slow: see the gpu_ioctl_stall / pcie_contention alerts of these pids"
+        remedy = (f"the GPU driver was slow{' in ' + a.gpu_ioctl_call if a.gpu_ioctl_call else ''}: "
+                  f"see the gpu_ioctl_stall / pcie_contention alerts of these pids")
     else:
         remedy = "no kernel evidence explains it yet: check the model/batch size and GPU-side timings"
     return Alert(

@@ -15,13 +15,16 @@ from __future__ import annotations
 import os
 import time
 
+import msgspec
 import pytest
 
+from jitterscope.collector.clock import EpochConverter
 from jitterscope.collector.otlp import OtlpReceiver
 from jitterscope.collector.probes.gpu_ioctl import GpuIoctlProbe, gpu_fds
 from jitterscope.common.settings import Settings
 from jitterscope.schemas import events
 from jitterscope.schemas.nvidia import ioctl_name
+from jitterscope.streams.attribution import Attributor
 from jitterscope.streams.rules.base import Thresholds
 from jitterscope.streams.rules.gpu_ioctl import gpu_ioctl_stall
 from tests.gpu_standin import DEVICES, PROCESS_NAME, GpuStandin, fuse_unavailable, request_code
@@ -210,3 +213,19 @@ def test_probe_times_the_standin_driver_as_programmed():
     durations = {s["request_id"]: s["end_ns"] - s["start_ns"] for s in spans}
     assert durations == {r["request_id"]: r["end_ns"] - r["start_ns"] for r in summary["requests"]}
     assert durations[f"req-{SLOW_REQUEST}"] >= control.latency_ns
+
+    # the request's attribution names the driver call that stalled it, as the
+    # worker joins them (the collector stamps kernel times in epoch ns)
+    clock = EpochConverter()
+    attributor = Attributor(grace_ns=0)
+    for i, s in enumerate(sorted(spans, key=lambda s: s["end_ns"])):
+        attributor.add_request(events.RequestSpan(host="h", boot_id="b", seq=i, ts_ns=s["end_ns"], **s))
+    for r in records:
+        attributor.add_evidence(msgspec.structs.replace(r, ts_ns=clock.to_epoch(r.ts_ns)))
+    done = {a.request_id: a for a in attributor.due(time.time_ns() + 1)}
+    stalled = done[f"req-{SLOW_REQUEST}"]
+    assert stalled.cause == "gpu_ioctl_stall" and stalled.gpu_ioctl_call == "NV_ESC_RM_CONTROL", stalled
+    assert stalled.gpu_ioctl_max_ns == control.latency_ns and stalled.pids == [pid]
+    assert done[f"req-{REQUESTS // 3}"].gpu_ioctl_call == "UVM_MIGRATE"  # its 20 ms call: slow, under the alarm
+    print(f"[gpu-standin] attribution: {stalled.request_id} {stalled.cause} {stalled.gpu_ioctl_call} "
+          f"{stalled.gpu_ioctl_max_ns / MS:.1f} ms of {stalled.duration_ns / MS:.1f} ms")

@@ -222,6 +222,7 @@ def test_gpu_driver_stall_is_named_when_it_explains_most():
     assert result.cause == "gpu_ioctl_stall" and result.gpu_ioctl_ns == 70 * MS and result.gpu_ioctls == 1
     assert result.runq_wait_ns == 5 * MS
     assert result.explained == pytest.approx(70 / 90, abs=1e-3)
+    assert result.gpu_ioctl_call == "NV_ESC_RM_CONTROL"  # 0xC020462A: _IOWR('F', 0x2A, 32)
 
 
 def test_a_redelivered_span_is_not_attributed_twice():

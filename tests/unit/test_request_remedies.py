@@ -82,3 +82,10 @@ def test_self_contention_names_no_neighbour_and_says_how_many_threads_for_how_ma
     assert alert.remedy.startswith("6 busy thread(s) of pid 1234's serving group compete for its 2 CPU(s) (2-3)")
     assert "taskset" not in alert.remedy and alert.suspect_pid == 0
     assert alert.evidence["self_wait_ms"] == "260.0"
+
+
+def test_a_gpu_stall_names_the_driver_call():
+    a = attribution(cause="gpu_ioctl_stall", gpu_ioctl_ns=70 * MS, gpu_ioctl_max_ns=60 * MS, gpu_ioctls=2,
+                    gpu_ioctl_call="NV_ESC_RM_CONTROL", explained=0.8)
+    alert = request_slo(a, "vllm", [2], [0, 1, 2], NOW)
+    assert "longest NV_ESC_RM_CONTROL 60 ms" in alert.summary and "in NV_ESC_RM_CONTROL" in alert.remedy
