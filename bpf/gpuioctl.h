@@ -1,7 +1,7 @@
 /* gpuioctl.h — the one record the GPU-ioctl probe emits, and its tunables.
  *
  * BCC reads these layouts from the compiled program, so the Python side
- * never restates them (see collector/probes/gpuioctl.py).
+ * never restates them (see collector/probes/gpu_ioctl.py).
  */
 #ifndef JITTERSCOPE_GPUIOCTL_H
 #define JITTERSCOPE_GPUIOCTL_H

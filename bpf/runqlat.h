@@ -1,7 +1,7 @@
 /* runqlat.h — the one record the run-queue probe emits, and its tunables.
  *
  * BCC reads this struct's layout from the compiled program, so the Python
- * side never restates it (see collector/probes/runqlat.py).
+ * side never restates it (see collector/probes/runq.py).
  */
 #ifndef JITTERSCOPE_RUNQLAT_H
 #define JITTERSCOPE_RUNQLAT_H

@@ -6,7 +6,8 @@ cannot see it), placed in a cgroup v1 named like a Docker or Kubernetes
 container; and a collector reading the host's /proc and /sys under another
 root (``host_root``). The request records must carry the HOST pid.
 
-No container runtime runs here (see DESIGN.md); these are the kernel
+No container runtime runs on the build machines (no Docker engine; podman
+refuses their hybrid cgroups); these are the kernel
 namespaces and cgroup layouts a runtime would make. Needs root and the v1
 cpu controller at /sys/fs/cgroup/cpu (this machine, CI)."""
 

@@ -1,5 +1,5 @@
-"""The direction of imports between jitterscope's parts (docs: DESIGN.md,
-"Parts and the way data walks").
+"""The direction of imports between jitterscope's parts (docs/architecture.md,
+the parts and the way data walks).
 
 The parts live in top-level folders that install as sub-packages through
 pyproject.toml's [tool.setuptools.package-dir] (collector/ is
