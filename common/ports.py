@@ -116,11 +116,24 @@ def holder(port: int, proc: Path = Path("/proc")) -> tuple[int, str] | None:
     return None
 
 
+def _script(pid: int, proc: Path) -> str:
+    """An interpreter's script or module (``-m jitterscope.cli streams``):
+    its name alone (python) says little."""
+    try:
+        args = (proc / str(pid) / "cmdline").read_bytes().split(b"\0")[1:]
+    except OSError:
+        return ""
+    text = " ".join(a.decode(errors="replace") for a in args if a)
+    text = "".join(c if c.isprintable() else "?" for c in text)  # another user's bytes
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def taken(listener: Listener, proc: Path = Path("/proc")) -> str:
     """The one line that says ``listener``'s port is taken, by whom, and how
     to move ours."""
     who = holder(listener.port, proc)
-    held = (f"held by {who[1]} (pid {who[0]})" if who else
+    script = _script(who[0], proc) if who and who[1].startswith(("python", "java", "node", "ruby", "perl")) else ""
+    held = (f"held by {who[1]} (pid {who[0]}{': ' + script if script else ''})" if who else
             f"by a process /proc does not name (see: ss -ltnp 'sport = :{listener.port}')")
     return (f"port {listener.port} ({listener.bind}) for {listener.what} is taken, {held}: stop it, or move ours "
             f"with --set {listener.setting}=PORT (JITTERSCOPE_{listener.setting.upper()}; 0 {listener.zero})")

@@ -18,7 +18,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from jitterscope.common import errors
+from jitterscope.common import errors, ports
 from jitterscope.common.private import open_private
 from jitterscope.schemas import topics
 
@@ -95,6 +95,8 @@ class EmbeddedBroker:
             raise errors.BrokerUnavailable(
                 f"no embedded broker binary ({exc}); reinstall with 'make setup', "
                 "or use a real Kafka with --bootstrap-servers") from exc
+        # a port someone holds would make wait_for_port answer for them: one line instead
+        ports.require_free(ports.broker_listener(self.port, self.host))
         url = f"tcp://{self.host}:{self.port}"
         # the broker's log may echo topic and client names: the owner's only, never through a symlink
         out = os.fdopen(open_private(self.log_file, append=True), "ab") if self.log_file else subprocess.DEVNULL

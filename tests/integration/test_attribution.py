@@ -16,13 +16,23 @@ import pytest
 
 from jitterscope.broker import free_port
 from jitterscope.workload import HOG_COMM, cpu_hogs, last_cpu
-from tests.conftest import wait_until
+from tests.conftest import RunDelay, wait_until
 
 pytestmark = [pytest.mark.bpf, pytest.mark.integration]
 
 STANDIN = Path(__file__).resolve().parents[2] / "examples/inference_standin.py"
 MS = 1_000_000
 SLO_MS = 30  # normal requests take ~10 ms; a crowded core makes them 30-80 ms
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _own_cpu(own_cpu):
+    """The requests outside the hog window are the baseline: their premise is
+    a quiet CPU. The cgroup weight (tests/conftest.py) keeps outside CPU load
+    from crowding the stand-in's CPU (and the pipeline's); the kernel's count
+    of the stand-in's waits per request tells what still got through (see the
+    test), so it is not blamed on the attribution."""
+    return own_cpu
 
 
 @pytest.fixture(scope="module")
@@ -58,12 +68,13 @@ def attribution(stack, request_id: str):
 def test_requests_in_the_contention_window_are_blamed_on_the_hog(pipeline):
     stack, worker, collector, otlp_port = pipeline
     standin = run_standin(otlp_port, "--requests", "180", "--cpu-ms", "10", "--gap-ms", "15", "--id-prefix", "req-")
-    time.sleep(2.5)  # requests before the hogs: the baseline
-    with cpu_hogs(seconds=1.5, count=3):
-        hog_start = time.time_ns()
-        time.sleep(1.5)
-        hog_end = time.time_ns()
-    out, _ = standin.communicate(timeout=60)
+    with RunDelay(standin.pid) as kernel:  # the stand-in's waits, as the kernel counts them
+        time.sleep(2.5)  # requests before the hogs: the baseline
+        with cpu_hogs(seconds=1.5, count=3):
+            hog_start = time.time_ns()
+            time.sleep(1.5)
+            hog_end = time.time_ns()
+        out, _ = standin.communicate(timeout=60)
     assert standin.returncode == 0
     requests = parse(out)
     pid = standin.pid
@@ -93,19 +104,32 @@ def test_requests_in_the_contention_window_are_blamed_on_the_hog(pipeline):
     # a kernel thread of the VM (kdamond, kworker) can out-wait the hogs for a request, not for most
     assert top_is_hog >= 0.8 * len(inside), (top_is_hog, len(inside))
     assert len(breached_inside) >= 0.8 * len(inside), (len(breached_inside), len(inside))
-    quiet = [attribution(stack, rid) for rid in outside]
-    assert all(q is not None for q in quiet)
+    assert all(attribution(stack, rid) is not None for rid in outside)
+    # The baseline's premise: nothing else wanted the stand-in's CPU. Where
+    # the kernel says its threads waited 1 ms or more during a request
+    # (outside load the cgroup weight did not keep off), a wait is the truth,
+    # not a false attribution: those requests are no baseline.
+    waited = {rid: kernel.during(*requests[rid]) for rid in outside}
+    baseline = [rid for rid in outside if waited[rid] is not None and waited[rid] < 1 * MS]
+    if len(baseline) < 20:
+        pytest.skip(f"premise not met: outside load on CPU {last_cpu()} made {len(outside) - len(baseline)} of "
+                    f"{len(outside)} requests outside the hog window wait 1 ms or more (schedstat)")
+    quiet = [attribution(stack, rid) for rid in baseline]
     near_zero = [q for q in quiet if q[1] < 2 * MS]
-    assert len(near_zero) >= 0.9 * len(quiet), [q[:4] for q in quiet if q[1] >= 2 * MS]
+    assert len(near_zero) >= 0.9 * len(quiet), [(q[:4], waited[rid]) for rid, q in zip(baseline, quiet)
+                                                 if q[1] >= 2 * MS]
 
     alerts = stack.query(
         "SELECT request_id, toUnixTimestamp64Nano(raised) - toUnixTimestamp64Nano(ts) FROM jitterscope.alerts "
         "WHERE kind = 'request_slo' AND pid = {pid:UInt32}", pid=pid)
     alerted = {a[0] for a in alerts}
     assert alerted & set(inside) == breached_inside
-    assert not alerted & set(outside), [(r, attribution(stack, r)) for r in sorted(alerted & set(outside))][:5]
+    assert not alerted & set(baseline), [(r, attribution(stack, r)) for r in sorted(alerted & set(baseline))][:5]
+    # outside load may push other requests past the SLO: then the alert is right, and says so
+    assert all(attribution(stack, r)[5] for r in alerted & set(outside)), sorted(alerted & set(outside))[:5]
     delays = sorted(a[1] / 1e6 for a in alerts)
-    print(f"\n[measured] {len(requests)} requests, {len(inside)} in the contention window; "
+    print(f"\n[measured] {len(requests)} requests, {len(inside)} in the contention window, {len(baseline)} of "
+          f"{len(outside)} outside it with under 1 ms of waits (schedstat), the baseline; "
           f"attribution delay after span end: median {statistics.median(delays):.0f} ms, max {delays[-1]:.0f} ms "
           f"(grace 1000 ms)")
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from jitterscope.broker import EmbeddedBroker
+from jitterscope.broker import EmbeddedBroker, free_port
 from jitterscope.collector.agent import FINAL_FILE
 from jitterscope.schemas import topics
 from jitterscope.streams.clickhouse import TABLE_OF
@@ -41,7 +41,9 @@ pytestmark = [pytest.mark.bpf, pytest.mark.integration]
 HOSTS = 3
 WORKERS = 2
 LIVE_S = 4  # a host is "live" in a store that holds one of its records this recent (stats come every 1 s)
-OTLP_PORT = 4318  # the same port in every namespace: each has its own loopback
+# the same port in every namespace (each has its own loopback), never a fixed
+# one: a test binds no port that something else on the host may hold
+OTLP_PORT = free_port()
 REQUESTS = 200
 STANDIN = Path(__file__).resolve().parents[2] / "examples/inference_standin.py"
 
@@ -162,6 +164,8 @@ def test_three_hosts_two_workers_one_killed_stores_every_record_once(tmp_path):
             worker_procs = start_workers(workers)
             for c in collectors:
                 wait_until(lambda: "collector started" in c.text(), 240, "collector start", c)
+            for c in collectors:  # the receiver starts after the probes: the stand-ins need it
+                wait_until(lambda: "OTLP receiver listening" in c.text(), 120, "the OTLP receiver", c)
             os.sched_setaffinity(0, cpus)
 
             loads = [cleanup.enter_context(starvation(seconds=600, hogs=2, delay=0, name=v)) for v in victims]
@@ -201,9 +205,11 @@ def test_three_hosts_two_workers_one_killed_stores_every_record_once(tmp_path):
                               "the restarted worker storing new records again", worker_procs[k])
             rejoin_s = time.monotonic() - restarted_at
 
-            for server in servers:
+            for server, c in zip(servers, collectors):
                 out, _ = server.communicate(timeout=180)
-                assert server.returncode == 0 and len(out.splitlines()) == REQUESTS, out[-2000:]
+                assert server.returncode == 0 and len(out.splitlines()) == REQUESTS, (
+                    f"{out[-2000:]}\n{c.name} ({'running' if c.popen.poll() is None else c.popen.returncode}):\n"
+                    f"{c.text()[-3000:]}")
             for load in loads:  # the victims end; starvation's exit ends their hogs
                 load.kill()
             for c in collectors:  # all at once; a second SIGTERM would cut a shutdown short

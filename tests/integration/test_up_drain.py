@@ -14,6 +14,7 @@ from contextlib import contextmanager
 
 import pytest
 
+from jitterscope.broker import free_port
 from jitterscope.schemas import topics
 from jitterscope.stack import FINAL_FILE
 from jitterscope.streams.clickhouse import TABLE_OF
@@ -66,8 +67,11 @@ def test_ctrl_c_during_a_storm_stores_everything_the_collector_sent(tmp_path):
     # every wait of 20 us or more leaves the kernel: a storm of events; alerts only at 1 s (rare).
     # The worker inserts only every 8 s, so at Ctrl-C it is surely behind: a fixed
     # few seconds' wait would lose the tail, waiting on counts must not.
+    # Every port free (cli_env: the worker's web port; metrics off; the
+    # broker's and OTLP's here): the defaults may be taken on this host.
     up = subprocess.Popen([*CLI, "up", "--broker-port", "0", "--threshold-ms", "0.02", "--alert-ms", "1000",
-                           "--set", "drain_timeout_s=300", "--set", "sink_flush_s=8"],
+                           "--set", "drain_timeout_s=300", "--set", "sink_flush_s=8",
+                           "--set", f"otlp_port={free_port()}"],
                           env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(iter(up.stdout.readline, "")), daemon=True)

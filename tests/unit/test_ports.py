@@ -86,6 +86,16 @@ def test_the_holder_from_a_captured_proc(tmp_path):
     assert ports.holder(6066, proc) is None
 
 
+def test_an_interpreter_is_named_with_its_script(tmp_path):
+    proc = fake_proc(tmp_path, [_row(0, 6066, "0A", 777)], {4321: ("python", 777)})
+    (proc / "4321" / "cmdline").write_bytes(b"/usr/bin/python3\0-m\0jitterscope.cli\0streams\0")
+    line = ports.taken(ports.Listener("the streams worker's web port", "streams_web_port", 6066), proc)
+    assert "held by python (pid 4321: -m jitterscope.cli streams)" in line
+    (proc / "4321" / "cmdline").write_bytes(b"python3\0" + b"x\x1b[31m" * 40 + b"\0")
+    line = ports.taken(ports.Listener("x", "streams_web_port", 6066), proc)
+    assert "\x1b" not in line and "...)" in line and "\n" not in line  # another user's bytes, cut short
+
+
 def test_taken_is_one_line_with_port_setting_and_holder(tmp_path):
     proc = fake_proc(tmp_path, [_row(0, 4318, "0A", 777)], {1234: ("tansu", 777)})
     line = ports.taken(ports.Listener("the collector's OTLP receiver", "otlp_port", 4318), proc)
@@ -104,7 +114,7 @@ def test_require_free_names_every_taken_port_once(held):
                            ports.Listener("the streams worker's web port", "streams_web_port", 0))
     lines = str(caught.value).splitlines()
     assert len(lines) == 1 and f"port {held} " in lines[0] and "collector_metrics_port" in lines[0]
-    assert f"held by {own_comm()} (pid {os.getpid()})" in lines[0]
+    assert f"held by {own_comm()} (pid {os.getpid()}" in lines[0]
     ports.require_free(ports.Listener("x", "otlp_port", free), ports.Listener("y", "streams_web_port", 0))
 
 
@@ -139,3 +149,20 @@ def test_the_stack_checks_every_port_it_listens_on_before_starting(held, tmp_pat
     assert not s.data_dir.exists() and not stack.children and stack.broker is None  # nothing started
     # with a Kafka given, no embedded broker: its port is not ours to check
     assert "broker_port" not in {l.setting for l in Stack(Settings(bootstrap_servers="k:9092"), None).listeners()}
+
+
+def test_the_standalone_broker_refuses_a_taken_port_in_one_line():
+    import socket
+
+    from jitterscope.broker import EmbeddedBroker
+    from jitterscope.common import errors
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        with pytest.raises(errors.PortTaken) as info:
+            EmbeddedBroker(port).start()
+    message = str(info.value)
+    assert f"port {port}" in message and "broker_port" in message and "\n" not in message
+    assert f"pid {os.getpid()}" in message
