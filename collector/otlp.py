@@ -95,6 +95,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 from prometheus_client import Counter
 
 from jitterscope.collector import containers, hostinfo
+from jitterscope.common import ports
 from jitterscope.common.errors import JitterscopeError
 from jitterscope.schemas.events import MAX_EPOCH_NS
 
@@ -395,7 +396,7 @@ def pid_of_peer(peer_host: str, peer_port: int, local_port: int, proc: Path = Pa
     if not address.is_loopback:
         return None  # another host's process: nothing in our /proc
     inode = _socket_inode(proc, address, peer_port, local_port)
-    return _pid_holding(proc, f"socket:[{inode}]", hint) if inode else None
+    return ports.pid_holding(inode, proc, hint) if inode else None
 
 
 def _unmapped(address: ipaddress.IPv4Address | ipaddress.IPv6Address):
@@ -430,28 +431,6 @@ def _proc_net_address(text: str):
     if sys.byteorder == "little":
         raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
     return _unmapped(ipaddress.ip_address(raw)), int(port_hex, 16)
-
-
-def _pid_holding(proc: Path, target: str, first: int | None = None) -> int | None:
-    try:
-        entries = [e.name for e in os.scandir(proc) if e.name.isdigit()]
-    except OSError:
-        return None
-    if first is not None and str(first) in entries:
-        entries.insert(0, str(first))
-    for pid in entries:
-        fd_dir = proc / pid / "fd"
-        try:
-            fds = os.listdir(fd_dir)
-        except OSError:  # gone, or not ours to read
-            continue
-        for fd in fds:
-            try:
-                if os.readlink(fd_dir / fd) == target:
-                    return int(pid)
-            except OSError:
-                continue
-    return None
 
 
 class PidResolver:

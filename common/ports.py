@@ -80,12 +80,16 @@ def listening_inodes(port: int, proc: Path = Path("/proc")) -> list[int]:
     return [inode for _, inode in sorted(found)]
 
 
-def pid_holding(inode: int, proc: Path = Path("/proc")) -> int | None:
+def pid_holding(inode: int, proc: Path = Path("/proc"), first: int | None = None) -> int | None:
+    """The pid of a process with socket ``inode`` open (``first``: the
+    likeliest, looked at before the rest), or None."""
     target = f"socket:[{inode}]"
     try:
         pids = [e.name for e in os.scandir(proc) if e.name.isdigit()]
     except OSError:
         return None
+    if first is not None and str(first) in pids:
+        pids.insert(0, str(first))
     for pid in pids:
         fd_dir = proc / pid / "fd"
         try:

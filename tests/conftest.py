@@ -87,6 +87,20 @@ def _empty_into(group: Path, root: Path) -> None:
                 pass
 
 
+def remove_cgroup(group: Path, timeout_s: float = 10) -> None:
+    """rmdir a test's cgroup once its killed members have finished exiting
+    (EBUSY until then)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            group.rmdir()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
 def _remove_stale(root: Path) -> None:
     """Groups of test runs that were killed before they could remove theirs."""
     for group in root.glob(OWN_CPU_PREFIX + "*"):

@@ -31,7 +31,7 @@ import pytest
 
 from jitterscope.broker import free_port
 from jitterscope.workload import last_cpu
-from tests.conftest import wait_until
+from tests.conftest import remove_cgroup, wait_until
 
 pytestmark = [pytest.mark.bpf, pytest.mark.integration]
 
@@ -100,15 +100,7 @@ def quota_cgroup(home):
         (group / "cpu.cfs_quota_us").write_text("10000")
         yield cgroup_path(group), group
     finally:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                group.rmdir()
-                break
-            except OSError:  # EBUSY: a killed member is still exiting
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
+        remove_cgroup(group)
 
 
 @pytest.fixture(scope="module")

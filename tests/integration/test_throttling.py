@@ -23,7 +23,7 @@ import pytest
 
 from jitterscope.broker import free_port
 from jitterscope.workload import last_cpu
-from tests.conftest import wait_until
+from tests.conftest import remove_cgroup, wait_until
 
 pytestmark = [pytest.mark.bpf, pytest.mark.integration]
 
@@ -69,16 +69,8 @@ def cgroup(quota_us: int | None):
         (dirs[0] / "cpu.cfs_quota_us").write_text(str(quota_us if quota_us else -1))
         yield "/" + name, [str(d / "cgroup.procs") for d in dirs]
     finally:
-        deadline = time.monotonic() + 10
         for d in dirs:
-            while True:
-                try:
-                    d.rmdir()
-                    break
-                except OSError:  # EBUSY: a killed member is still exiting
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.1)
+            remove_cgroup(d)
 
 
 @contextmanager

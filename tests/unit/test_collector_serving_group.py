@@ -11,6 +11,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from jitterscope.collector.agent import Collector
 from jitterscope.common.settings import Settings
 from jitterscope.schemas import events
@@ -22,6 +24,26 @@ TREE = ("import subprocess, sys, time\n"
         "'import subprocess, sys, time; subprocess.Popen([sys.executable, \"-c\", \"import time; time.sleep(60)\"]); "
         "time.sleep(60)'])\n"
         "time.sleep(60)\n")
+
+
+@pytest.fixture
+def tree():
+    """(front, engine, worker): a front process, its child and grandchild,
+    all killed afterwards (the two it spawned by pid)."""
+    front = subprocess.Popen([sys.executable, "-c", TREE])
+    spawned: list[int] = []
+    try:
+        spawned.append(wait_until(lambda: (children(front.pid) or [None])[0], 30, "the front's child"))
+        spawned.append(wait_until(lambda: (children(spawned[0]) or [None])[0], 30, "the engine's child"))
+        yield front, *spawned
+    finally:
+        for pid in spawned:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        front.kill()
+        front.wait()
 
 
 class Discard:
@@ -37,15 +59,10 @@ def children(pid: int) -> list[int]:
         return []
 
 
-def test_span_process_descendants_are_its_serving_group(tmp_path):
-    front = subprocess.Popen([sys.executable, "-c", TREE])
+def test_span_process_descendants_are_its_serving_group(tmp_path, tree):
+    front, engine, worker = tree
     neighbour = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    spawned: list[int] = []
     try:
-        engine = wait_until(lambda: (children(front.pid) or [None])[0], 30, "the front's child")
-        spawned.append(engine)
-        worker = wait_until(lambda: (children(engine) or [None])[0], 30, "the engine's child")
-        spawned.append(worker)
         collector = Collector(Settings(serving_group="auto", serving_threshold_ms=1.0, data_dir=tmp_path,
                                        spool_max_mb=0), publisher=Discard())
         collector._serving_pids.add(front.pid)  # as take_requests does for a span's pid
@@ -66,38 +83,18 @@ def test_span_process_descendants_are_its_serving_group(tmp_path):
             time.sleep(0.1)
         assert set(collector.serving_thresholds()) == {front.pid, engine}
     finally:
-        for pid in spawned:  # the ones this test started, by pid
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        for p in (front, neighbour):
-            p.kill()
-            p.wait()
+        neighbour.kill()
+        neighbour.wait()
 
 
-def test_the_own_tree_is_jitterscopes_own(tmp_path):
+def test_the_own_tree_is_jitterscopes_own(tmp_path, tree):
     """`up` names itself: its children and theirs (a restarted worker too)
     are jitterscope's own, and so is the collector always."""
-    front = subprocess.Popen([sys.executable, "-c", TREE])
-    spawned: list[int] = []
-    try:
-        engine = wait_until(lambda: (children(front.pid) or [None])[0], 30, "the front's child")
-        spawned.append(engine)
-        worker = wait_until(lambda: (children(engine) or [None])[0], 30, "the engine's child")
-        spawned.append(worker)
-        alone = Collector(Settings(data_dir=tmp_path, spool_max_mb=0), publisher=Discard())
-        alone.refresh_own()
-        assert alone.own == {os.getpid()}
-        collector = Collector(Settings(data_dir=tmp_path, spool_max_mb=0, own_tree_pid=front.pid), publisher=Discard())
-        held = collector.own  # the probes hold this very set
-        collector.update_targets()
-        assert held is collector.own and held == {os.getpid(), front.pid, engine, worker}
-    finally:
-        for pid in spawned:  # the ones this test started, by pid
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        front.kill()
-        front.wait()
+    front, engine, worker = tree
+    alone = Collector(Settings(data_dir=tmp_path, spool_max_mb=0), publisher=Discard())
+    alone.refresh_own()
+    assert alone.own == {os.getpid()}
+    collector = Collector(Settings(data_dir=tmp_path, spool_max_mb=0, own_tree_pid=front.pid), publisher=Discard())
+    held = collector.own  # the probes hold this very set
+    collector.update_targets()
+    assert held is collector.own and held == {os.getpid(), front.pid, engine, worker}
