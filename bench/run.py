@@ -1,7 +1,7 @@
 """jitterscope benchmarks. Ratios against a baseline measured in the same
 process, because these machines are shared and noisy.
 
-    .venv/bin/python bench/run.py [decode] [pipeline] [probe] [storm] ...   (default: all)
+    .venv/bin/python bench/run.py [decode] [pipeline] [probe] [storm] [alert-delay] ...   (default: all)
 
 Prints a Markdown section per benchmark; bench/RESULTS.md keeps the recorded
 runs with the command that produced them.
@@ -77,7 +77,8 @@ class StreamsWorker:
                    **{f"JITTERSCOPE_{k.upper()}": v for k, v in self.settings.items()})
         if self.tree:  # before site-packages, so it wins over the editable install
             env["PYTHONPATH"] = str(self.tree)
-        self.proc = subprocess.Popen([sys.executable, "-m", "jitterscope.cli", "streams"], env=env,
+        # cwd: not the repository root, whose jitterscope/ would come first on sys.path and hide ``tree``
+        self.proc = subprocess.Popen([sys.executable, "-m", "jitterscope.cli", "streams"], env=env, cwd=self._data.name,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self._settings = load(data_dir=Path(self._data.name))
         self._running_worker = running_worker
@@ -804,7 +805,9 @@ BENCHES = {"decode": bench_decode, "pipeline": bench_pipeline, "probe": bench_pr
            "attribution": bench_attribution, "hardware": bench_hardware_probes, "saved": bench_saved_queries, "storage": bench_storage,
            "storm": bench_storm_memory, "footprint": bench_collector_footprint, "pipeline-mix": lambda: __import__("mix").bench_pipeline_mix(),
            "sink-batch": lambda: __import__("mix").bench_sink_batch(),
-           "attribution-mix": lambda: __import__("mix").bench_attribution_mix()}
+           "attribution-mix": lambda: __import__("mix").bench_attribution_mix(),
+           "alert-delay": lambda: __import__("alert_delay").bench_alert_delay(),
+           "alert-delay-worker": lambda: __import__("alert_delay").bench_alert_delay_worker()}
 
 
 def main(names: list[str]) -> None:

@@ -40,6 +40,8 @@ FINAL_FILE = "collector-final.json"  # the collector's last counts, written as i
 #: the worker's counter of records stored or dead-lettered, per input topic
 #: (the family name: its samples are named ..._total)
 ACCOUNTED = "jitterscope_streams_records_accounted"
+#: the worker's histogram of alert raised minus event time, per alert kind
+ALERT_DELAY = "jitterscope_streams_alert_delay_seconds"
 POLL_S = 0.5
 #: without the collector's final counts (it crashed), the worker is taken as
 #: done once its counts stood still this long: longer than a sink flush and
@@ -112,6 +114,55 @@ def parse_accounted(metrics_text: str) -> dict[str, int] | None:
     return found
 
 
+def parse_histograms(metrics_text: str, family: str, label: str) -> dict[str, list[tuple[float, float]]]:
+    """A Prometheus histogram family from /metrics text, per value of
+    ``label``: its cumulative buckets as (upper bound, count), ascending,
+    +Inf last."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, list[tuple[float, float]]] = {}
+    for found in text_string_to_metric_families(metrics_text):
+        if found.name == family:
+            for sample in found.samples:
+                if sample.name == family + "_bucket":
+                    out.setdefault(sample.labels.get(label, ""), []).append(
+                        (float(sample.labels["le"]), sample.value))
+    return {key: sorted(buckets) for key, buckets in out.items()}
+
+
+def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float | None:
+    """The ``q`` quantile of cumulative buckets (upper bound, count), as
+    Prometheus' histogram_quantile() estimates it: linear within the bucket
+    that holds the rank (the first one from 0); in the +Inf bucket, the
+    largest finite bound. None for an empty histogram."""
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    rank = q * buckets[-1][1]
+    lower, below = 0.0, 0.0
+    for upper, count in buckets:
+        if count >= rank:
+            if upper == float("inf"):
+                return lower
+            return lower + (upper - lower) * ((rank - below) / (count - below) if count > below else 1.0)
+        lower, below = upper, count
+    return lower
+
+
+def alert_delay_line(metrics_text: str) -> str | None:
+    """p50/p99 of the worker's alert delay (raised minus the event's time),
+    per alert kind, the commonest first; None when it raised none."""
+    parts = []
+    try:
+        by_kind = parse_histograms(metrics_text, ALERT_DELAY, "kind")
+    except ValueError:  # not Prometheus text: nothing to say
+        return None
+    for kind, buckets in sorted(by_kind.items(), key=lambda kv: (-kv[1][-1][1], kv[0])):
+        p50, p99 = histogram_quantile(0.5, buckets), histogram_quantile(0.99, buckets)
+        if p50 is not None:
+            parts.append(f"{kind} p50 {p50 * 1e3:,.0f} ms, p99 {p99 * 1e3:,.0f} ms ({int(buckets[-1][1]):,})")
+    return "alert delay (event to alert raised): " + "; ".join(parts) if parts else None
+
+
 def unstored(sent: dict[str, int], accounted: dict[str, int]) -> dict[str, int]:
     """Per topic, records Kafka acknowledged that the worker has not stored
     yet. ``>=`` is done: a shared Kafka may hold records of earlier runs."""
@@ -139,11 +190,13 @@ class Stack:
         self.console = console
         self.children: dict[str, subprocess.Popen] = {}
         self.broker: EmbeddedBroker | None = None
+        self.delay_line: str | None = None  # the worker's alert delay, read as it stops
 
     def _spawn(self, name: str, args: list[str], bootstrap: str) -> None:
         # this process's tree (broker, worker, collector) is jitterscope's own: never a victim, a labelled suspect
-        env = dict(os.environ, **to_env(self.settings), JITTERSCOPE_BOOTSTRAP_SERVERS=bootstrap,
-                   JITTERSCOPE_OWN_TREE_PID=str(os.getpid()))
+        # (a literal, not dict(**...): to_env names every setting, own_tree_pid too, and these override it)
+        env = {**os.environ, **to_env(self.settings), "JITTERSCOPE_BOOTSTRAP_SERVERS": bootstrap,
+               "JITTERSCOPE_OWN_TREE_PID": str(os.getpid())}
         env.pop("JITTERSCOPE_CONFIG", None)  # everything is resolved into the env already
         log = os.fdopen(open_private(self.settings.data_dir / f"{name}.log", append=True), "ab")
         self.children[name] = subprocess.Popen(
@@ -245,6 +298,8 @@ class Stack:
                            "\"SELECT count() FROM jitterscope.runq_events\"", soft_wrap=True)
         if cost := self_cost_line(self.settings.data_dir / FINAL_FILE):
             self.console.print(cost, markup=False, soft_wrap=True)
+        if self.delay_line:
+            self.console.print(self.delay_line, markup=False, soft_wrap=True)
 
     def stop(self) -> None:
         with self.console.status("stopping") as status:
@@ -258,20 +313,30 @@ class Stack:
                     except KeyboardInterrupt:  # a second Ctrl-C: the operator wants out now
                         self.console.print("drain interrupted: records not stored yet are lost", style="bold red")
             if worker is not None:
+                if self.settings.streams_web_port and (text := self._metrics(timeout=3)):
+                    self.delay_line = alert_delay_line(text)
                 status.update("stopping the streams worker")
                 _terminate(worker)
             if self.broker:
                 self.broker.stop()
 
-    def _accounted(self) -> dict[str, int] | None:
-        """The worker's accounted counts; {} while it does not answer (busy)."""
+    def _metrics(self, timeout: float = 10) -> str | None:
+        """The worker's /metrics text; None while it does not answer (busy)."""
         from jitterscope.query import WORKER_HTTP  # our own worker: no proxy, no redirects
 
         host = dial_host(self.settings.streams_web_bind)
         try:
-            with WORKER_HTTP.open(f"http://{host}:{self.settings.streams_web_port}/metrics", timeout=10) as r:
-                return parse_accounted(r.read().decode())
+            with WORKER_HTTP.open(f"http://{host}:{self.settings.streams_web_port}/metrics", timeout=timeout) as r:
+                return r.read().decode()
         except (urllib.error.URLError, OSError, ValueError):
+            return None
+
+    def _accounted(self) -> dict[str, int] | None:
+        """The worker's accounted counts; {} while it does not answer (busy)."""
+        text = self._metrics()
+        try:
+            return {} if text is None else parse_accounted(text)
+        except ValueError:
             return {}
 
     def _drain(self, status, worker: subprocess.Popen) -> None:

@@ -28,7 +28,7 @@ from typing import NamedTuple
 
 import faust
 import msgspec
-from prometheus_client import Counter, Gauge
+from prometheus_client import Counter, Gauge, Histogram
 
 from jitterscope.common import kafka_auth, logs, ports
 from jitterscope.schemas import events, topics
@@ -54,6 +54,11 @@ RECORDS_ACCOUNTED = Counter(
     "records of an input topic that are safe: stored in ClickHouse or dead-lettered", ["topic"])
 DEAD_LETTERS = Counter("jitterscope_streams_deadletters_total", "input lines sent to the dead-letter topic", ["topic"])
 ALERTS = Counter("jitterscope_streams_alerts_total", "alerts raised", ["kind"])
+#: kernel event (or request end) to alert raised: what an operator waits for an alert
+ALERT_DELAY = Histogram(
+    "jitterscope_streams_alert_delay_seconds", "alert raised minus the time of the event it is about (its ts)",
+    ["kind"], buckets=(0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0,
+                       7.5, 10.0))
 
 ATTRIBUTIONS = Counter("jitterscope_streams_attributions_total", "requests attributed")
 PENDING_REQUESTS = Gauge("jitterscope_streams_pending_requests", "requests waiting for their grace period")
@@ -61,6 +66,8 @@ LATE_EVIDENCE = Counter("jitterscope_streams_late_evidence_total",
                         "kernel evidence that arrived after requests it overlapped were attributed")
 
 ATTRIBUTION_TICK_S = 0.25
+#: how often run-queue waits parked for a record are checked for a deadline passed (streams/handlers.py)
+PARKED_TICK_S = 0.05
 ALERT_GROUP_TICK_S = 0.5
 #: the record types the host state learns from (HostState.learn)
 LEARNED = (events.Topology, events.ProcessInfo, events.DeviceIo)
@@ -79,6 +86,14 @@ class Decoded(NamedTuple):
     partition: int = 0
     offset: int = 0
     host: str = ""
+
+
+def count_raised(alerts: list[events.Alert]) -> None:
+    """Count new alerts, and how long after their event each was raised (a
+    clock behind the collector's counts as 0)."""
+    for alert in alerts:
+        ALERTS.labels(alert.kind).inc()
+        ALERT_DELAY.labels(alert.kind).observe(max(0, alert.raised_ns - alert.ts_ns) / 1e9)
 
 
 def faust_credentials(s: Settings) -> "faust.types.auth.CredentialsT | None":
@@ -193,6 +208,23 @@ class StreamsWorker:
             except Exception:  # the timer must keep running: the next tick retries what is pending
                 log.exception("attribution tick failed")
 
+        @app.timer(interval=PARKED_TICK_S)
+        async def judge_parked() -> None:
+            try:
+                await self.parked_due()
+            except Exception:  # the timer must keep running: the next tick judges what is due
+                log.exception("parked run-queue waits tick failed")
+
+        # a parked wait's message is stored and committed: judge it before another worker takes its host, or none will
+        @app.on_partitions_revoked.connect
+        async def judge_parked_on_hand_over(_app, revoked, **_kwargs) -> None:
+            if revoked:
+                await self.judge_all_parked()
+
+        @app.on_before_shutdown.connect
+        async def judge_parked_on_stop(_app, **_kwargs) -> None:
+            await self.judge_all_parked()
+
         @app.timer(interval=ALERT_GROUP_TICK_S)
         async def resolve_alert_groups() -> None:
             try:
@@ -285,9 +317,24 @@ class StreamsWorker:
             for record in good:
                 self.state.learn(record)
         alerts = await self.handlers.handle(topic, good, time.time_ns())
-        for alert in alerts:
-            ALERTS.labels(alert.kind).inc()
+        count_raised(alerts)
         return await self.announce_alerts(alerts)
+
+    async def parked_due(self, everything: bool = False) -> None:
+        """Judge the run-queue waits parked for a record whose deadline
+        passed (streams/handlers.py), or ``everything`` parked; their alerts
+        go where a message's go."""
+        alerts = self.handlers.flush() if everything else self.handlers.due()
+        if alerts:
+            count_raised(alerts)
+            alerts = await self.announce_alerts(alerts)
+            await self.store(topics.ALERTS, "alerts", [Decoded([], [], alerts)])
+
+    async def judge_all_parked(self) -> None:
+        try:
+            await self.parked_due(everything=True)
+        except Exception:  # a hand-over or a stop must go on
+            log.exception("could not judge the parked run-queue waits")
 
     async def announce_alerts(self, alerts: list[events.Alert]) -> list[events.Alert]:
         """Group the alerts (streams/alert_groups.py); send the announced ones
@@ -372,8 +419,8 @@ class StreamsWorker:
             alert = request_slo(a, process.comm if process else "", process.cpus_allowed if process else [],
                                 self.state.host_cpus(a.host), time.time_ns(), culprits.throttle, culprits.irq)
             if alert:
-                ALERTS.labels(alert.kind).inc()
                 alerts.append(alert)
+        count_raised(alerts)
         await self.publish(self.attribution_topic, done)
         alerts = await self.announce_alerts(alerts)
         await self.store(topics.ATTRIBUTION, "request_attribution", [Decoded(done, [], alerts)])

@@ -3,16 +3,39 @@ their signal (streams/rules/<signal>.py), with the host state those rules
 need, and repeated findings are kept from flooding the alert topic.
 
 A topic without a handler (topology, device traffic) only feeds the host
-state and the store; histograms only feed /metrics. Handlers hold no I/O beyond waiting briefly
-for a process record that travels on another topic.
+state and the store; histograms only feed /metrics. Handlers hold no I/O and
+never wait.
+
+A run-queue wait is judged with its process record, its host's topology and,
+when a quota cgroup is known above it, the throttling record that covers its
+end; those travel on other topics and may arrive just after it. A wait whose
+records are all known is judged at once; the others are *parked* (at most
+MAX_PARKED, each with a deadline: PROCESS_WAIT_S for the process and topology
+records, then THROTTLE_WAIT_S for the throttling record) and the handler
+returns without waiting, so the waits behind them are judged at once too.
+A parked wait is judged again when a record of its host arrives (a
+processes, topology or cgroup_throttle message: ``handle`` returns its alert
+with the message's own) or, once its deadline passed, by ``due()``, which the
+worker calls from a short timer: as the old in-line wait (which polled every
+50 ms inside the per-message path, so every record behind a waiting one
+waited too) judged it at the end of its wait. Parked rather than a task per
+waiting event: a task per alert-worthy event costs more than the rule itself,
+and the wake-up by host judges a parked wait in the same loop iteration that
+its record is learned, not at the next poll. A parked wait's message is stored
+and committed meanwhile, so the worker judges every parked wait with what is
+known (``flush()``) before it stops or hands partitions over.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections import defaultdict
+from dataclasses import dataclass
+import heapq
+import itertools
 import time
 from typing import Awaitable, Callable
+
+from prometheus_client import Counter
 
 from jitterscope.schemas import events, topics
 from jitterscope.streams.rules import blockio, gpu_ioctl, migrate, pages, processes, runq
@@ -21,6 +44,7 @@ from jitterscope.streams.rules import throttle
 from jitterscope.streams.rules.base import Thresholds
 from jitterscope.streams.rules.losses import LossWatch
 from jitterscope.streams import signal_metrics
+from jitterscope.streams.host_state import PROCESS_WAIT_S
 from jitterscope.streams.throttle_index import ThrottleIndex, contains
 
 #: how long the same finding about the same process/thread stays quiet
@@ -39,20 +63,55 @@ Handler = Callable[[list, int], Awaitable[list[events.Alert]]]
 #: record that covers it (the cfs sampler publishes every cfs_interval_s,
 #: then the batch delay): judged without it after that
 THROTTLE_WAIT_S = 2.0
+#: run-queue waits parked at most at once per worker; past it the oldest is judged at once with what is known
+MAX_PARKED = 10_000
+
+#: the topics whose records a parked wait may wait for: each of their
+#: messages judges its host's parked waits again (the host state learned the
+#: process and topology records before, in streams/app.py)
+WAKING = frozenset({topics.PROCESSES, topics.TOPOLOGY, topics.CGROUP_THROTTLE})
+
+PARKED = Counter("jitterscope_streams_runq_parked_total",
+                 "alert-worthy run-queue waits parked for a record on another topic (process, topology, throttling)")
+JUDGED_LATE = Counter("jitterscope_streams_runq_judged_late_total",
+                      "parked run-queue waits judged, by why: the record arrived, its deadline passed, "
+                      "the parked list was full (overflow), the worker stopped or handed partitions over (flush)",
+                      ["why"])
+
+
+@dataclass(slots=True, eq=False)
+class _Parked:
+    """A run-queue wait waiting for a record (streams/handlers.py's docstring).
+    Times are the handlers' clock (monotonic seconds)."""
+
+    event: events.RunqEvent
+    process_until: float  # waits for its process (and topology) record until then
+    until: float = 0.0  # the deadline it waits for now
+    throttle_until: float = 0.0  # non-zero: its victim is known, it waits for the covering throttling record
+    victim: events.ProcessInfo | None = None
 
 
 class Handlers:
     """``state``: the worker's HostState (or anything with its look-ups);
     ``attributor``: gets the kernel evidence and request spans (None: not
-    attributing)."""
+    attributing); ``clock``: monotonic seconds, for the parked waits'
+    deadlines; ``max_parked``: how many run-queue waits may be parked."""
 
-    def __init__(self, state, thresholds: Thresholds | None = None, attributor=None):
+    def __init__(self, state, thresholds: Thresholds | None = None, attributor=None,
+                 clock: Callable[[], float] = time.monotonic, max_parked: int = MAX_PARKED):
         self.state = state
         self.t = thresholds or Thresholds.defaults()
         self.attributor = attributor
         self.losses = LossWatch(self.t.loss_alert_events)
         self._last: dict[tuple, int] = {}
         self.throttles = ThrottleIndex()
+        self.clock = clock
+        self.max_parked = max_parked
+        #: parked run-queue waits, oldest first; the same per host; their deadlines (a heap, stale items skipped)
+        self._parked: dict[int, _Parked] = {}
+        self._parked_by_host: dict[str, dict[int, _Parked]] = defaultdict(dict)
+        self._deadlines: list[tuple[float, int]] = []
+        self._ids = itertools.count()
         #: input topic -> its signal's handler
         self.table: dict[str, Handler] = {
             topics.RUNQ: self.runq,
@@ -69,7 +128,10 @@ class Handlers:
 
     async def handle(self, topic: str, records: list, now_ns: int) -> list[events.Alert]:
         handler = self.table.get(topic)
-        return await handler(records, now_ns) if handler else []
+        alerts = await handler(records, now_ns) if handler else []
+        if topic in WAKING and self._parked:  # after the record's own alerts (a cgroup's quiet period)
+            alerts += self._wake({r.host for r in records})
+        return alerts
 
     def _fresh(self, alert: events.Alert | None, *key) -> bool:
         """False for a finding already raised within its quiet period."""
@@ -83,50 +145,152 @@ class Handlers:
         return True
 
     async def runq(self, records: list[events.RunqEvent], now_ns: int) -> list[events.Alert]:
+        """Judge every alert-worthy wait whose records are known; park the
+        others (never waits: see the module's docstring)."""
         if self.attributor is not None:
             self.attributor.add_evidence_many(records)
         alert_ns = self.t.runq_alert_ns
         worthy = [e for e in records if e.wait_ns >= alert_ns]
         if not worthy:
             return []
-        # Known processes and unlimited cgroups are answered here: a task per
-        # alert-worthy event (asyncio.gather) costs more than the rule itself.
-        known = self.state.processes
-        victims = {key: known.get(key) for key in sorted({(e.host, e.pid) for e in worthy})}
-        if missing := [key for key, found in victims.items() if found is None]:
-            victims.update(zip(missing, await asyncio.gather(*(self.state.process(h, p) for h, p in missing))))
-        hosts = sorted({e.host for e in worthy})
-        cpus = dict(zip(hosts, await asyncio.gather(*(self.state.cpus(h) for h in hosts))))
-        throttles: list[list[events.CgroupThrottle]] = [[] for _ in worthy]
-        limited = [(i, e, victims[(e.host, e.pid)]) for i, e in enumerate(worthy)
-                   if self._limited(e, victims[(e.host, e.pid)])]
-        found = await asyncio.gather(*(self._throttled(e, victim) for _, e, victim in limited))
-        for (i, _, _), covering in zip(limited, found):
-            throttles[i] = covering
-        alerts = []
-        for event, throttled in zip(worthy, throttles):
-            alert = runq.runq_starvation(event, alert_ns, victims[(event.host, event.pid)],
-                                         cpus[event.host], time.time_ns(), throttled)
-            if alert and (alert.kind != "cfs_throttling" or self._fresh(alert, alert.evidence.get("cgroup"))):
+        known, topology = self.state.processes, self.state.topology
+        alerts: list[events.Alert] = []
+        now = None
+        for event in worthy:
+            victim = known.get((event.host, event.pid))
+            # the common case, answered with dict look-ups: a known process on a
+            # known host in a cgroup without a quota
+            if victim is not None and event.host in topology and not self._limited(event, victim):
+                alert = self._judge(event, victim, limited=False)
+            else:
+                now = self.clock() if now is None else now
+                parked = _Parked(event, process_until=now + PROCESS_WAIT_S)
+                until = self._waiting_until(parked, now)
+                if until is not None:
+                    self._park(parked, until, alerts)
+                    continue
+                alert = self._judge(event, parked.victim)
+            if alert:
                 alerts.append(alert)
         return alerts
+
+    @property
+    def parked(self) -> int:
+        """Run-queue waits parked now."""
+        return len(self._parked)
+
+    def due(self) -> list[events.Alert]:
+        """Judge the parked waits whose deadline passed, as the old in-line
+        wait did at its end; the worker calls this from a short timer."""
+        now, out = self.clock(), []
+        while self._deadlines and self._deadlines[0][0] <= now:
+            until, key = heapq.heappop(self._deadlines)
+            parked = self._parked.get(key)
+            if parked is not None and parked.until == until:  # else judged already, or its deadline moved
+                self._step(key, parked, now, out)
+        return out
+
+    def flush(self) -> list[events.Alert]:
+        """Judge every parked wait now with what is known: when the worker
+        stops or hands partitions over (its messages are stored and
+        committed, so no other worker would judge them)."""
+        out: list[events.Alert] = []
+        for key, parked in list(self._parked.items()):
+            self._judge_now(key, parked, "flush", out)
+        self._deadlines.clear()
+        return out
+
+    def _wake(self, hosts) -> list[events.Alert]:
+        """A record of these hosts arrived: judge their parked waits that no longer wait."""
+        out: list[events.Alert] = []
+        now = None
+        for host in hosts:
+            if waiting := self._parked_by_host.get(host):
+                now = self.clock() if now is None else now
+                for key, parked in list(waiting.items()):
+                    self._step(key, parked, now, out)
+        return out
+
+    def _waiting_until(self, parked: _Parked, now: float) -> float | None:
+        """Until when a wait still waits for a record (the deadline of what
+        it waits for); None: judge it now. The same budgets as the in-line
+        wait had: its process record and its host's topology first (one
+        window per host, HostState.topology_due), then the throttling record
+        that covers its end when a quota cgroup is known above it."""
+        event = parked.event
+        if not parked.throttle_until:
+            victim = self.state.processes.get((event.host, event.pid))
+            waits = []
+            if victim is None and now < parked.process_until:
+                waits.append(parked.process_until)
+            if (topology := self.state.topology_due(event.host, now)) is not None:
+                waits.append(topology)
+            if waits:
+                return max(waits)
+            parked.victim = victim
+            if not self._limited(event, victim):
+                return None
+            parked.throttle_until = now + THROTTLE_WAIT_S
+        if now >= parked.throttle_until or \
+                self.throttles.covered_until(event.host, parked.victim.cgroup) >= event.ts_ns:
+            return None
+        return parked.throttle_until
+
+    def _park(self, parked: _Parked, until: float, out: list[events.Alert]) -> None:
+        if len(self._parked) >= self.max_parked:  # full: the oldest is judged now with what is known
+            self._judge_now(*next(iter(self._parked.items())), "overflow", out)
+        key = next(self._ids)
+        parked.until = until
+        self._parked[key] = parked
+        self._parked_by_host[parked.event.host][key] = parked
+        heapq.heappush(self._deadlines, (until, key))
+        PARKED.inc()
+
+    def _judge_now(self, key: int, parked: _Parked, why: str, out: list[events.Alert]) -> None:
+        """Judge a parked wait before what it waits for came, with what is known."""
+        self._unpark(key, parked)
+        JUDGED_LATE.labels(why).inc()
+        event = parked.event
+        victim = parked.victim if parked.throttle_until else self.state.processes.get((event.host, event.pid))
+        if alert := self._judge(event, victim):
+            out.append(alert)
+
+    def _unpark(self, key: int, parked: _Parked) -> None:
+        del self._parked[key]
+        host = self._parked_by_host[parked.event.host]
+        del host[key]
+        if not host:
+            del self._parked_by_host[parked.event.host]
+
+    def _step(self, key: int, parked: _Parked, now: float, out: list[events.Alert]) -> None:
+        """Judge a parked wait if it no longer waits, else move its deadline."""
+        until = self._waiting_until(parked, now)
+        if until is None:
+            self._unpark(key, parked)
+            JUDGED_LATE.labels("arrived" if now < parked.until else "deadline").inc()
+            if alert := self._judge(parked.event, parked.victim):
+                out.append(alert)
+        elif until != parked.until:
+            parked.until = until
+            heapq.heappush(self._deadlines, (until, key))
+
+    def _judge(self, event: events.RunqEvent, victim, limited: bool | None = None) -> events.Alert | None:
+        """The run-queue rule with what is known now; a throttled wait inside
+        its cgroup's quiet period raises nothing (the cfs_throttling alert said it)."""
+        if limited is None:
+            limited = self._limited(event, victim)
+        throttled = self.throttles.throttled(event.host, victim.cgroup, event.ts_ns - event.wait_ns, event.ts_ns) \
+            if limited else []
+        alert = runq.runq_starvation(event, self.t.runq_alert_ns, victim, self.state.host_cpus(event.host),
+                                     time.time_ns(), throttled)
+        if alert and (alert.kind != "cfs_throttling" or self._fresh(alert, alert.evidence.get("cgroup"))):
+            return alert
+        return None
 
     def _limited(self, event: events.RunqEvent, victim) -> bool:
         """Whether a quota cgroup is known above the waiting thread."""
         cgroup = getattr(victim, "cgroup", "")
         return bool(cgroup and self.throttles.limits(event.host, cgroup))
-
-    async def _throttled(self, event: events.RunqEvent, victim) -> list[events.CgroupThrottle]:
-        """Throttling of the quota cgroups above the waiting thread during its
-        wait; when its cgroup has a quota, waits briefly for the record that
-        covers the wait's end (it travels on another topic)."""
-        if not self._limited(event, victim):
-            return []
-        cgroup = victim.cgroup
-        deadline = time.monotonic() + THROTTLE_WAIT_S
-        while self.throttles.covered_until(event.host, cgroup) < event.ts_ns and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        return self.throttles.throttled(event.host, cgroup, event.ts_ns - event.wait_ns, event.ts_ns)
 
     async def irq(self, records: list[events.IrqTime], now_ns: int) -> list[events.Alert]:
         """Interrupt time per CPU: charged to the request waits on that CPU,

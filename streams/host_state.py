@@ -18,7 +18,7 @@ import time
 from jitterscope.schemas import events
 from jitterscope.streams import clickhouse
 
-PROCESS_WAIT_S = 1.0  # how long an alert waits for its process record to arrive
+PROCESS_WAIT_S = 1.0  # how long an alert waits for its process (and a new host's topology) record to arrive
 
 
 class HostState:
@@ -27,7 +27,7 @@ class HostState:
 
     def __init__(self):
         self.topology: dict[str, events.Topology] = {}
-        self._topology_awaited: set[str] = set()
+        self._topology_until: dict[str, float] = {}  # host -> end of its one wait for a topology record
         self.processes: dict[tuple[str, int], events.ProcessInfo] = {}
         # per-host indexes, so per-event look-ups do not scan the whole fleet
         self._host_processes: dict[str, dict[int, events.ProcessInfo]] = defaultdict(dict)
@@ -53,17 +53,24 @@ class HostState:
         topo = self.topology.get(host)
         return topo.cpus if topo else None
 
+    def topology_due(self, host: str, now: float, wait_s: float = PROCESS_WAIT_S) -> float | None:
+        """For a host whose topology is not known yet: until when (``now``'s
+        clock, monotonic seconds) to wait for its record (the collector sends
+        it first, on another topic). The first ask opens the host's one
+        window, so a host that never sends one costs one wait. None: known,
+        or its window is over. Never waits itself (streams/handlers.py parks)."""
+        if host in self.topology:
+            return None
+        until = self._topology_until.setdefault(host, now + wait_s)
+        return until if now < until else None
+
     async def cpus(self, host: str, wait_s: float = PROCESS_WAIT_S) -> list[int] | None:
-        """The host's CPUs; for a host not seen yet, waits briefly for its
-        topology record (the collector sends it first, on another topic);
-        only once per host, so a host that never sends one costs one wait."""
-        if host in self._topology_awaited:
-            return self.host_cpus(host)
-        self._topology_awaited.add(host)
-        deadline = time.monotonic() + wait_s
-        while (found := self.host_cpus(host)) is None and time.monotonic() < deadline:
+        """The host's CPUs, waiting within the host's one window
+        (``topology_due``) for its topology record. For callers that may
+        wait: the run-queue handler does not (it parks)."""
+        while self.topology_due(host, time.monotonic(), wait_s) is not None:
             await asyncio.sleep(0.05)
-        return found
+        return self.host_cpus(host)
 
     def gpu_users(self, host: str) -> dict[str, list[str]]:
         """GPU address -> names of the processes that have it open."""
@@ -86,7 +93,8 @@ class HostState:
 
     async def process(self, host: str, pid: int, wait_s: float = PROCESS_WAIT_S) -> events.ProcessInfo | None:
         """The process's metadata; waits briefly, since the collector's
-        process record travels on another topic and may arrive just after."""
+        process record travels on another topic and may arrive just after.
+        For callers that may wait: the run-queue handler does not (it parks)."""
         deadline = time.monotonic() + wait_s
         while (found := self.processes.get((host, pid))) is None and time.monotonic() < deadline:
             await asyncio.sleep(0.05)

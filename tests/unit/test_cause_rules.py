@@ -113,18 +113,13 @@ def test_runq_handler_waits_for_the_covering_record_then_blames_the_quota():
     h = Handlers(state(process()))
     run(h, topics.CGROUP_THROTTLE, [throttled(0, ts_ns=NOW - 300 * MS, nr_throttled=0)])  # quota cgroup known
 
-    async def both():
-        judged = asyncio.create_task(h.handle(topics.RUNQ, [wait(suspect=777)], NOW))
-        await asyncio.sleep(0.2)  # the covering record arrives later, on its own topic
-        assert not judged.done(), "the wait is held for the record that covers it"
-        own = await h.handle(topics.CGROUP_THROTTLE, [throttled(200)], NOW)
-        return own, await judged
-
-    own, alerts = asyncio.run(both())
-    assert [a.kind for a in own] == ["cfs_throttling"]
-    # the wait is explained by the same throttling, inside the cgroup's quiet
-    # period: no second alert, and above all no neighbour blamed
-    assert alerts == []
+    # the handler returns at once; the wait is parked for the record that covers it
+    assert run(h, topics.RUNQ, [wait(suspect=777)]) == [] and h.parked == 1
+    own = run(h, topics.CGROUP_THROTTLE, [throttled(200)])  # it arrives later, on its own topic
+    # the wait is judged then, and is explained by the same throttling, inside
+    # the cgroup's quiet period: no second alert, and above all no neighbour blamed
+    assert [a.kind for a in own] == ["cfs_throttling"] and h.parked == 0
+    assert h.due() == []
 
 
 def test_runq_handler_unthrottled_cgroup_still_names_the_neighbour():

@@ -1,0 +1,307 @@
+"""`bench/run.py alert-delay`: how long after a run-queue wait ends its alert
+is raised (``raised − ts``), in a starvation storm on this host under
+`jitterscope up` (embedded broker, the real collector and its BPF probes, one
+streams worker, chDB), against the same storm with the worker's run-queue
+handler as at BEFORE, in the same run.
+
+At BEFORE the handler waited inside the per-message path (up to 1 s for a
+process or topology record, 2 s for a throttling record), so every record
+behind a waiting one waited too; now such a wait is parked and the handler
+returns (streams/handlers.py). The baseline is this tree with BASELINE_FILES
+as committed at BEFORE, run through PYTHONPATH (bench/mix.py does the same
+for its hot path).
+
+Each run starts `up` fresh (watching every process, as `make up` does), runs
+`jitterscope.workload.starvation()` (a victim with a bursty loop pinned to one
+CPU with three CPU hogs; every one of them is a process new to the collector,
+so its first waits arrive before its process record) once the collector has
+started, waits until the storm's stored alerts stand still, stops `up` with
+Ctrl-C and reads the storm processes' run-queue alerts from the store. Runs
+alternate the two trees (this machine is shared and noisy). The figures are
+over all the alerts of each tree's runs together; `up`'s own stop summary
+(the worker's alert-delay histogram on /metrics) is shown for this tree.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import tomllib
+import urllib.request
+from pathlib import Path
+
+from run import REPO, StreamsWorker, _git_show  # noqa: E402  (bench/ is on sys.path when run.py runs)
+
+#: the worker before alerts stopped waiting in the per-message path
+BEFORE = "f0e043d"
+#: the files that make the baseline: the run-queue handler, the host state it waited on, and the worker
+#: as it was (without the parked waits' timer)
+BASELINE_FILES = ["streams/handlers.py", "streams/host_state.py", "streams/app.py"]
+VICTIM = "jsalertdelay"  # not the demo's name: other runs on this machine may use that one
+CLI = [sys.executable, "-m", "jitterscope.cli"]
+STORM_S = 10.0
+QUIET_S = 5.0  # the storm's stored alerts stood still this long: every parked wait (3 s at most) is judged
+
+
+def baseline_tree(directory: Path, rev: str = BEFORE, files: list[str] = BASELINE_FILES) -> Path:
+    """This tree's packages laid out as the installed ``jitterscope``, with
+    ``files`` as committed at ``rev``."""
+    mapping = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    root = directory / "jitterscope"
+    ignore = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(REPO / mapping["jitterscope"], root, ignore=ignore)
+    for package, folder in mapping.items():
+        if package != "jitterscope":
+            shutil.copytree(REPO / folder, root / package.split(".", 1)[1], ignore=ignore)
+    for path in files:
+        top, rest = path.split("/", 1)
+        (root / top / rest).write_bytes(_git_show(rev, path))
+    return directory
+
+
+def _children_named(comm: str) -> list[int]:
+    """Pids of this process's children called ``comm`` (the storm's hogs)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            name, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+            if name == comm and int(rest[1]) == os.getpid():
+                found.append(int(entry.name))
+    return found
+
+
+def _metrics(port: int) -> str:
+    try:
+        return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    except OSError:
+        return ""
+
+
+def _summed(text: str, prefix: str) -> float:
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(prefix))
+
+
+def storm_under_up(tree: Path | None, seconds: float = STORM_S) -> dict:
+    """One `up` run with one storm: the storm processes' alert delays (s) and up's stop summary."""
+    from jitterscope.broker import free_port
+    from jitterscope.common.settings import load
+    from jitterscope.query import query_worker, running_worker
+    from jitterscope.workload import HOG_COMM, starvation
+
+    with tempfile.TemporaryDirectory() as data:
+        web = free_port()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("JITTERSCOPE_")}
+        env.update(JITTERSCOPE_DATA_DIR=data, JITTERSCOPE_STREAMS_WEB_PORT=str(web),
+                   JITTERSCOPE_COLLECTOR_METRICS_PORT="0", JITTERSCOPE_OTLP_PORT="0",
+                   JITTERSCOPE_KAFKA_SESSION_TIMEOUT_S="6")
+        if tree:  # before site-packages, so it wins over the editable install
+            env["PYTHONPATH"] = str(tree)
+        # cwd: not the repository root, whose jitterscope/ would come first on sys.path and hide the tree
+        up = subprocess.Popen([*CLI, "up", "--broker-port", "0", "--duration", "900"], env=env, cwd=data,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(iter(up.stdout.readline, "")), daemon=True)
+        reader.start()
+        log = Path(data) / "collector.log"
+        try:
+            deadline = time.monotonic() + 300
+            while not (log.exists() and b"collector started" in log.read_bytes()):
+                assert up.poll() is None and time.monotonic() < deadline, "up did not start:\n" + "".join(lines)
+                time.sleep(0.2)
+            pids: set[int] = set()
+            with starvation(seconds=seconds, hogs=3, delay=1.0, name=VICTIM) as victim:
+                pids.add(victim.pid)
+                while len(pids) < 4 and victim.poll() is None:
+                    pids.update(_children_named(HOG_COMM))
+                    time.sleep(0.05)
+            # every alert of the storm stored: their count stood still (the host's other processes may
+            # raise alerts all along, so not the worker's whole count)
+            worker = running_worker(load(data_dir=Path(data)))
+            stored = (f"SELECT count() FROM jitterscope.alerts WHERE kind = 'runq_starvation' "
+                      f"AND pid IN ({', '.join(map(str, sorted(pids)))})")
+            last, since, deadline = None, time.monotonic(), time.monotonic() + 300
+            while time.monotonic() - since < QUIET_S and time.monotonic() < deadline:
+                count = query_worker(worker, stored, {})[1][0][0]
+                if count != last:
+                    last, since = count, time.monotonic()
+                time.sleep(0.5)
+            text = _metrics(web)
+            up.send_signal(signal.SIGINT)
+            assert up.wait(300) == 0, "".join(lines)
+        finally:
+            if up.poll() is None:
+                up.kill()
+                up.wait()
+        reader.join(10)
+        sql = ("SELECT (toUnixTimestamp64Nano(raised) - toUnixTimestamp64Nano(ts)) / 1e9 AS s, "
+               "toUnixTimestamp64Nano(ts) AS t, pid FROM jitterscope.alerts "
+               f"WHERE kind = 'runq_starvation' AND pid IN ({', '.join(map(str, sorted(pids)))}) ORDER BY t")
+        out = subprocess.run([*CLI, "query", "-f", "csv", sql], env=env, cwd=data, capture_output=True, text=True,
+                             timeout=300, check=True)
+        rows = [tuple(map(float, v.split(","))) for v in out.stdout.splitlines()[1:] if v.strip()]
+        values = [r[0] for r in rows]
+        summary = next((l.strip() for l in lines if l.startswith("alert delay")), "")
+        assert bool(summary) == (tree is None), "the baseline ran this tree's worker, or this tree printed no delay"
+        parked = {why: _summed(text, f'jitterscope_streams_runq_judged_late_total{{why="{why}"}}')
+                  for why in ("arrived", "deadline", "overflow", "flush")}
+        return {"delays": sorted(values), "rows": rows, "summary": summary, "processes": len(pids),
+                "parked": _summed(text, "jitterscope_streams_runq_parked_total "), "judged_late": parked}
+
+
+def _pct(values: list[float], q: float) -> float:
+    return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
+
+
+def bench_alert_delay(rounds: int = int(os.environ.get("BENCH_ALERT_ROUNDS", "2"))) -> str:
+    runs: dict[str, list[dict]] = {"before": [], "after": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        before_tree = baseline_tree(Path(tmp))
+        for r in range(rounds):  # alternating, the order flipped each round
+            for label in (("before", "after") if r % 2 == 0 else ("after", "before")):
+                result = storm_under_up(before_tree if label == "before" else None)
+                runs[label].append(result)
+                d = result["delays"]
+                print(f"<!-- round {r} {label}: {len(d)} alerts, p50 {_pct(d, 0.5):.3f} s, "
+                      f"p90 {_pct(d, 0.9):.3f} s, p99 {_pct(d, 0.99):.3f} s; {result['summary']}; parked "
+                      f"{result['parked']:.0f} (judged late: {result['judged_late']}) -->",
+                      file=sys.stderr, flush=True)
+
+    def figures(label: str) -> tuple[str, float]:
+        d = sorted(x for run in runs[label] for x in run["delays"])
+        per_run = lambda q: ", ".join(f"{_pct(run['delays'], q) * 1e3:,.0f}" for run in runs[label])  # noqa: E731
+        return (f"p50 {_pct(d, 0.5) * 1e3:,.0f} ms, p90 {_pct(d, 0.9) * 1e3:,.0f} ms, p99 {_pct(d, 0.99) * 1e3:,.0f} ms, "
+                f"max {d[-1] * 1e3 if d else float('nan'):,.0f} ms ({len(d):,} alerts; per run: p50 {per_run(0.5)} ms, "
+                f"p99 {per_run(0.99)} ms)"), _pct(d, 0.99)
+
+    ours, our_p99 = figures("after")
+    base, base_p99 = figures("before")
+    median_p50 = statistics.median(_pct(run["delays"], 0.5) for run in runs["after"])
+    summaries = "; ".join(run["summary"] for run in runs["after"] if run["summary"]) or "none printed"
+    return (f"| run-queue alert delay (raised − wait end) in a {STORM_S:.0f} s starvation storm under `jitterscope up` "
+            f"(victim + 3 hogs, all new processes), {rounds} alternating rounds | {ours} | handler as at {BEFORE} "
+            f"(waits in the per-message path): {base} | p99 {our_p99 / base_p99:.2f}x |\n"
+            f"\n`up`'s stop summary (the worker's histogram), this tree: {summaries} (median per-run p50 "
+            f"{median_p50 * 1e3:,.0f} ms)\n")
+
+
+# -- the same question with the collector's timing replayed: `bench/run.py alert-delay-worker` ----------------
+
+#: one host's synthetic storm, replayed into one streams worker: run-queue events of known processes, of a
+#: process new every NEW_EVERY_S (its record follows RECORD_AFTER_S later on the processes topic, as the
+#: collector describes a process at its first event) and of one gone every GONE_EVERY_S (it exited before the
+#: collector described it: no record ever comes, the in-line wait ran its full second)
+SYNTH_HOST = "storm"
+KNOWN = list(range(5000, 5016))
+TICK_S, RATE = 0.05, 2_000  # events/s, one message per tick
+NEW_EVERY_S, RECORD_AFTER_S, GONE_EVERY_S = 1.0, 0.15, 2.0
+
+
+def _synthetic_messages(seconds: float, t0_ns: int) -> tuple[list[tuple[float, str, bytes]], dict[int, str]]:
+    """(send at, s after start; topic; NDJSON) and pid -> its class (known, new, gone)."""
+    from jitterscope.schemas import events, topics
+
+    per_tick, seq, out, classes = int(RATE * TICK_S), 0, [], {pid: "known" for pid in KNOWN}
+    ticks = int(seconds / TICK_S)
+    for tick in range(ticks):
+        at, ts = tick * TICK_S, t0_ns + int(tick * TICK_S * 1e9)
+        pids = [KNOWN[i % len(KNOWN)] for i in range(per_tick)]
+        if tick % round(NEW_EVERY_S / TICK_S) == 0:
+            new = 6000 + tick
+            classes[new] = "new"
+            pids[0] = new
+            info = events.ProcessInfo(host=SYNTH_HOST, boot_id="syn", seq=100_000 + tick, ts_ns=ts, pid=new,
+                                      comm="fresh", cmdline="fresh", cgroup="/system.slice/fresh", cpus_allowed=[2, 3])
+            out.append((at + RECORD_AFTER_S, topics.PROCESSES, events.encode_batch([info])))
+        if tick % round(GONE_EVERY_S / TICK_S) == 5:
+            classes[7000 + tick] = "gone"
+            pids[1] = 7000 + tick
+        batch = []
+        for i, pid in enumerate(pids):
+            seq += 1
+            worthy = i < 2 or i % 5 == 0  # a new or gone process's one event is worthy, and one in five
+            batch.append(events.RunqEvent(host=SYNTH_HOST, boot_id="syn", seq=seq, ts_ns=ts, pid=pid, tid=pid * 10 + i % 8,
+                                          comm="w", cpu=i % 8, wait_ns=(12 if worthy else 6) * 1_000_000,
+                                          suspect_pid=300, suspect_tid=300, suspect_comm="batch"))
+        out.append((at, topics.RUNQ, events.encode_batch(batch)))
+    return sorted(out, key=lambda m: m[0]), classes
+
+
+def synthetic_storm(tree: Path | None, seconds: float = 10.0) -> dict[str, list[float]]:
+    """Alert delays (s) per class of process of one replayed storm."""
+    from jitterscope.query import query_worker
+    from jitterscope.schemas import events, topics
+
+    with StreamsWorker(tree=tree, runq_alert_ms="10") as worker:
+        sql = lambda q: query_worker(worker._running_worker(worker._settings), q, {})[1]  # noqa: E731
+        now, key = time.time_ns(), SYNTH_HOST.encode()
+        worker.producer.produce(topics.TOPOLOGY, events.encode_batch([events.Topology(
+            host=SYNTH_HOST, boot_id="syn", seq=0, ts_ns=now, cpus=list(range(8)), numa_nodes=[])]), key=key)
+        worker.producer.produce(topics.PROCESSES, events.encode_batch([events.ProcessInfo(
+            host=SYNTH_HOST, boot_id="syn", seq=i, ts_ns=now, pid=pid, comm="w", cmdline="w",
+            cgroup="/system.slice/w", cpus_allowed=[0, 1]) for i, pid in enumerate(KNOWN)]), key=key)
+        worker.producer.flush(30)
+        deadline = time.monotonic() + 120
+        while sql(f"SELECT count() FROM jitterscope.processes WHERE host = '{SYNTH_HOST}'")[0][0] < len(KNOWN):
+            assert time.monotonic() < deadline, "process records not stored"
+            time.sleep(0.2)
+        t_start = time.time() + 2
+        messages, classes = _synthetic_messages(seconds, int(t_start * 1e9))
+        worthy = sum(e.wait_ns >= 10_000_000 for _, topic, payload in messages if topic == topics.RUNQ
+                     for e in events.BatchDecoder(events.RunqEvent).decode(payload)[0])
+        for at, topic, payload in messages:
+            if (wait := t_start + at - time.time()) > 0:
+                time.sleep(wait)
+            worker.producer.produce(topic, payload, key=key)
+            worker.producer.poll(0)
+        worker.producer.flush(60)
+        deadline = time.monotonic() + 300
+        count = f"SELECT count() FROM jitterscope.alerts WHERE host = '{SYNTH_HOST}' AND kind = 'runq_starvation'"
+        while sql(count)[0][0] < worthy:
+            assert time.monotonic() < deadline, "not every alert was stored"
+            time.sleep(0.5)
+        rows = sql("SELECT pid, (toUnixTimestamp64Nano(raised) - toUnixTimestamp64Nano(ts)) / 1e9, seq, kind, "
+                   "severity, summary, remedy, cpus_allowed FROM "
+                   f"jitterscope.alerts WHERE host = '{SYNTH_HOST}' AND kind = 'runq_starvation'")
+    out: dict = {"all": []}
+    for pid, delay, *_ in rows:
+        out.setdefault(classes[pid], []).append(delay)
+        out["all"].append(delay)
+    return {**{k: sorted(v) for k, v in out.items()},
+            "verdicts": sorted((seq, *map(str, rest)) for _pid, _delay, seq, *rest in rows)}
+
+
+def bench_alert_delay_worker(rounds: int = int(os.environ.get("BENCH_ALERT_ROUNDS", "2"))) -> str:
+    runs: dict[str, list[dict]] = {"before": [], "after": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        before_tree = baseline_tree(Path(tmp))
+        for r in range(rounds):
+            for label in (("before", "after") if r % 2 == 0 else ("after", "before")):
+                runs[label].append(synthetic_storm(before_tree if label == "before" else None))
+
+    def figures(label: str, kind: str) -> str:
+        d = sorted(x for run in runs[label] for x in run.get(kind, []))
+        return (f"p50 {_pct(d, 0.5) * 1e3:,.0f} ms, p99 {_pct(d, 0.99) * 1e3:,.0f} ms ({len(d):,})" if d else "none")
+
+    same = all(run["verdicts"] == runs["before"][0]["verdicts"] for run in runs["before"] + runs["after"])
+    rows = []
+    for kind, what in (("all", f"every alert (the same verdicts, field for field, in every run: {same})"), ("known", "known processes' alerts"),
+                       ("new", f"new processes' alerts (record {RECORD_AFTER_S * 1e3:.0f} ms after)"),
+                       ("gone", "gone processes' alerts (no record ever)")):
+        after = sorted(x for run in runs["after"] for x in run.get(kind, []))
+        before = sorted(x for run in runs["before"] for x in run.get(kind, []))
+        rows.append(f"| one host's replayed storm ({RATE:,}/s run-queue events, 1 message per {TICK_S * 1e3:.0f} ms, "
+                    f"a new process every {NEW_EVERY_S:g} s, a gone one every {GONE_EVERY_S:g} s) → 1 worker, "
+                    f"{rounds} alternating rounds: {what} | {figures('after', kind)} | handler as at {BEFORE}: "
+                    f"{figures('before', kind)} | p99 {_pct(after, 0.99) / _pct(before, 0.99):.2f}x |")
+    return "\n".join(rows)
