@@ -405,21 +405,15 @@ def _unmapped(address: ipaddress.IPv4Address | ipaddress.IPv6Address):
 
 
 def _socket_inode(proc: Path, address, local_port: int, remote_port: int) -> int | None:
-    for table in ("tcp", "tcp6"):
+    for fields in ports.tcp_sockets(proc):
         try:
-            lines = (proc / "net" / table).read_text().splitlines()[1:]
-        except OSError:
+            local_ip, port = _proc_net_address(fields[1])
+            remote_port_here = _proc_net_address(fields[2])[1]
+            inode = int(fields[9])
+        except ValueError:
             continue
-        for line in lines:
-            fields = line.split()
-            try:
-                local_ip, port = _proc_net_address(fields[1])
-                remote_port_here = _proc_net_address(fields[2])[1]
-                inode = int(fields[9])
-            except (IndexError, ValueError):
-                continue
-            if port == local_port and remote_port_here == remote_port and local_ip == address and inode:
-                return inode  # inode 0: a socket no process holds any more (TIME_WAIT)
+        if port == local_port and remote_port_here == remote_port and local_ip == address and inode:
+            return inode  # inode 0: a socket no process holds any more (TIME_WAIT)
     return None
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import errno
 import os
 import socket
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,9 +60,9 @@ def probe(bind: str, port: int) -> OSError | None:
     return None
 
 
-def listening_inodes(port: int, proc: Path = Path("/proc")) -> list[int]:
-    """Inodes of the sockets bound to ``port`` here, listeners first."""
-    found: list[tuple[bool, int]] = []
+def tcp_sockets(proc: Path = Path("/proc")) -> Iterator[list[str]]:
+    """The fields of every row of /proc/net/tcp and tcp6 (local address,
+    remote address and state at 1, 2 and 3, the inode at 9)."""
     for table in ("tcp", "tcp6"):
         try:
             lines = (proc / "net" / table).read_text().splitlines()[1:]
@@ -69,14 +70,22 @@ def listening_inodes(port: int, proc: Path = Path("/proc")) -> list[int]:
             continue
         for line in lines:
             fields = line.split()
-            try:
-                local_port = int(fields[1].rsplit(":", 1)[1], 16)
-                state, inode = fields[3], int(fields[9])
-            except (IndexError, ValueError):
-                continue
-            # inode 0: no process holds it any more; TIME_WAIT holds nothing
-            if local_port == port and inode and state != _TIME_WAIT:
-                found.append((state != _LISTEN, inode))
+            if len(fields) > 9:
+                yield fields
+
+
+def listening_inodes(port: int, proc: Path = Path("/proc")) -> list[int]:
+    """Inodes of the sockets bound to ``port`` here, listeners first."""
+    found: list[tuple[bool, int]] = []
+    for fields in tcp_sockets(proc):
+        try:
+            local_port = int(fields[1].rsplit(":", 1)[1], 16)
+            state, inode = fields[3], int(fields[9])
+        except ValueError:
+            continue
+        # inode 0: no process holds it any more; TIME_WAIT holds nothing
+        if local_port == port and inode and state != _TIME_WAIT:
+            found.append((state != _LISTEN, inode))
     return [inode for _, inode in sorted(found)]
 
 
