@@ -22,7 +22,8 @@ def cli_env(tmp_path, **extra) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("JITTERSCOPE_")}
     env.update(JITTERSCOPE_DATA_DIR=str(tmp_path), JITTERSCOPE_STREAMS_WEB_PORT=str(free_port()),
                JITTERSCOPE_OTLP_PORT=str(free_port()),  # 4318 may be taken on this machine
-               JITTERSCOPE_COLLECTOR_METRICS_PORT="0", JITTERSCOPE_KAFKA_SESSION_TIMEOUT_S="6", **extra)
+               JITTERSCOPE_COLLECTOR_METRICS_PORT="0", JITTERSCOPE_KAFKA_SESSION_TIMEOUT_S="6")
+    env.update(extra)  # a caller's choice wins
     return env
 
 
