@@ -344,6 +344,9 @@ def _span_to_request(span: Span, pid: int, request_id_attributes: tuple[str, ...
     }
     for field, key in PHASE_ATTRIBUTES.items():
         record[field] = _seconds_to_ns(_number(attributes[key])) if key in attributes else 0
+    thread = attributes.get("thread.id")
+    if thread is not None and thread.WhichOneof("value") == "int_value" and 0 < thread.int_value < 2**31:
+        record["tid"] = thread.int_value
     return record
 
 

@@ -13,6 +13,11 @@ At a terminal it prints a progress line every 100 requests and a summary
 end_ns`` line per request (epoch ns, as in the span) for a program to read.
 
     python examples/inference_standin.py --requests 100 --cpu-ms 20 --gap-ms 50
+
+--gil-hog FIRST:LAST starts a second thread of pure-Python CPU work, on other
+CPUs than the serving thread's, while requests FIRST..LAST-1 are served: the
+CPUs stay free, and the serving thread waits for the interpreter lock (GIL)
+instead, as a Python front end does beside a busy tokenizer or engine loop.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import argparse
 import ctypes
 import os
 import sys
+import threading
 import time
 
 import requests
@@ -52,6 +58,36 @@ def burn_cpu(ms: float) -> None:
             x += 1
 
 
+class GilHog:
+    """A thread that runs pure Python (holding the GIL) until stopped; its
+    native thread id is what jitterscope should name as the GIL holder."""
+
+    def __init__(self, cpus: set[int]):
+        self.cpus = cpus
+        self.running = threading.Event()
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="gil-hog", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+        self.running.wait()
+
+    def _run(self) -> None:
+        if self.cpus:  # CPUs of its own: the serving thread waits for the GIL, not for a CPU
+            os.sched_setaffinity(0, self.cpus)
+        set_process_name(b"gil-hog")  # this thread's name, as the holder jitterscope names
+        self.tid = threading.get_native_id()
+        self.running.set()
+        x = 0
+        while not self.stopping.is_set():
+            for _ in range(1000):
+                x += 1
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.thread.join()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--endpoint", default="http://127.0.0.1:4318/v1/traces")
@@ -66,7 +102,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="pin the serving thread (only) to this CPU, as servers pin their GPU feeder")
     parser.add_argument("--times", action=argparse.BooleanOptionalAction, default=None,
                         help="one 'request_id start_ns end_ns' line per request (default: when not at a terminal)")
+    parser.add_argument("--gil-hog", default=None, metavar="FIRST:LAST",
+                        help="a pure-Python thread holds the GIL while requests FIRST..LAST-1 are served")
+    parser.add_argument("--hold-at", type=int, default=None, metavar="N",
+                        help="before request N, wait for a line on stdin (a test's cue that its probes are ready)")
     args = parser.parse_args(argv)
+    hog_first, hog_last = map(int, args.gil_hog.split(":")) if args.gil_hog else (-1, -1)
+    hog: GilHog | None = None
     times = args.times if args.times is not None else not sys.stdout.isatty()
     walls_ms: list[float] = []
 
@@ -86,13 +128,26 @@ def main(argv: list[str] | None = None) -> int:
         OTLPSpanExporter(endpoint=args.endpoint, session=session), schedule_delay_millis=200))
     tracer = provider.get_tracer("jitterscope.examples.inference_standin")
 
+    hog_cpus = os.sched_getaffinity(0) - {args.pin_cpu}
     if args.pin_cpu is not None:
         # Linux affinity is per thread: the exporter thread, started above,
         # keeps the process's CPUs; only the thread serving requests moves.
         os.sched_setaffinity(0, {args.pin_cpu})
     for i in range(args.requests):
+        if i == args.hold_at:
+            sys.stdin.readline()
+        if i == hog_first:
+            hog = GilHog(hog_cpus)
+            hog.start()
+            if times:
+                print("gil-hog", hog.tid, flush=True)
+        if i == hog_last and hog:
+            hog.stop()
+            hog = None
         request_id = f"{args.id_prefix}{i}"
-        span = tracer.start_span(args.name, kind=SpanKind.SERVER, attributes={"gen_ai.request.id": request_id})
+        # thread.id: the thread serving it (OpenTelemetry semantic conventions), whose time jitterscope accounts
+        span = tracer.start_span(args.name, kind=SpanKind.SERVER, attributes={
+            "gen_ai.request.id": request_id, "thread.id": threading.get_native_id()})
         started = time.perf_counter()
         burn_cpu(args.cpu_ms / 2)
         first_token = time.perf_counter()
@@ -116,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.gap_ms > 0:
             time.sleep(args.gap_ms / 1000)
 
+    if hog:
+        hog.stop()
     if walls_ms:
         print(f"done: {len(walls_ms)} requests of {args.cpu_ms:g} ms CPU each: {summary(walls_ms)}")
     return flush_spans(provider, args.endpoint)

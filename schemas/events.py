@@ -173,6 +173,29 @@ class GpuIoctl(Record, frozen=True):
     device: str  # the device path the fd was opened on
 
 
+#: what held a blocked thread (BlockedWait.kind): the interpreter lock, memory
+#: (a page-cache fault or reclaim), uninterruptible I/O, any other sleep
+BLOCKED_KINDS = ("gil", "memory", "io", "sleep")
+
+
+class BlockedWait(Record, frozen=True):
+    """A thread of a serving group was blocked (off the CPU, not runnable)
+    for at least the probe threshold, ending at ``ts_ns`` when it was woken.
+    ``kind`` (BLOCKED_KINDS) says what it was blocked on; the waker is the
+    task that woke it: for ``gil`` the thread that released the interpreter
+    lock (the holder); pid 0 when an interrupt on an idle CPU woke it (a
+    disk completion, a timer)."""
+
+    pid: U32
+    tid: U32
+    comm: str
+    kind: str
+    blocked_ns: U64
+    waker_pid: U32
+    waker_tid: U32
+    waker_comm: str
+
+
 class IrqTime(Record, frozen=True):
     """Time one CPU spent in one interrupt source over ``interval_ns`` ending
     at ``ts_ns`` (in-kernel sums from the irq: tracepoints). ``kind`` is
@@ -325,6 +348,10 @@ class RequestSpan(Record, frozen=True):
     prefill_ns: U64 = 0
     decode_ns: U64 = 0
     ttft_ns: U64 = 0
+    # the span's ``thread.id`` (OpenTelemetry semantic conventions): the thread
+    # that carried the request, whose time budget the attribution gives; 0 =
+    # not sent (the group's most-delayed thread is taken)
+    tid: U32 = 0
 
 
 class Suspect(msgspec.Struct, frozen=True, gc=False):
@@ -339,7 +366,8 @@ class RequestAttribution(Record, frozen=True):
     ``baseline_ns`` is the host's rolling median for requests of this name;
     ``excess_ns`` what this one took beyond it. ``cause`` is the evidence that
     explains most of the excess ("runq_starvation", "self_contention",
-    "cfs_throttling", "irq", "gpu_ioctl_stall"), or
+    "cfs_throttling", "irq", "gpu_ioctl_stall", "gil_contention",
+    "memory_stall", "io_wait"), or
     "unexplained" (or "none" when there was no excess). Requests batched
     together share evidence, by design.
     """
@@ -379,6 +407,19 @@ class RequestAttribution(Record, frozen=True):
     # it would have taken uncontended, and what the baseline learns (0: unknown)
     service_ns: U64 = 0
     gpu_ioctl_call: str = ""  # the longest slow GPU driver call's name (schemas/nvidia.py), "" for none
+    # The time budget of the thread that carried it (the group's thread that
+    # lost the most to waits of every kind during it; 0 = none known): its
+    # blocked time by BlockedWait kind, and the rest, on the CPU (or in waits
+    # under the probes' thresholds): runq (its own) + these = duration.
+    thread_tid: U32 = 0
+    gil_wait_ns: U64 = 0
+    memory_wait_ns: U64 = 0
+    io_wait_ns: U64 = 0
+    sleep_ns: U64 = 0
+    on_cpu_ns: U64 = 0
+    # who is behind the cause: the top neighbour, "comm[tid]" of the GIL
+    # holder, of the waker of the memory or I/O stall; "" for none
+    culprit: str = ""
 
 
 class DeadLetter(msgspec.Struct, kw_only=True, frozen=True, gc=False):

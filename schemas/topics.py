@@ -23,6 +23,7 @@ DEVICE_IO = "jitterscope.device_io"
 IRQ = "jitterscope.irq"
 CGROUP_THROTTLE = "jitterscope.cgroup_throttle"
 STACKS = "jitterscope.stacks"
+BLOCKED = "jitterscope.blocked"
 ATTRIBUTION = "jitterscope.attribution"
 ALERTS = "jitterscope.alerts"
 DEADLETTER = "jitterscope.deadletter"
@@ -42,6 +43,7 @@ INPUT_TOPICS: dict[str, type[events.Record]] = {
     IRQ: events.IrqTime,
     CGROUP_THROTTLE: events.CgroupThrottle,
     STACKS: events.StackTrace,
+    BLOCKED: events.BlockedWait,
 }
 
 OUTPUT_TOPICS = (ALERTS, ATTRIBUTION, DEADLETTER)

@@ -46,11 +46,16 @@ from dataclasses import dataclass, field
 
 from typing import Protocol
 
-from jitterscope.schemas.events import (CgroupThrottle, GpuIoctl, IrqTime, ProcessInfo, RequestAttribution,
-                                        RequestSpan, RunqEvent, Suspect)
+from jitterscope.schemas.events import (BlockedWait, CgroupThrottle, GpuIoctl, IrqTime, ProcessInfo,
+                                        RequestAttribution, RequestSpan, RunqEvent, Suspect)
 from jitterscope.schemas.nvidia import ioctl_name
 
-Evidence = RunqEvent | GpuIoctl | CgroupThrottle | IrqTime
+Evidence = RunqEvent | GpuIoctl | CgroupThrottle | IrqTime | BlockedWait
+
+#: blocked kinds that delay a request, with the cause each names; "sleep"
+#: (futex, poll, network) is where an idle thread waits for work, so it is in
+#: the time budget but never a cause
+STALLS = {"gil": "gil_contention", "memory": "memory_stall", "io": "io_wait"}
 
 
 def duration_ns(event: Evidence) -> int:
@@ -60,6 +65,8 @@ def duration_ns(event: Evidence) -> int:
         return event.wait_ns
     if isinstance(event, GpuIoctl):
         return event.latency_ns
+    if isinstance(event, BlockedWait):
+        return event.blocked_ns
     return event.interval_ns
 
 
@@ -95,6 +102,27 @@ class Culprits:
 
     throttle: CgroupThrottle | None = None  # the latest interval of the cgroup charged most
     irq: IrqTime | None = None  # the interrupt source charged most, with its CPU
+
+def kind_of(cause: str) -> str:
+    """The BlockedWait kind behind a stall cause ("" for the other causes)."""
+    return next((kind for kind, name in STALLS.items() if name == cause), "")
+
+
+@dataclass(frozen=True)
+class _Budget:
+    """Where the carrying thread's time went during a request (tid 0: no
+    thread of the group left evidence in it)."""
+
+    tid: int = 0
+    delay_ns: int = 0  # its run-queue waits and stalls: what it lost
+    runq_ns: int = 0
+    blocked: dict[str, int] = field(default_factory=dict)  # BlockedWait kind -> ns
+    wakers: dict[str, str] = field(default_factory=dict)  # kind -> "comm[tid]" that woke it most
+
+    def on_cpu_ns(self, duration_ns: int) -> int:
+        """What is left of the duration: on the CPU, or in waits under the thresholds."""
+        return max(0, duration_ns - self.runq_ns - sum(self.blocked.values())) if self.tid else 0
+
 
 TOP_SUSPECTS = 3
 _THREAD_ORDER = operator.itemgetter(0, 1, 2)  # a part's (pid, tid, start): one thread's parts in time order
@@ -375,9 +403,10 @@ class Attributor:
                 runq = (total, longest, count)
             else:
                 ioctl = (total, longest, count)
+        budget = self._budget(span, group, thread_waits, contributed)
         # one thread cannot wait twice at once, so its waits are a lower bound
         # of the delay; other threads' waits may be off the request's path
-        service = duration - min(duration, max(thread_waits.values(), default=0))
+        service = duration - min(duration, budget.delay_ns)
         self._durations[(span.host, span.name)].append(service)
         if not baseline:
             baseline = service
@@ -391,7 +420,8 @@ class Attributor:
         else:
             # the cause that explains the most of the excess, if it explains enough
             name, ns = max((("runq_starvation", runq[0] - throttled - irq - own_ns), ("cfs_throttling", throttled),
-                            ("irq", irq), ("self_contention", own_ns), ("gpu_ioctl_stall", ioctl[0])),
+                            ("irq", irq), ("self_contention", own_ns), ("gpu_ioctl_stall", ioctl[0]),
+                            *((STALLS[kind], budget.blocked.get(kind, 0)) for kind in STALLS)),
                            key=lambda c: c[1])
             explained = min(1.0, ns / excess)
             cause = name if explained >= DOMINANT_SHARE else "unexplained"
@@ -402,6 +432,12 @@ class Attributor:
                 if throttled else None,
                 irq=irq_records[max(sources, key=sources.get)] if irq else None)
         info = self.processes.processes.get((span.host, span.pid)) if self.processes else None
+        found = self._culprits.get((span.host, span.boot_id, span.seq), Culprits())
+        culprit = {"runq_starvation": suspects[0].comm if suspects else "",
+                   "cfs_throttling": found.throttle.cgroup if found.throttle else "",
+                   "irq": found.irq.source if found.irq else "",
+                   "gpu_ioctl_stall": ioctl_name(longest_call.request) if longest_call else ""
+                   }.get(cause) or budget.wakers.get(kind_of(cause), "")
         return RequestAttribution(
             host=span.host, boot_id=span.boot_id, seq=span.seq, ts_ns=span.end_ns, request_id=span.request_id,
             trace_id=span.trace_id, name=span.name, pid=span.pid, start_ns=span.start_ns, end_ns=span.end_ns, duration_ns=duration, baseline_ns=baseline,
@@ -413,7 +449,35 @@ class Attributor:
             pod=info.pod if info else "", namespace=info.namespace if info else "",
             container=info.container if info else "", self_wait_ns=own_ns, self_threads=len(own_threads),
             service_ns=service, gpu_ioctl_call=ioctl_name(longest_call.request) if longest_call else "",
+            thread_tid=budget.tid, gil_wait_ns=budget.blocked.get("gil", 0),
+            memory_wait_ns=budget.blocked.get("memory", 0), io_wait_ns=budget.blocked.get("io", 0),
+            sleep_ns=budget.blocked.get("sleep", 0), on_cpu_ns=budget.on_cpu_ns(duration), culprit=culprit,
         )
+
+    def _budget(self, span: RequestSpan, group: set[int] | None, runq_waits: dict[tuple[int, int], int],
+                contributed: set[int]) -> _Budget:
+        """The time budget of the thread that carried the request: the span's
+        ``thread.id`` where the group's evidence knows that thread, else the
+        thread that lost the most to run-queue waits and stalls (a request
+        waits on the thread that serves it; a thread's own waits cannot
+        overlap, so its loss is a lower bound of the request's delay)."""
+        blocked: dict[tuple[int, int], dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        wakers: dict[tuple[tuple[int, int], str], dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        for event, lo, hi, _whole in self._thread_parts(span, BlockedWait, group):
+            thread = (event.pid, event.tid)
+            blocked[thread][event.kind] += hi - lo
+            waker = f"{event.waker_comm}[{event.waker_tid}]" if event.waker_pid else "interrupt"
+            wakers[(thread, event.kind)][waker] += hi - lo
+            contributed.add(event.pid)
+        lost = {thread: runq_waits.get(thread, 0) + sum(blocked[thread].get(k, 0) for k in STALLS)
+                for thread in runq_waits.keys() | blocked.keys()}
+        named = [thread for thread in lost if thread[1] == span.tid] if span.tid else []
+        carrier = named[0] if named else max(lost, key=lost.get, default=None)
+        if carrier is None:
+            return _Budget()
+        return _Budget(tid=carrier[1], delay_ns=lost[carrier], runq_ns=runq_waits.get(carrier, 0),
+                       blocked=dict(blocked.get(carrier, {})),
+                       wakers={kind: max(by, key=by.get) for (thread, kind), by in wakers.items() if thread == carrier})
 
     def _thread_parts(self, span: RequestSpan, kind: type,
                       group: set[int] | None) -> list[tuple[Evidence, int, int, bool]]:

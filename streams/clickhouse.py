@@ -40,6 +40,7 @@ TABLE_OF: dict[type[events.Record], str] = {
     events.IrqTime: "irq_time",
     events.CgroupThrottle: "cgroup_throttle",
     events.StackTrace: "stacks",
+    events.BlockedWait: "blocked_waits",
 }
 
 # Limits for untrusted, user-typed SQL; `readonly` must come last (it forbids

@@ -124,6 +124,7 @@ class Handlers:
             topics.IRQ: self.irq,
             topics.CGROUP_THROTTLE: self.cgroup_throttle,
             topics.HISTOGRAMS: self.histograms,
+            topics.BLOCKED: self.blocked,
         }
 
     async def handle(self, topic: str, records: list, now_ns: int) -> list[events.Alert]:
@@ -358,6 +359,14 @@ class Handlers:
             if alert:
                 out.append(alert)
         return out
+
+    async def blocked(self, waits: list[events.BlockedWait], now_ns: int) -> list[events.Alert]:
+        """Blocked time is evidence for the requests it overlapped (their
+        time budget); it raises no alert of its own: a serving thread waiting
+        for its next request is blocked too."""
+        if self.attributor is not None:
+            self.attributor.add_evidence_many(waits)
+        return []
 
     async def processes(self, records: list[events.ProcessInfo], now_ns: int) -> list[events.Alert]:
         out = []

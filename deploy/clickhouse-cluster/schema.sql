@@ -597,3 +597,53 @@ ALTER TABLE jitterscope.request_attribution ON CLUSTER '{cluster}' ADD COLUMN IF
 ALTER TABLE jitterscope.request_attribution_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS gpu_ioctl_call LowCardinality(String) DEFAULT '';
 
 ALTER TABLE jitterscope.request_attribution ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS gpu_ioctl_call LowCardinality(String) DEFAULT '';
+
+CREATE TABLE IF NOT EXISTS jitterscope.blocked_waits_local ON CLUSTER '{cluster}' (
+    host LowCardinality(String),
+    boot_id LowCardinality(String),
+    seq UInt64,
+    ts DateTime64(9) CODEC(Delta, ZSTD(1)),
+    pid UInt32,
+    tid UInt32,
+    comm LowCardinality(String),
+    kind LowCardinality(String),
+    blocked_ns UInt64 CODEC(T64, ZSTD(1)),
+    waker_pid UInt32,
+    waker_tid UInt32,
+    waker_comm LowCardinality(String)
+) ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/jitterscope/blocked_waits', '{replica}')
+PARTITION BY toDate(ts)
+ORDER BY (host, ts, boot_id, seq);
+
+CREATE TABLE IF NOT EXISTS jitterscope.blocked_waits ON CLUSTER '{cluster}' AS jitterscope.blocked_waits_local ENGINE = Distributed('{cluster}', 'jitterscope', 'blocked_waits_local', cityHash64(host));
+
+CREATE MATERIALIZED VIEW IF NOT EXISTS jitterscope.seq_blocks_blocked_waits_mv ON CLUSTER '{cluster}' TO jitterscope.seq_blocks_local AS
+    SELECT host, boot_id, 'blocked_waits' AS tbl, intDiv(seq, 1048576) AS block, groupBitmapState(seq) AS seqs, max(ts) AS last_ts FROM jitterscope.blocked_waits_local GROUP BY host, boot_id, block;
+
+ALTER TABLE jitterscope.request_attribution_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS gil_wait_ns UInt64;
+
+ALTER TABLE jitterscope.request_attribution ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS gil_wait_ns UInt64;
+
+ALTER TABLE jitterscope.request_attribution_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS memory_wait_ns UInt64;
+
+ALTER TABLE jitterscope.request_attribution ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS memory_wait_ns UInt64;
+
+ALTER TABLE jitterscope.request_attribution_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS io_wait_ns UInt64;
+
+ALTER TABLE jitterscope.request_attribution ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS io_wait_ns UInt64;
+
+ALTER TABLE jitterscope.request_attribution_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS sleep_ns UInt64;
+
+ALTER TABLE jitterscope.request_attribution ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS sleep_ns UInt64;
+
+ALTER TABLE jitterscope.request_attribution_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS on_cpu_ns UInt64;
+
+ALTER TABLE jitterscope.request_attribution ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS on_cpu_ns UInt64;
+
+ALTER TABLE jitterscope.request_attribution_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS thread_tid UInt32;
+
+ALTER TABLE jitterscope.request_attribution ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS thread_tid UInt32;
+
+ALTER TABLE jitterscope.request_attribution_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS culprit String DEFAULT '';
+
+ALTER TABLE jitterscope.request_attribution ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS culprit String DEFAULT '';

@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from jitterscope.schemas.events import RequestSpan, RunqEvent
+from jitterscope.schemas.events import BlockedWait, RequestSpan, RunqEvent
 from jitterscope.streams.attribution import Attributor, overlap_ns
 
 MS = 1_000_000
@@ -492,3 +492,57 @@ def test_priming_learns_the_stored_service_time():
     b = Attributor(grace_ns=GRACE)
     b.remember(done)
     assert b.baseline_ns("h1", "llm_request") == (10 * MS, False)
+
+
+def blocked(end_ms: float, blocked_ms: float, kind: str = "gil", pid: int = 100, tid: int = 101,
+            waker: tuple[int, int, str] = (100, 177, "gil-hog")) -> BlockedWait:
+    return BlockedWait(host="h1", boot_id="b", seq=0, ts_ns=T0 + int(end_ms * MS), pid=pid, tid=tid, comm="vllm",
+                       kind=kind, blocked_ns=int(blocked_ms * MS), waker_pid=waker[0], waker_tid=waker[1],
+                       waker_comm=waker[2])
+
+
+def test_gil_wait_is_the_cause_with_its_holder_and_the_budget_adds_up():
+    a = Attributor(grace_ns=GRACE)
+    baseline(a)
+    # 40 ms: 20 of them waiting for the GIL (the holder woke it each time), 3 asleep, 2 behind a neighbour
+    for end in (10, 20, 30, 40):
+        a.add_evidence(blocked(end, 5))
+    a.add_evidence(blocked(33, 3, kind="sleep", waker=(0, 0, "swapper/1")))
+    a.add_evidence(blocked(20, 5, waker=(100, 177, "gil-hog")))  # the same wait again (redelivered): counted once
+    a.add_evidence(wait(on_cpu_ms=3, wait_ms=2))
+    a.add_request(span("gil-1", 0, 40))
+    [r] = due_after(a, 40)
+    assert r.cause == "gil_contention" and r.culprit == "gil-hog[177]"
+    assert r.explained == pytest.approx(20 / 30, abs=1e-3)
+    assert (r.thread_tid, r.gil_wait_ns, r.sleep_ns, r.runq_wait_ns) == (101, 20 * MS, 3 * MS, 2 * MS)
+    assert r.on_cpu_ns == 40 * MS - 20 * MS - 3 * MS - 2 * MS
+    # what the baseline learns is the request less the thread's waits and stalls
+    assert r.service_ns == 18 * MS
+
+
+def test_sleep_is_budgeted_but_never_a_cause_and_io_and_memory_are():
+    a = Attributor(grace_ns=GRACE)
+    baseline(a)
+    a.add_evidence(blocked(30, 25, kind="sleep", waker=(300, 301, "tokenizer")))
+    a.add_evidence(blocked(80, 25, kind="io", tid=102, waker=(0, 0, "swapper/0")))
+    a.add_evidence(blocked(130, 30, kind="memory", tid=103, waker=(0, 0, "swapper/0")))
+    for rid, start, end in (("asleep", 0, 40), ("disk", 50, 90), ("faults", 100, 140)):
+        a.add_request(span(rid, start, end))
+    got = {r.request_id: r for r in due_after(a, 140)}
+    assert got["asleep"].cause == "unexplained" and got["asleep"].sleep_ns == 25 * MS
+    assert (got["disk"].cause, got["disk"].culprit, got["disk"].io_wait_ns) == ("io_wait", "interrupt", 25 * MS)
+    assert (got["faults"].cause, got["faults"].memory_wait_ns, got["faults"].thread_tid) == (
+        "memory_stall", 30 * MS, 103)
+
+
+def test_the_span_s_thread_is_the_one_whose_budget_counts():
+    a = Attributor(grace_ns=GRACE)
+    baseline(a)
+    # the hog thread (177) waits for the GIL as long as the server (101) does; the span names the server
+    for end in (10, 20, 30, 40):
+        a.add_evidence(blocked(end, 5, tid=101, waker=(100, 177, "gil-hog")))
+        a.add_evidence(blocked(end - 5, 5, tid=177, waker=(100, 101, "vllm")))
+    request = span("gil-2", 0, 40)
+    a.add_request(RequestSpan(**{**{f: getattr(request, f) for f in request.__struct_fields__}, "tid": 101}))
+    [r] = due_after(a, 40)
+    assert (r.cause, r.culprit, r.thread_tid) == ("gil_contention", "gil-hog[177]", 101)
