@@ -85,6 +85,15 @@ def request_slo(attribution: RequestAttribution, comm: str, cpus_allowed: list[i
         summary += f"GPU driver calls took {ms(a.gpu_ioctl_ns)} ({a.explained:.0%} of the excess)"
         if a.gpu_ioctl_call:
             summary += f"; longest {a.gpu_ioctl_call} {ms(a.gpu_ioctl_max_ns)}"
+    elif a.cause == "gil_contention":
+        summary += (f"its thread {a.thread_tid} waited {ms(a.gil_wait_ns)} for the Python interpreter lock "
+                    f"({a.explained:.0%} of the excess), held by {a.culprit or 'another thread'}")
+    elif a.cause == "memory_stall":
+        summary += (f"its thread {a.thread_tid} was blocked {ms(a.memory_wait_ns)} on memory: page-cache "
+                    f"faults read back from disk, or reclaim ({a.explained:.0%} of the excess)")
+    elif a.cause == "io_wait":
+        summary += (f"its thread {a.thread_tid} was blocked {ms(a.io_wait_ns)} in uninterruptible I/O "
+                    f"({a.explained:.0%} of the excess)")
     else:
         summary += f"cause {a.cause}: run-queue waits explain {a.explained:.0%} of the excess"
     if a.cause == "cfs_throttling":
@@ -103,6 +112,18 @@ def request_slo(attribution: RequestAttribution, comm: str, cpus_allowed: list[i
     elif a.cause == "gpu_ioctl_stall":
         remedy = (f"the GPU driver was slow{' in ' + a.gpu_ioctl_call if a.gpu_ioctl_call else ''}: "
                   f"see the gpu_ioctl_stall / pcie_contention alerts of these pids")
+    elif a.cause == "gil_contention":
+        remedy = (f"{a.culprit or 'another thread'} holds pid {a.pid}'s GIL while it serves: move that work out of "
+                  f"the serving process (a worker process, or a C extension that releases the GIL), or lower "
+                  f"sys.setswitchinterval so the lock changes hands sooner")
+    elif a.cause == "memory_stall":
+        remedy = (f"pid {a.pid}'s pages (weights, page cache) were evicted and read back: protect them "
+                  f"(memory.low/memory.min of its cgroup, mlock or pre-fault the weights), or raise the memory "
+                  f"limit it shares, or move the process that fills it (see the page-cache producers in the pages "
+                  f"table)")
+    elif a.cause == "io_wait":
+        remedy = (f"pid {a.pid} read or wrote storage on the request's path: keep it off the path (preload, "
+                  f"asynchronous I/O), or find the device's other users (the device_io table)")
     else:
         remedy = "no kernel evidence explains it yet: check the model/batch size and GPU-side timings"
     return Alert(
@@ -112,6 +133,8 @@ def request_slo(attribution: RequestAttribution, comm: str, cpus_allowed: list[i
         cpus_allowed=cpus_allowed, summary=summary, remedy=remedy, request_id=a.request_id,
         pod=a.pod, namespace=a.namespace, container=a.container,
         evidence={k: str(v) for k, v in (("pids", pids), ("throttled_ms", a.throttled_ns / 1e6),
-                                         ("irq_ms", a.irq_ns / 1e6), ("self_wait_ms", a.self_wait_ns / 1e6))
+                                         ("irq_ms", a.irq_ns / 1e6), ("self_wait_ms", a.self_wait_ns / 1e6),
+                                         ("gil_wait_ms", a.gil_wait_ns / 1e6), ("memory_wait_ms", a.memory_wait_ns / 1e6),
+                                         ("io_wait_ms", a.io_wait_ns / 1e6), ("culprit", a.culprit))
                   if v},
     )

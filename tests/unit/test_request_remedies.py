@@ -89,3 +89,20 @@ def test_a_gpu_stall_names_the_driver_call():
                     gpu_ioctl_call="NV_ESC_RM_CONTROL", explained=0.8)
     alert = request_slo(a, "vllm", [2], [0, 1, 2], NOW)
     assert "longest NV_ESC_RM_CONTROL 60 ms" in alert.summary and "in NV_ESC_RM_CONTROL" in alert.remedy
+
+
+def test_a_gil_wait_names_the_holder_thread_and_moving_its_work():
+    a = attribution(cause="gil_contention", gil_wait_ns=250 * MS, thread_tid=1236, culprit="tokenizer[1250]",
+                    explained=0.77)
+    alert = request_slo(a, "vllm", [0, 1], [0, 1, 2, 3], NOW)
+    assert "thread 1236 waited 250 ms for the Python interpreter lock" in alert.summary
+    assert "held by tokenizer[1250]" in alert.summary
+    assert alert.remedy.startswith("tokenizer[1250] holds pid 1234's GIL") and "taskset" not in alert.remedy
+    assert alert.evidence["culprit"] == "tokenizer[1250]" and alert.evidence["gil_wait_ms"] == "250.0"
+
+
+def test_memory_and_io_stalls_get_their_own_remedies():
+    memory = request_slo(attribution(cause="memory_stall", memory_wait_ns=300 * MS), "vllm", [0], [0, 1], NOW)
+    assert "blocked 300 ms on memory" in memory.summary and "memory.low" in memory.remedy
+    io = request_slo(attribution(cause="io_wait", io_wait_ns=280 * MS), "vllm", [0], [0, 1], NOW)
+    assert "uninterruptible I/O" in io.summary and "device_io" in io.remedy
