@@ -34,7 +34,7 @@ from jitterscope.common import errors
 
 
 #: sources the collector can run besides the run-queue probe
-HARDWARE_PROBES = ("gpu_ioctl", "migrate", "pages", "blockio", "netdev", "irq", "cfs")
+HARDWARE_PROBES = ("gpu_ioctl", "migrate", "pages", "blockio", "netdev", "irq", "cfs", "blocked")
 
 
 def default_data_dir() -> Path:
@@ -153,9 +153,13 @@ class CollectorSettings(BaseModel):
                           "stack walks in the kernel, no symbolization; alerts name no stacks)")
     hardware_probes: list[str] = Field(
         default_factory=lambda: list(HARDWARE_PROBES),
-        description="hardware sources besides the run-queue probe (any of gpu_ioctl, migrate, pages, blockio, netdev, irq, cfs)")
+        description="hardware sources besides the run-queue probe (any of gpu_ioctl, migrate, pages, blockio, netdev, irq, cfs, "
+                    "blocked)")
     gpu_ioctl_threshold_ms: float = Field(
         5.0, gt=0, description="GPU driver calls at or above this leave the kernel as events")
+    blocked_threshold_ms: float = Field(
+        1.0, gt=0, description="serving-group threads blocked (asleep off the CPU: on the GIL, memory, I/O or any "
+                               "other sleep) at least this long leave the kernel as events")
     gpu_device_patterns: list[str] = Field(
         default_factory=lambda: ["/dev/nvidia[0-9]*", "/dev/nvidia-uvm"],
         description="device paths whose ioctls are GPU driver calls (shell patterns)")

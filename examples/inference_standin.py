@@ -18,13 +18,17 @@ end_ns`` line per request (epoch ns, as in the span) for a program to read.
 CPUs than the serving thread's, while requests FIRST..LAST-1 are served: the
 CPUs stay free, and the serving thread waits for the interpreter lock (GIL)
 instead, as a Python front end does beside a busy tokenizer or engine loop.
+--disk-read FIRST:LAST makes requests FIRST..LAST-1 each read --disk-read-mb
+from disk, bypassing the page cache (O_DIRECT): the thread is blocked in I/O.
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
+import mmap
 import os
+import tempfile
 import sys
 import threading
 import time
@@ -88,6 +92,36 @@ class GilHog:
         self.thread.join()
 
 
+class DiskReader:
+    """Reads of a scratch file that the page cache cannot serve (O_DIRECT),
+    each at the next offset: the serving thread blocks until the disk answers."""
+
+    FILE_MB = 64
+
+    def __init__(self, directory: str | None, read_mb: float):
+        self.size = int(read_mb * (1 << 20)) // 4096 * 4096 or 4096
+        with tempfile.NamedTemporaryFile(dir=directory, prefix="jsinfer-disk-", delete=False) as f:
+            self.path = f.name
+            block = os.urandom(1 << 20)
+            for _ in range(max(self.FILE_MB, self.size >> 20)):
+                f.write(block)
+        os.sync()  # on disk, so that a read goes to the device
+        self.fd = os.open(self.path, os.O_RDONLY | os.O_DIRECT)
+        self.buffer = mmap.mmap(-1, self.size)  # page-aligned, as O_DIRECT wants
+        self.offset = 0
+        self.file_size = os.fstat(self.fd).st_size
+
+    def read(self) -> None:
+        if self.offset + self.size > self.file_size:
+            self.offset = 0
+        os.preadv(self.fd, [self.buffer], self.offset)
+        self.offset += self.size
+
+    def close(self) -> None:
+        os.close(self.fd)
+        os.unlink(self.path)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--endpoint", default="http://127.0.0.1:4318/v1/traces")
@@ -102,13 +136,21 @@ def main(argv: list[str] | None = None) -> int:
                         help="pin the serving thread (only) to this CPU, as servers pin their GPU feeder")
     parser.add_argument("--times", action=argparse.BooleanOptionalAction, default=None,
                         help="one 'request_id start_ns end_ns' line per request (default: when not at a terminal)")
+    parser.add_argument("--cpu-times", action="store_true",
+                        help="with --times, a 4th field: the CPU time the serving thread spent on the request (ns)")
     parser.add_argument("--gil-hog", default=None, metavar="FIRST:LAST",
                         help="a pure-Python thread holds the GIL while requests FIRST..LAST-1 are served")
+    parser.add_argument("--disk-read", default=None, metavar="FIRST:LAST",
+                        help="requests FIRST..LAST-1 each read --disk-read-mb from disk, past the page cache")
+    parser.add_argument("--disk-read-mb", type=float, default=4.0)
+    parser.add_argument("--scratch", default=None, help="where --disk-read's file goes (default: the temp dir)")
     parser.add_argument("--hold-at", type=int, default=None, metavar="N",
                         help="before request N, wait for a line on stdin (a test's cue that its probes are ready)")
     args = parser.parse_args(argv)
     hog_first, hog_last = map(int, args.gil_hog.split(":")) if args.gil_hog else (-1, -1)
     hog: GilHog | None = None
+    read_first, read_last = map(int, args.disk_read.split(":")) if args.disk_read else (-1, -1)
+    disk = DiskReader(args.scratch, args.disk_read_mb) if args.disk_read else None
     times = args.times if args.times is not None else not sys.stdout.isatty()
     walls_ms: list[float] = []
 
@@ -149,10 +191,14 @@ def main(argv: list[str] | None = None) -> int:
         span = tracer.start_span(args.name, kind=SpanKind.SERVER, attributes={
             "gen_ai.request.id": request_id, "thread.id": threading.get_native_id()})
         started = time.perf_counter()
+        cpu_started = time.thread_time_ns()
+        if disk and read_first <= i < read_last:
+            disk.read()
         burn_cpu(args.cpu_ms / 2)
         first_token = time.perf_counter()
         burn_cpu(args.cpu_ms / 2)
         done = time.perf_counter()
+        cpu_ns = time.thread_time_ns() - cpu_started
         span.set_attributes({
             "gen_ai.latency.time_in_queue": 0.0,
             "gen_ai.latency.time_in_model_prefill": first_token - started,
@@ -163,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         span.set_status(Status(StatusCode.OK))
         span.end()
         if times:
-            print(request_id, span.start_time, span.end_time, flush=True)
+            print(request_id, span.start_time, span.end_time, *([cpu_ns] if args.cpu_times else []), flush=True)
         else:
             walls_ms.append((span.end_time - span.start_time) / 1e6)
             if len(walls_ms) % 100 == 0:
@@ -173,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if hog:
         hog.stop()
+    if disk:
+        disk.close()
     if walls_ms:
         print(f"done: {len(walls_ms)} requests of {args.cpu_ms:g} ms CPU each: {summary(walls_ms)}")
     return flush_spans(provider, args.endpoint)

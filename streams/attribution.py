@@ -114,10 +114,16 @@ class _Budget:
     thread of the group left evidence in it)."""
 
     tid: int = 0
+    named: bool = False  # the span named it (thread.id)
     delay_ns: int = 0  # its run-queue waits and stalls: what it lost
     runq_ns: int = 0
     blocked: dict[str, int] = field(default_factory=dict)  # BlockedWait kind -> ns
     wakers: dict[str, str] = field(default_factory=dict)  # kind -> "comm[tid]" that woke it most
+
+    def busy(self) -> bool:
+        """It lost more to its own waits and stalls than it slept (a thread
+        that mostly slept was waiting on other threads or processes)."""
+        return self.delay_ns >= self.blocked.get("sleep", 0)
 
     def on_cpu_ns(self, duration_ns: int) -> int:
         """What is left of the duration: on the CPU, or in waits under the thresholds."""
@@ -358,13 +364,23 @@ class Attributor:
         irq_records: dict[tuple[int, str, str], IrqTime] = {}
         contributed: set[int] = set()
         own_ns, own_threads = 0, set()  # held by the group's own threads
+        parts = {kind: self._thread_parts(span, kind, group) for kind in (RunqEvent, GpuIoctl)}
         thread_waits: dict[tuple[int, int], int] = defaultdict(int)  # run-queue ns per thread
+        for event, lo, hi, _whole in parts[RunqEvent]:
+            thread_waits[(event.pid, event.tid)] += hi - lo
+        budget = self._budget(span, group, thread_waits, contributed)
+        if budget.named and budget.busy():
+            # The span names its thread, and that thread was not mostly
+            # asleep waiting on others: its own waits are the request's delay.
+            # Another thread's (a GIL holder preempted while holding it) reach
+            # the request only through them, and are not counted twice.
+            parts = {kind: [p for p in found if p[0].tid == budget.tid] for kind, found in parts.items()}
         runq = ioctl = (0, 0, 0)
         longest_call: Evidence | None = None  # the longest GPU driver call: the one the alert names
         splits = self._splits
         for kind in (RunqEvent, GpuIoctl):
             total = longest = count = 0
-            for event, lo, hi, whole in self._thread_parts(span, kind, group):
+            for event, lo, hi, whole in parts[kind]:
                 part = hi - lo
                 total += part
                 if part > longest:
@@ -375,7 +391,6 @@ class Attributor:
                 contributed.add(event.pid)
                 if kind is not RunqEvent:
                     continue
-                thread_waits[(event.pid, event.tid)] += part
                 # a whole wait is split once per due(): the requests served together (continuous
                 # batching) overlap the same waits, and each asks; the event stays in the evidence
                 # (and its id its own) while due() runs
@@ -403,7 +418,6 @@ class Attributor:
                 runq = (total, longest, count)
             else:
                 ioctl = (total, longest, count)
-        budget = self._budget(span, group, thread_waits, contributed)
         # one thread cannot wait twice at once, so its waits are a lower bound
         # of the delay; other threads' waits may be off the request's path
         service = duration - min(duration, budget.delay_ns)
@@ -475,7 +489,7 @@ class Attributor:
         carrier = named[0] if named else max(lost, key=lost.get, default=None)
         if carrier is None:
             return _Budget()
-        return _Budget(tid=carrier[1], delay_ns=lost[carrier], runq_ns=runq_waits.get(carrier, 0),
+        return _Budget(tid=carrier[1], named=bool(named), delay_ns=lost[carrier], runq_ns=runq_waits.get(carrier, 0),
                        blocked=dict(blocked.get(carrier, {})),
                        wakers={kind: max(by, key=by.get) for (thread, kind), by in wakers.items() if thread == carrier})
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from jitterscope.collector.probes.blocked import BlockedSignal
 from jitterscope.collector.probes.blockio import BlockIoSignal
 from jitterscope.collector.probes.gpu_ioctl import GpuIoctlSignal
 from jitterscope.collector.probes.interface import Probe
@@ -26,7 +27,7 @@ ALWAYS_ON = ("runq",)
 PROBES: dict[str, Callable[[], Probe]] = {
     cls.name: cls
     for cls in (RunqSignal, GpuIoctlSignal, MigrateSignal, PagesSignal, BlockIoSignal, NetdevSignal,
-                IrqSignal, CfsSignal)
+                IrqSignal, CfsSignal, BlockedSignal)
 }
 
 

@@ -647,3 +647,7 @@ ALTER TABLE jitterscope.request_attribution ON CLUSTER '{cluster}' ADD COLUMN IF
 ALTER TABLE jitterscope.request_attribution_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS culprit String DEFAULT '';
 
 ALTER TABLE jitterscope.request_attribution ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS culprit String DEFAULT '';
+
+ALTER TABLE jitterscope.requests_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS tid UInt32;
+
+ALTER TABLE jitterscope.requests ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS tid UInt32;

@@ -37,3 +37,6 @@ ALTER TABLE jitterscope.request_attribution ADD COLUMN IF NOT EXISTS sleep_ns UI
 ALTER TABLE jitterscope.request_attribution ADD COLUMN IF NOT EXISTS on_cpu_ns UInt64;
 ALTER TABLE jitterscope.request_attribution ADD COLUMN IF NOT EXISTS thread_tid UInt32;
 ALTER TABLE jitterscope.request_attribution ADD COLUMN IF NOT EXISTS culprit String DEFAULT '';
+
+-- The span's thread.id: the thread that carried the request (0: not sent).
+ALTER TABLE jitterscope.requests ADD COLUMN IF NOT EXISTS tid UInt32;

@@ -542,7 +542,14 @@ def test_the_span_s_thread_is_the_one_whose_budget_counts():
     for end in (10, 20, 30, 40):
         a.add_evidence(blocked(end, 5, tid=101, waker=(100, 177, "gil-hog")))
         a.add_evidence(blocked(end - 5, 5, tid=177, waker=(100, 101, "vllm")))
+    # the holder was preempted by a neighbour while it held the lock: that reached the server as its GIL wait
+    a.add_evidence(RunqEvent(host="h1", boot_id="b", seq=0, ts_ns=T0 + 38 * MS, pid=100, tid=177, comm="gil-hog",
+                             cpu=0, wait_ns=30 * MS, suspect_pid=900, suspect_tid=900, suspect_comm="jshog"))
     request = span("gil-2", 0, 40)
     a.add_request(RequestSpan(**{**{f: getattr(request, f) for f in request.__struct_fields__}, "tid": 101}))
     [r] = due_after(a, 40)
-    assert (r.cause, r.culprit, r.thread_tid) == ("gil_contention", "gil-hog[177]", 101)
+    assert (r.cause, r.culprit, r.thread_tid, r.runq_wait_ns) == ("gil_contention", "gil-hog[177]", 101, 0)
+    # unnamed, the most delayed thread carries it: the holder, with its run-queue wait
+    a.add_request(span("gil-3", 0, 40))
+    [r] = due_after(a, 40)
+    assert (r.cause, r.thread_tid, r.runq_wait_ns) == ("runq_starvation", 177, 30 * MS)

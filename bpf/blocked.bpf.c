@@ -1,0 +1,357 @@
+/* blocked.bpf.c — why a serving thread was off the CPU without being
+ * preempted: every block (switched out asleep, S or D) of a thread of a
+ * watched process that lasts at least config.threshold_ns, with what it was
+ * blocked on and the task that woke it.
+ *
+ * Reads only tracepoint arguments, uprobe registers and BPF helpers, never
+ * kernel structs: BCC takes tracepoint layouts from tracefs at run time.
+ *
+ * A block starts at sched:sched_switch, where current is the sleeper
+ * (prev_state S or D; a preempted task reports 0x100, a task woken before it
+ * got to switch reports 0: neither is a block) and ends at sched:sched_waking,
+ * which runs in the waker's context (sched_wakeup may run later on the
+ * sleeper's CPU, from the wake-list IPI, where current is whoever ran there).
+ * Its kind, decided at the switch-out, first match wins:
+ *   gil     the thread is inside pthread_cond_timedwait on a cond inside the
+ *           process's _PyRuntime object (CPython's take_gil waits for the
+ *           GIL there): a per-process uprobe/uretprobe pair on libc marks it
+ *           (`in_gil`). take_gil waits 5 ms (the switch interval) at a
+ *           time: a wait that times out is woken by the timer (the idle task
+ *           or whoever ran where it fired), asks the holder to drop the GIL
+ *           and waits again until the holder signals it. The waits of one
+ *           take_gil are one event (blocked_ns their sum, ts the last wake;
+ *           the on-CPU moments between them are not counted, so ts -
+ *           blocked_ns is later than the first wait began), named after the
+ *           thread that dropped the GIL; one that only timed out is sent
+ *           alone at the thread's next sleep or GIL wait (`gil_pending`).
+ *   memory  the thread is in direct or memcg reclaim (vmscan: begin/end), or
+ *           it sleeps in D within FAULT_WINDOW_NS of a filemap fault
+ *           (filemap:mm_filemap_fault: fault-around could not map the page —
+ *           not in the page cache or not uptodate yet, the major-fault
+ *           path). A memory block that ends re-arms the window (one fault
+ *           can sleep several times: readahead I/O, then the folio lock),
+ *           and so does each page the thread inserts into the page cache
+ *           inside the window (filemap:mm_filemap_add_to_page_cache: a big
+ *           readahead allocates for milliseconds before it sleeps).
+ *           Each reclaim that lasts the threshold also leaves one event of
+ *           its own covering all of it, on-CPU part included (state 0,
+ *           waker = the thread itself); its sleeps inside it are ALSO events,
+ *           so summing both counts those sleeps twice.
+ *   io      any other D sleep (block I/O, O_DIRECT, fsync, NFS, ...).
+ *   sleep   any other S sleep (futex, poll/epoll, network, timers). A sleep
+ *           clears the fault window (the thread went back to user space).
+ *
+ * What it cannot see or gets wrong:
+ *  - a D sleep within 2 ms of a page-cache fault (or of a page inserted
+ *    after one) counts as memory even when it is unrelated I/O, e.g. a
+ *    read() just after a fault; a fault that spends over 2 ms on the CPU
+ *    without inserting a page before it sleeps is io. Kernels without
+ *    filemap:mm_filemap_fault file all fault sleeps as io.
+ *  - a GIL wait that spins or returns without sleeping is not seen; a
+ *    thread blocked on the GIL's mutex (not its cond) is sleep; CPython
+ *    builds without _PyRuntime symbols, free-threaded builds and
+ *    sub-interpreters' own GILs are not measured (collector/pyruntime.py).
+ *  - futex, poll and network waits are all sleep: nothing tells a lock
+ *    from a socket.
+ *  - the waker of a wake from an interrupt is the task the interrupt found
+ *    on that CPU (pid 0 when the CPU was idle): for io blocks it is rarely
+ *    the cause.
+ *  - a wake that races the sleeper's own switch-out (the waker on another
+ *    CPU fires sched_waking while the sleeper is between reading its state
+ *    and the sched_switch tracepoint) is not a block: its record is removed
+ *    at sched:sched_wakeup, which always follows that switch-out. (Not
+ *    rare: ~5% of the wakes of a two-thread futex ping-pong on 2 CPUs; left
+ *    in place, the next wake before a real sleep would report a long one.)
+ *
+ * Cost: the program runs on every context switch and wakeup on the host.
+ * A switch of a task that is preempted costs a bit test; one that sleeps,
+ * one hash look-up (`watched`, by tgid). A wakeup costs one LRU-hash look-up
+ * in sched_waking and one in sched_wakeup (a miss for unwatched tasks).
+ * Page-cache faults and reclaims cost one `watched` look-up each, a page
+ * inserted into the page cache one `fault_at` look-up. Only watched
+ * threads pay more: up to four look-ups and one insert per block, and the
+ * uprobe trap (~1-2 us) on each pthread_cond_timedwait call and return in
+ * a measured CPython process.
+ */
+#include <uapi/linux/ptrace.h>  /* struct pt_regs: the uprobes' context (a uapi type) */
+#include "blocked.h"
+#include "drops.bpf.inc"  /* spliced in by the loader, see drops.h */
+
+#define FAULT_WINDOW_NS 2000000ULL  /* a D sleep this soon after a filemap fault is the fault's */
+/* a GIL wait that begins this soon after one woken by its timeout continues it */
+#define GIL_CONTINUE_NS 1000000ULL
+
+#ifndef MAX_WATCHED  /* -DMAX_WATCHED=... shrinks it (tests) */
+#define MAX_WATCHED 4096
+#endif
+#ifndef MAX_THREADS  /* per-thread state, LRU: never "full" */
+#define MAX_THREADS 16384
+#endif
+
+BPF_ARRAY(config, struct blocked_config, 1);
+BPF_HASH(watched, u32, u8, MAX_WATCHED);                 /* tgid -> 1: the serving groups */
+BPF_HASH(gil, u32, struct gil_range, MAX_WATCHED);       /* tgid -> its _PyRuntime range */
+/* tid -> since when, each LRU: a thread killed inside leaves its entry */
+BPF_TABLE("lru_hash", u32, u64, in_gil, MAX_THREADS);
+BPF_TABLE("lru_hash", u32, u64, in_reclaim, MAX_THREADS);
+BPF_TABLE("lru_hash", u32, u64, fault_at, MAX_THREADS);
+BPF_TABLE("lru_hash", u32, struct blocked_start, blocked_at, MAX_THREADS);
+BPF_TABLE("lru_hash", u32, struct gil_pending, gil_pending, MAX_THREADS);
+/* 256 pages = 1 MiB: ~14,000 events of 72 bytes between two reads */
+BPF_RINGBUF_OUTPUT(events, 256);
+
+static __always_inline u64 threshold_ns(void)
+{
+    int zero = 0;
+    struct blocked_config *cfg = config.lookup(&zero);
+    return cfg ? cfg->threshold_ns : 0;
+}
+
+/* The reader polls (collector/agent.py, every 50 ms at most): a wakeup per
+ * event would cost it a syscall and a context switch each. */
+static __always_inline void emit_from(u64 now, u64 blocked_ns, u32 pid, u32 tid, u32 kind, u32 state,
+                                      const char *comm, u64 waker, const char *waker_comm)
+{
+    struct blocked_event *ev = events.ringbuf_reserve(sizeof(*ev));
+    if (!ev) {
+        count_drop(DROP_RINGBUF);
+        return;
+    }
+    ev->ts_ns = now;
+    ev->blocked_ns = blocked_ns;
+    ev->pid = pid;
+    ev->tid = tid;
+    ev->waker_pid = waker >> 32;
+    ev->waker_tid = (u32)waker;
+    ev->kind = kind;
+    ev->state = state;
+    bpf_probe_read_kernel(&ev->comm, sizeof(ev->comm), comm);
+    if (waker_comm)
+        bpf_probe_read_kernel(&ev->waker_comm, sizeof(ev->waker_comm), waker_comm);
+    else
+        bpf_get_current_comm(&ev->waker_comm, sizeof(ev->waker_comm));
+    events.ringbuf_submit(ev, BPF_RB_NO_WAKEUP);
+}
+
+/* Woken by the task current now. */
+static __always_inline void emit(u64 now, u64 blocked_ns, u32 pid, u32 tid, u32 kind, u32 state,
+                                 const char *comm)
+{
+    emit_from(now, blocked_ns, pid, tid, kind, state, comm, bpf_get_current_pid_tgid(), 0);
+}
+
+/* A GIL wait that ended by its timeout, waiting to be joined by the rest
+ * of the same take_gil (see sched_waking), sent alone if none comes. */
+static __always_inline void flush_gil(u32 tid, struct gil_pending *p)
+{
+    struct gil_pending copy = {};
+    __builtin_memcpy(&copy, p, sizeof(copy));
+    gil_pending.delete(&tid);
+    u64 threshold = threshold_ns();
+    if (threshold == 0 || copy.blocked_ns < threshold)
+        return;
+    emit_from(copy.end_ns, copy.blocked_ns, copy.tgid, tid, BLOCKED_GIL, BLOCKED_STATE_S, copy.comm,
+              ((u64)copy.waker_pid << 32) | copy.waker_tid, copy.waker_comm);
+}
+
+TRACEPOINT_PROBE(sched, sched_switch)
+{
+    long state = args->prev_state;
+    if (!(state & (BLOCKED_STATE_S | BLOCKED_STATE_D)))  /* preempted, or not asleep */
+        return 0;
+    u64 pid_tgid = bpf_get_current_pid_tgid();  /* current is still prev here */
+    u32 tgid = pid_tgid >> 32;
+    if (!watched.lookup(&tgid))
+        return 0;
+    u32 tid = (u32)pid_tgid;
+    u64 now = bpf_ktime_get_ns();
+    u32 kind;
+    if (in_gil.lookup(&tid)) {
+        kind = BLOCKED_GIL;
+    } else if (in_reclaim.lookup(&tid)) {
+        kind = BLOCKED_MEMORY;
+    } else {
+        u64 *fault = fault_at.lookup(&tid);
+        if (state & BLOCKED_STATE_D) {
+            kind = fault && now - *fault < FAULT_WINDOW_NS ? BLOCKED_MEMORY : BLOCKED_IO;
+        } else {
+            kind = BLOCKED_SLEEP;
+            if (fault)  /* back in user space and asleep on something else */
+                fault_at.delete(&tid);
+        }
+    }
+    if (kind != BLOCKED_GIL) {  /* a GIL wait that ended by its timeout is over */
+        struct gil_pending *p = gil_pending.lookup(&tid);
+        if (p)
+            flush_gil(tid, p);
+    }
+    struct blocked_start b = {
+        .ts_ns = now, .tgid = tgid, .kind = kind,
+        .state = state & BLOCKED_STATE_D ? BLOCKED_STATE_D : BLOCKED_STATE_S, ._pad = 0,
+    };
+    bpf_get_current_comm(&b.comm, sizeof(b.comm));
+    check_update(blocked_at.update(&tid, &b));
+    return 0;
+}
+
+TRACEPOINT_PROBE(sched, sched_waking)
+{
+    u32 tid = args->pid;
+    struct blocked_start *b = blocked_at.lookup(&tid);
+    if (!b)
+        return 0;
+    u64 now = bpf_ktime_get_ns();
+    struct blocked_start copy = {};
+    __builtin_memcpy(&copy, b, sizeof(copy));
+    blocked_at.delete(&tid);
+    if (copy.kind == BLOCKED_MEMORY)  /* the same fault may sleep again */
+        check_update(fault_at.update(&tid, &now));
+    u64 blocked_ns = now > copy.ts_ns ? now - copy.ts_ns : 0;
+    if (copy.kind == BLOCKED_GIL) {
+        /* take_gil waits interval ms (5) at a time: a wait that times out
+         * is woken by the timer -- whoever was current where it fired, the
+         * idle task on an idle CPU -- and the thread then asks the holder
+         * to drop the GIL and waits again, until the holder signals it. The
+         * waits one take_gil makes are one event, named after the thread
+         * that dropped the GIL: a wake from outside the process is held
+         * back in gil_pending and added to the next one. */
+        u64 waker = bpf_get_current_pid_tgid();
+        struct gil_pending *p = gil_pending.lookup(&tid);
+        if (p) {
+            blocked_ns += p->blocked_ns;
+            p->blocked_ns = blocked_ns;
+            p->end_ns = now;
+            p->waker_pid = waker >> 32;
+            p->waker_tid = (u32)waker;
+            bpf_get_current_comm(&p->waker_comm, sizeof(p->waker_comm));
+        }
+        if ((waker >> 32) != copy.tgid) {
+            if (!p) {
+                struct gil_pending fresh = {
+                    .end_ns = now, .blocked_ns = blocked_ns, .tgid = copy.tgid,
+                    .waker_pid = waker >> 32, .waker_tid = (u32)waker,
+                };
+                __builtin_memcpy(&fresh.comm, copy.comm, sizeof(fresh.comm));
+                bpf_get_current_comm(&fresh.waker_comm, sizeof(fresh.waker_comm));
+                check_update(gil_pending.update(&tid, &fresh));
+            }
+            return 0;
+        }
+        if (p)
+            gil_pending.delete(&tid);
+    }
+    u64 threshold = threshold_ns();
+    if (threshold == 0 || blocked_ns < threshold)
+        return 0;
+    emit(now, blocked_ns, copy.tgid, tid, copy.kind, copy.state, copy.comm);
+    return 0;
+}
+
+/* Runs after the woken task's switch-out is complete (try_to_wake_up waits
+ * for it to leave its CPU, or queues the wakeup on that CPU): a record still
+ * here was made after its sched_waking had already passed (see the top). */
+TRACEPOINT_PROBE(sched, sched_wakeup)
+{
+    u32 tid = args->pid;
+    if (blocked_at.lookup(&tid))
+        blocked_at.delete(&tid);
+    return 0;
+}
+
+#ifdef HAVE_FILEMAP_FAULT  /* the loader defines it where tracefs has mm_filemap_fault (recent kernels) */
+TRACEPOINT_PROBE(filemap, mm_filemap_fault)
+{
+    u64 pid_tgid = bpf_get_current_pid_tgid();
+    u32 tgid = pid_tgid >> 32;
+    if (!watched.lookup(&tgid))
+        return 0;
+    u32 tid = (u32)pid_tgid;
+    u64 now = bpf_ktime_get_ns();
+    check_update(fault_at.update(&tid, &now));
+    return 0;
+}
+
+/* A fault's readahead can spend milliseconds on the CPU allocating and
+ * inserting its pages (read_ahead_kb is 8 MiB on some disks) before it
+ * sleeps on the I/O: each page it inserts keeps its window open. Stores in
+ * place, never inserts: only a thread inside a window has an entry. */
+TRACEPOINT_PROBE(filemap, mm_filemap_add_to_page_cache)
+{
+    u32 tid = (u32)bpf_get_current_pid_tgid();
+    u64 *fault = fault_at.lookup(&tid);
+    if (!fault)
+        return 0;
+    u64 now = bpf_ktime_get_ns();
+    if (now - *fault < FAULT_WINDOW_NS)
+        *fault = now;
+    return 0;
+}
+#endif
+
+static __always_inline int reclaim_begin(void)
+{
+    u64 pid_tgid = bpf_get_current_pid_tgid();
+    u32 tgid = pid_tgid >> 32;
+    if (!watched.lookup(&tgid))
+        return 0;
+    u32 tid = (u32)pid_tgid;
+    u64 now = bpf_ktime_get_ns();
+    check_update(in_reclaim.update(&tid, &now));
+    return 0;
+}
+
+static __always_inline int reclaim_end(void)
+{
+    u64 pid_tgid = bpf_get_current_pid_tgid();
+    u32 tid = (u32)pid_tgid;
+    u64 *began = in_reclaim.lookup(&tid);
+    if (!began)
+        return 0;
+    u64 start = *began;
+    in_reclaim.delete(&tid);
+    u64 now = bpf_ktime_get_ns();
+    u64 threshold = threshold_ns();
+    if (threshold == 0 || now < start || now - start < threshold)
+        return 0;
+    char comm[TASK_COMM_LEN];
+    bpf_get_current_comm(&comm, sizeof(comm));
+    emit(now, now - start, pid_tgid >> 32, tid, BLOCKED_MEMORY, 0, comm);
+    return 0;
+}
+
+TRACEPOINT_PROBE(vmscan, mm_vmscan_direct_reclaim_begin) { return reclaim_begin(); }
+TRACEPOINT_PROBE(vmscan, mm_vmscan_direct_reclaim_end) { return reclaim_end(); }
+TRACEPOINT_PROBE(vmscan, mm_vmscan_memcg_reclaim_begin) { return reclaim_begin(); }
+TRACEPOINT_PROBE(vmscan, mm_vmscan_memcg_reclaim_end) { return reclaim_end(); }
+
+/* uprobe on libc's pthread_cond_timedwait(cond, mutex, abstime), attached
+ * per process (collector/probes/blocked.py, watch_gil): a wait on a cond
+ * inside _PyRuntime is take_gil's. */
+int gil_wait_enter(struct pt_regs *ctx)
+{
+    u64 pid_tgid = bpf_get_current_pid_tgid();
+    u32 tgid = pid_tgid >> 32;
+    struct gil_range *range = gil.lookup(&tgid);
+    if (!range)
+        return 0;
+    u64 cond = PT_REGS_PARM1(ctx);
+    if (cond < range->lo || cond >= range->hi)
+        return 0;
+    u32 tid = (u32)pid_tgid;
+    u64 now = bpf_ktime_get_ns();
+    /* a timed-out wait not followed at once by the next is a take_gil of its own */
+    struct gil_pending *p = gil_pending.lookup(&tid);
+    if (p && now - p->end_ns > GIL_CONTINUE_NS)
+        flush_gil(tid, p);
+    check_update(in_gil.update(&tid, &now));
+    return 0;
+}
+
+/* ... and its uretprobe: every return, GIL cond or not. */
+int gil_wait_return(struct pt_regs *ctx)
+{
+    u32 tid = (u32)bpf_get_current_pid_tgid();
+    if (in_gil.lookup(&tid))
+        in_gil.delete(&tid);
+    return 0;
+}
