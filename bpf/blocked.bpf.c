@@ -33,11 +33,16 @@
  *           and so does each page the thread inserts into the page cache
  *           inside the window (filemap:mm_filemap_add_to_page_cache: a big
  *           readahead allocates for milliseconds before it sleeps).
- *           Each reclaim that lasts the threshold also leaves one event of
- *           its own covering all of it, on-CPU part included (state 0,
- *           waker = the thread itself); its sleeps inside it are ALSO events,
- *           so summing both counts those sleeps twice.
+ *           A reclaim counts whole, on-CPU part included (state 0, waker =
+ *           the thread itself): the sleeps inside it are not counted again.
  *   io      any other D sleep (block I/O, O_DIRECT, fsync, NFS, ...).
+ *           Memory and io stalls (blocks, reclaims) under the threshold
+ *           that follow each other within RUN_GAP_NS (1 ms) are one run,
+ *           sent as one event when their sum reaches it (`short_runs`):
+ *           evicted weights come back as thousands of 0.1-0.5 ms fault
+ *           sleeps and reclaims, none of them an event alone. The run's
+ *           event is placed at its last wake (ts - blocked_ns is then later
+ *           than its first stall began).
  *   sleep   any other S sleep (futex, poll/epoll, network, timers). A sleep
  *           clears the fault window (the thread went back to user space).
  *
@@ -78,8 +83,11 @@
 #include "drops.bpf.inc"  /* spliced in by the loader, see drops.h */
 
 #define FAULT_WINDOW_NS 2000000ULL  /* a D sleep this soon after a filemap fault is the fault's */
+#define FAULT_CPU_GAP_NS 100000ULL  /* fault-storm marks this close: on the CPU handling faults */
 /* a GIL wait that begins this soon after one woken by its timeout continues it */
 #define GIL_CONTINUE_NS 1000000ULL
+/* memory or io blocks under the threshold this close together are one run */
+#define RUN_GAP_NS 1000000ULL
 
 #ifndef MAX_WATCHED  /* -DMAX_WATCHED=... shrinks it (tests) */
 #define MAX_WATCHED 4096
@@ -97,6 +105,7 @@ BPF_TABLE("lru_hash", u32, u64, in_reclaim, MAX_THREADS);
 BPF_TABLE("lru_hash", u32, u64, fault_at, MAX_THREADS);
 BPF_TABLE("lru_hash", u32, struct blocked_start, blocked_at, MAX_THREADS);
 BPF_TABLE("lru_hash", u32, struct gil_pending, gil_pending, MAX_THREADS);
+BPF_TABLE("lru_hash", u32, struct gil_pending, short_runs, MAX_THREADS);
 /* 256 pages = 1 MiB: ~14,000 events of 72 bytes between two reads */
 BPF_RINGBUF_OUTPUT(events, 256);
 
@@ -154,6 +163,55 @@ static __always_inline void flush_gil(u32 tid, struct gil_pending *p)
               ((u64)copy.waker_pid << 32) | copy.waker_tid, copy.waker_comm);
 }
 
+/* A run of short memory or io blocks is over: sent when, together, they
+ * reach the threshold. */
+static __always_inline void flush_run(u32 tid, struct gil_pending *r)
+{
+    struct gil_pending copy = {};
+    __builtin_memcpy(&copy, r, sizeof(copy));
+    short_runs.delete(&tid);
+    u64 threshold = threshold_ns();
+    if (threshold == 0 || copy.blocked_ns < threshold)
+        return;
+    emit_from(copy.end_ns, copy.blocked_ns, copy.tgid, tid, copy.kind, BLOCKED_STATE_D, copy.comm,
+              ((u64)copy.waker_pid << 32) | copy.waker_tid, copy.waker_comm);
+}
+
+/* A memory or io stall of [start, now], blocked_ns long: an event of its own
+ * at the threshold; under it, joined to the thread's run of short ones of
+ * the same kind when it began within RUN_GAP_NS of the run's end (a
+ * page-cache fault storm is thousands of 0.1-0.5 ms sleeps and reclaims,
+ * none an event alone), else the start of a new run. The waker is current. */
+static __always_inline void add_stall(u32 tid, u32 tgid, u32 kind, u32 state, u64 start, u64 now,
+                                      u64 blocked_ns, const char *comm, u64 threshold)
+{
+    struct gil_pending *run = short_runs.lookup(&tid);
+    if (blocked_ns >= threshold) {
+        if (run)  /* the run before it goes first */
+            flush_run(tid, run);
+        emit(now, blocked_ns, tgid, tid, kind, state, comm);
+        return;
+    }
+    u64 waker = bpf_get_current_pid_tgid();
+    if (run && run->kind == kind && start <= run->end_ns + RUN_GAP_NS) {
+        run->blocked_ns += blocked_ns;
+        run->end_ns = now;
+        run->waker_pid = waker >> 32;
+        run->waker_tid = (u32)waker;
+        bpf_get_current_comm(&run->waker_comm, sizeof(run->waker_comm));
+        return;
+    }
+    if (run)
+        flush_run(tid, run);
+    struct gil_pending fresh = {
+        .end_ns = now, .blocked_ns = blocked_ns, .tgid = tgid,
+        .waker_pid = waker >> 32, .waker_tid = (u32)waker, .kind = kind,
+    };
+    bpf_probe_read_kernel(&fresh.comm, sizeof(fresh.comm), comm);
+    bpf_get_current_comm(&fresh.waker_comm, sizeof(fresh.waker_comm));
+    check_update(short_runs.update(&tid, &fresh));
+}
+
 TRACEPOINT_PROBE(sched, sched_switch)
 {
     long state = args->prev_state;
@@ -185,6 +243,9 @@ TRACEPOINT_PROBE(sched, sched_switch)
         if (p)
             flush_gil(tid, p);
     }
+    struct gil_pending *run = short_runs.lookup(&tid);
+    if (run && (run->kind != kind || now - run->end_ns > RUN_GAP_NS))  /* no more of that run */
+        flush_run(tid, run);
     struct blocked_start b = {
         .ts_ns = now, .tgid = tgid, .kind = kind,
         .state = state & BLOCKED_STATE_D ? BLOCKED_STATE_D : BLOCKED_STATE_S, ._pad = 0,
@@ -229,7 +290,7 @@ TRACEPOINT_PROBE(sched, sched_waking)
             if (!p) {
                 struct gil_pending fresh = {
                     .end_ns = now, .blocked_ns = blocked_ns, .tgid = copy.tgid,
-                    .waker_pid = waker >> 32, .waker_tid = (u32)waker,
+                    .waker_pid = waker >> 32, .waker_tid = (u32)waker, .kind = BLOCKED_GIL,
                 };
                 __builtin_memcpy(&fresh.comm, copy.comm, sizeof(fresh.comm));
                 bpf_get_current_comm(&fresh.waker_comm, sizeof(fresh.waker_comm));
@@ -241,7 +302,15 @@ TRACEPOINT_PROBE(sched, sched_waking)
             gil_pending.delete(&tid);
     }
     u64 threshold = threshold_ns();
-    if (threshold == 0 || blocked_ns < threshold)
+    if (threshold == 0)
+        return 0;
+    if (copy.kind == BLOCKED_MEMORY || copy.kind == BLOCKED_IO) {
+        if (copy.kind == BLOCKED_MEMORY && in_reclaim.lookup(&tid))
+            return 0;  /* a sleep inside a reclaim: the reclaim's own event covers it */
+        add_stall(tid, copy.tgid, copy.kind, copy.state, copy.ts_ns, now, blocked_ns, copy.comm, threshold);
+        return 0;
+    }
+    if (blocked_ns < threshold)
         return 0;
     emit(now, blocked_ns, copy.tgid, tid, copy.kind, copy.state, copy.comm);
     return 0;
@@ -259,6 +328,25 @@ TRACEPOINT_PROBE(sched, sched_wakeup)
 }
 
 #ifdef HAVE_FILEMAP_FAULT  /* the loader defines it where tracefs has mm_filemap_fault (recent kernels) */
+/* Between two marks of one fault storm (a fault, a page inserted, a
+ * reclaim's end, a memory sleep's wake) less than FAULT_CPU_GAP_NS apart,
+ * the thread was on the CPU handling faults (allocating, charging, mapping,
+ * submitting readahead), not running its own code: memory time too. */
+static __always_inline void fault_mark(u64 *fault, u64 now)
+{
+    u64 prev = *fault;
+    *fault = now;
+    if (now <= prev || now - prev >= FAULT_CPU_GAP_NS)
+        return;
+    u64 threshold = threshold_ns();
+    if (threshold == 0)
+        return;
+    u64 pid_tgid = bpf_get_current_pid_tgid();
+    char comm[TASK_COMM_LEN];
+    bpf_get_current_comm(&comm, sizeof(comm));
+    add_stall((u32)pid_tgid, pid_tgid >> 32, BLOCKED_MEMORY, 0, prev, now, now - prev, comm, threshold);
+}
+
 TRACEPOINT_PROBE(filemap, mm_filemap_fault)
 {
     u64 pid_tgid = bpf_get_current_pid_tgid();
@@ -267,7 +355,11 @@ TRACEPOINT_PROBE(filemap, mm_filemap_fault)
         return 0;
     u32 tid = (u32)pid_tgid;
     u64 now = bpf_ktime_get_ns();
-    check_update(fault_at.update(&tid, &now));
+    u64 *fault = fault_at.lookup(&tid);
+    if (fault)
+        fault_mark(fault, now);
+    else
+        check_update(fault_at.update(&tid, &now));
     return 0;
 }
 
@@ -283,7 +375,7 @@ TRACEPOINT_PROBE(filemap, mm_filemap_add_to_page_cache)
         return 0;
     u64 now = bpf_ktime_get_ns();
     if (now - *fault < FAULT_WINDOW_NS)
-        *fault = now;
+        fault_mark(fault, now);
     return 0;
 }
 #endif
@@ -311,11 +403,14 @@ static __always_inline int reclaim_end(void)
     in_reclaim.delete(&tid);
     u64 now = bpf_ktime_get_ns();
     u64 threshold = threshold_ns();
-    if (threshold == 0 || now < start || now - start < threshold)
+    if (threshold == 0 || now < start)
         return 0;
     char comm[TASK_COMM_LEN];
     bpf_get_current_comm(&comm, sizeof(comm));
-    emit(now, now - start, pid_tgid >> 32, tid, BLOCKED_MEMORY, 0, comm);
+    add_stall(tid, pid_tgid >> 32, BLOCKED_MEMORY, 0, start, now, now - start, comm, threshold);
+    u64 *fault = fault_at.lookup(&tid);
+    if (fault)  /* the storm's next mark counts from here: the reclaim is counted */
+        *fault = now;
     return 0;
 }
 

@@ -43,15 +43,18 @@ struct blocked_start {
     char comm[TASK_COMM_LEN];
 };
 
-/* Per tid: GIL waits of one take_gil so far that ended by their timeout
- * (woken from outside the process), joined with the rest of that take_gil. */
+/* Per tid: blocks held back to be joined with the next ones into one
+ * event: GIL waits of one take_gil so far that ended by their timeout (woken
+ * from outside the process), joined with the rest of that take_gil
+ * (`gil_pending`); memory or io blocks each under the threshold, close
+ * together (`short_runs`: a fault storm is many short sleeps). */
 struct gil_pending {
     u64 end_ns;         /* when the last of them was woken */
     u64 blocked_ns;     /* their sum */
     u32 tgid;
     u32 waker_pid;      /* the last waker */
     u32 waker_tid;
-    u32 _pad;
+    u32 kind;           /* of them all */
     char comm[TASK_COMM_LEN];
     char waker_comm[TASK_COMM_LEN];
 };

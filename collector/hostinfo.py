@@ -85,6 +85,7 @@ def process_info(pid: int, proc: Path = Path("/proc"), kubelet: KubeletPods | No
         "comm": _read(base / "comm").decode(errors="replace").strip(),
         "cmdline": _read(base / "cmdline").replace(b"\0", b" ").decode(errors="replace").strip(),
         "cgroup": cgroup,
+        "memory_cgroup": cpu_cgroup_path(cgroup_text, "memory"),
         "cpus_allowed": parse_cpu_list(status.get("Cpus_allowed_list", "")),
         "ppid": _int(status.get("PPid"), 0),
         "ns_pid": ns_ids[-1] if ns_ids else tgid,
@@ -96,13 +97,14 @@ def process_info(pid: int, proc: Path = Path("/proc"), kubelet: KubeletPods | No
     }
 
 
-def cpu_cgroup_path(cgroup_text: str) -> str:
+def cpu_cgroup_path(cgroup_text: str, controller: str = "cpu") -> str:
     """The cpu controller's cgroup in a /proc/PID/cgroup text: the one whose
     CFS quota can throttle the process (CgroupThrottle records name it the
-    same way). cgroup v1 lists controllers per line; v2 is the single
+    same way); or another ``controller``'s ("memory": whose limit it
+    shares). cgroup v1 lists controllers per line; v2 is the single
     "0::/path" line; else the first; "" when there is none."""
     fields = [l.split(":", 2) for l in cgroup_text.splitlines() if l.count(":") >= 2]
-    cgroup = next((f[2] for f in fields if "cpu" in f[1].split(",")), None)
+    cgroup = next((f[2] for f in fields if controller in f[1].split(",")), None)
     if cgroup is None:
         cgroup = next((f[2] for f in fields if f[0] == "0" and not f[1]), None)
     if cgroup is None and fields:

@@ -20,6 +20,9 @@ CPUs stay free, and the serving thread waits for the interpreter lock (GIL)
 instead, as a Python front end does beside a busy tokenizer or engine loop.
 --disk-read FIRST:LAST makes requests FIRST..LAST-1 each read --disk-read-mb
 from disk, bypassing the page cache (O_DIRECT): the thread is blocked in I/O.
+--weights-mb N maps an N MiB "weights" file and reads every page of it in each
+request, as a model's forward pass does: from the page cache, normally; from
+disk when something evicted it (a neighbour filling a shared memory limit).
 """
 
 from __future__ import annotations
@@ -122,6 +125,31 @@ class DiskReader:
         os.unlink(self.path)
 
 
+class Weights:
+    """A file mapped into memory, every page read by each request."""
+
+    PAGE = 4096
+
+    def __init__(self, directory: str | None, size_mb: float):
+        size = int(size_mb * (1 << 20)) // self.PAGE * self.PAGE or self.PAGE
+        with tempfile.NamedTemporaryFile(dir=directory, prefix="jsinfer-weights-", delete=False) as f:
+            self.path = f.name
+            for _ in range(size >> 20):
+                f.write(os.urandom(1 << 20))
+            f.write(os.urandom(size % (1 << 20)))
+        os.sync()  # clean pages: reclaim can drop them, a fault reads them back
+        with open(self.path, "rb") as f:
+            self.map = mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ)
+        self.read()  # warm: in the page cache from the start
+
+    def read(self) -> int:
+        return sum(self.map[offset] for offset in range(0, len(self.map), self.PAGE))
+
+    def close(self) -> None:
+        self.map.close()
+        os.unlink(self.path)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--endpoint", default="http://127.0.0.1:4318/v1/traces")
@@ -143,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--disk-read", default=None, metavar="FIRST:LAST",
                         help="requests FIRST..LAST-1 each read --disk-read-mb from disk, past the page cache")
     parser.add_argument("--disk-read-mb", type=float, default=4.0)
+    parser.add_argument("--weights-mb", type=float, default=0, help="map a weights file of this size, read in each request")
     parser.add_argument("--scratch", default=None, help="where --disk-read's file goes (default: the temp dir)")
     parser.add_argument("--hold-at", type=int, default=None, metavar="N",
                         help="before request N, wait for a line on stdin (a test's cue that its probes are ready)")
@@ -151,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     hog: GilHog | None = None
     read_first, read_last = map(int, args.disk_read.split(":")) if args.disk_read else (-1, -1)
     disk = DiskReader(args.scratch, args.disk_read_mb) if args.disk_read else None
+    weights = Weights(args.scratch, args.weights_mb) if args.weights_mb else None
     times = args.times if args.times is not None else not sys.stdout.isatty()
     walls_ms: list[float] = []
 
@@ -194,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
         cpu_started = time.thread_time_ns()
         if disk and read_first <= i < read_last:
             disk.read()
+        if weights:
+            weights.read()
         burn_cpu(args.cpu_ms / 2)
         first_token = time.perf_counter()
         burn_cpu(args.cpu_ms / 2)
@@ -221,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
         hog.stop()
     if disk:
         disk.close()
+    if weights:
+        weights.close()
     if walls_ms:
         print(f"done: {len(walls_ms)} requests of {args.cpu_ms:g} ms CPU each: {summary(walls_ms)}")
     return flush_spans(provider, args.endpoint)

@@ -159,6 +159,7 @@ class ProcessInfo(Record, frozen=True):
     pod: str = ""
     namespace: str = ""
     container: str = ""
+    memory_cgroup: str = ""  # the memory controller's cgroup: whose limit it shares ("" = unknown)
 
 
 class GpuIoctl(Record, frozen=True):

@@ -46,11 +46,11 @@ from dataclasses import dataclass, field
 
 from typing import Protocol
 
-from jitterscope.schemas.events import (BlockedWait, CgroupThrottle, GpuIoctl, IrqTime, ProcessInfo,
+from jitterscope.schemas.events import (BlockedWait, CgroupThrottle, GpuIoctl, IrqTime, PagePlacement, ProcessInfo,
                                         RequestAttribution, RequestSpan, RunqEvent, Suspect)
 from jitterscope.schemas.nvidia import ioctl_name
 
-Evidence = RunqEvent | GpuIoctl | CgroupThrottle | IrqTime | BlockedWait
+Evidence = RunqEvent | GpuIoctl | CgroupThrottle | IrqTime | BlockedWait | PagePlacement
 
 #: blocked kinds that delay a request, with the cause each names; "sleep"
 #: (futex, poll, network) is where an idle thread waits for work, so it is in
@@ -77,6 +77,8 @@ def _index(event: Evidence) -> int | str:
         return event.cgroup
     if isinstance(event, IrqTime):
         return event.cpu
+    if isinstance(event, PagePlacement):
+        return HOST_PAGES
     return event.pid
 
 
@@ -102,6 +104,13 @@ class Culprits:
 
     throttle: CgroupThrottle | None = None  # the latest interval of the cgroup charged most
     irq: IrqTime | None = None  # the interrupt source charged most, with its CPU
+
+#: the key of a host's page placements (one list: the evictor is looked for host-wide)
+HOST_PAGES = "pages"
+#: how far before a memory stall to look for who filled memory: an archiver
+#: that buffered its logs a while ago still holds what it took
+EVICTOR_LOOKBACK_NS = 60_000_000_000
+
 
 def kind_of(cause: str) -> str:
     """The BlockedWait kind behind a stall cause ("" for the other causes)."""
@@ -450,7 +459,8 @@ class Attributor:
         culprit = {"runq_starvation": suspects[0].comm if suspects else "",
                    "cfs_throttling": found.throttle.cgroup if found.throttle else "",
                    "irq": found.irq.source if found.irq else "",
-                   "gpu_ioctl_stall": ioctl_name(longest_call.request) if longest_call else ""
+                   "gpu_ioctl_stall": ioctl_name(longest_call.request) if longest_call else "",
+                   "memory_stall": self._evictor(span, group),
                    }.get(cause) or budget.wakers.get(kind_of(cause), "")
         return RequestAttribution(
             host=span.host, boot_id=span.boot_id, seq=span.seq, ts_ns=span.end_ns, request_id=span.request_id,
@@ -572,6 +582,38 @@ class Attributor:
                 before = out.get(key, (0, record))[0]
                 out[key] = (before + record.time_ns * part // record.interval_ns, record)
         return out
+
+    def _evictor(self, span: RequestSpan, group: set[int] | None) -> str:
+        """Who filled memory before a memory stall: the process outside the
+        serving group that added the most pages (page cache and allocations,
+        the pages probe's counts) from EVICTOR_LOOKBACK_NS before the request
+        to its end, as "comm (pid N)"; "" when none is known. Host-wide: the
+        pages probe does not say which memory cgroup a page was charged to."""
+        evidence = self._evidence.get(span.host, {}).get((HOST_PAGES, PagePlacement))
+        added: dict[int, int] = defaultdict(int)
+        names: dict[int, str] = {}
+        for record in evidence.overlapping(span.start_ns - EVICTOR_LOOKBACK_NS, span.end_ns) if evidence else ():
+            if record.pid and (group is None or record.pid not in group):
+                added[record.pid] += record.page_cache_pages + record.alloc_pages
+                names[record.pid] = record.comm
+        sharing = [pid for pid in added if self._shares_memory_limit(span.host, span.pid, pid)]
+        if sharing:
+            added = {pid: added[pid] for pid in sharing}
+        if not added:
+            return ""
+        pid = max(added, key=added.get)
+        return f"{names[pid]} (pid {pid})"
+
+    def _shares_memory_limit(self, host: str, pid: int, other: int) -> bool:
+        """Whether ``other`` is charged under the same memory limit as
+        ``pid``: one's memory cgroup is the other's or below it (the host's
+        root cgroup is no limit)."""
+        book = self.processes.processes if self.processes else {}
+        mine, theirs = book.get((host, pid)), book.get((host, other))
+        if not (mine and theirs and mine.memory_cgroup not in ("", "/") and theirs.memory_cgroup):
+            return False
+        a, b = mine.memory_cgroup.rstrip("/") + "/", theirs.memory_cgroup.rstrip("/") + "/"
+        return a.startswith(b) and b != "/" or b.startswith(a)
 
     def _latest_throttle(self, host: str, cgroup: str, before_ns: int) -> CgroupThrottle | None:
         """The cgroup's latest throttled interval up to the request's end (its limit as it was)."""

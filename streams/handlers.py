@@ -389,6 +389,8 @@ class Handlers:
     async def pages(self, placements: list[events.PagePlacement], now_ns: int) -> list[events.Alert]:
         """One collector interval's placements arrive together: judge each
         process over all its nodes at once."""
+        if self.attributor is not None:  # who filled memory before a request's memory stall
+            self.attributor.add_evidence_many(placements)
         by_process: dict[tuple[str, int], list[events.PagePlacement]] = defaultdict(list)
         for p in placements:
             by_process[(p.host, p.pid)].append(p)

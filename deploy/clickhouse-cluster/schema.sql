@@ -651,3 +651,7 @@ ALTER TABLE jitterscope.request_attribution ON CLUSTER '{cluster}' ADD COLUMN IF
 ALTER TABLE jitterscope.requests_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS tid UInt32;
 
 ALTER TABLE jitterscope.requests ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS tid UInt32;
+
+ALTER TABLE jitterscope.processes_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS memory_cgroup String DEFAULT '';
+
+ALTER TABLE jitterscope.processes ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS memory_cgroup String DEFAULT '';

@@ -40,3 +40,7 @@ ALTER TABLE jitterscope.request_attribution ADD COLUMN IF NOT EXISTS culprit Str
 
 -- The span's thread.id: the thread that carried the request (0: not sent).
 ALTER TABLE jitterscope.requests ADD COLUMN IF NOT EXISTS tid UInt32;
+
+-- A process's memory cgroup: who shares its memory limit (the evictor of a
+-- memory stall is looked for there first).
+ALTER TABLE jitterscope.processes ADD COLUMN IF NOT EXISTS memory_cgroup String DEFAULT '';

@@ -322,8 +322,8 @@ def test_faults_on_a_dropped_mapping_are_memory(tmp_path):
               f"{summary(others)}")
         assert t["majflt"] > 0, "premise: the pages were not in the page cache"
         assert total >= 0.5 * blocked_truth, "the loop's blocked time is memory"
-        assert total <= blocked_truth + 2 * MS
-        assert all(e.state == 2 for e in memory())
+        # the fault storm's on-CPU part (allocating, mapping, readahead) counts too, never more than the loop had
+        assert total <= wall - t["delay"] + 2 * MS
 
 
 # -- targets that exit, and the signal -------------------------------------------------------

@@ -8,6 +8,7 @@ request's CPU work (the stand-in burns a fixed amount of thread CPU time)."""
 from __future__ import annotations
 
 import json
+import os
 import statistics
 from collections import Counter
 import subprocess
@@ -18,7 +19,7 @@ import pytest
 
 from jitterscope.broker import free_port
 from jitterscope.workload import last_cpu
-from tests.conftest import wait_until
+from tests.conftest import remove_cgroup, wait_until
 
 pytestmark = [pytest.mark.bpf, pytest.mark.integration]
 
@@ -168,3 +169,97 @@ def test_disk_reads_on_the_request_path_are_io_wait(pipeline, tmp_path):
     print(f"\n[measured] {len(affected)} requests reading 4 MiB past the page cache (lost median "
           f"{statistics.median(lost[r] for r in affected):.1f} ms off the CPU); {len(right)} named io_wait, I/O wait "
           f"per request median {statistics.median(io):.1f} ms; {len(named)} of {len(quiet)} quiet requests named a cause")
+
+
+ARCHIVER = """
+import ctypes, sys
+ctypes.CDLL(None).prctl(15, b"log-archiver", 0, 0, 0)  # PR_SET_NAME: the name jitterscope should give
+logs = bytearray({mb} << 20)  # buffered logs: anonymous memory, zero-filled, so every page is touched
+print("ready", flush=True)
+sys.stdin.readline()
+"""
+WEIGHTS_MB, HEADROOM_MB, ARCHIVER_MB = 32, 16, 28
+
+
+class MemoryLimit:
+    """A memory cgroup of the test's own (v1 memory controller, or v2): the
+    stand-in and its log archiver share its limit, as a pod's containers do."""
+
+    def __init__(self):
+        v1 = Path("/sys/fs/cgroup/memory")
+        self.v1 = v1.is_dir()
+        self.path = (v1 if self.v1 else Path("/sys/fs/cgroup")) / f"jitterscope-memory-{os.getpid()}"
+        self.path.mkdir()
+        assert (self.path / ("memory.limit_in_bytes" if self.v1 else "memory.max")).exists(), \
+            "no memory controller: mount cgroup v1's memory hierarchy, or enable v2's in cgroup.subtree_control"
+
+    def join(self) -> None:
+        """The calling process goes in (a preexec_fn: before the program runs, so all it maps is charged here)."""
+        (self.path / "cgroup.procs").write_text(str(os.getpid()))
+
+    def usage(self) -> int:
+        return int((self.path / ("memory.usage_in_bytes" if self.v1 else "memory.current")).read_text())
+
+    def limit(self, nbytes: int) -> None:
+        (self.path / ("memory.limit_in_bytes" if self.v1 else "memory.max")).write_text(str(nbytes))
+
+    def remove(self) -> None:
+        remove_cgroup(self.path)
+
+
+def test_weights_evicted_under_a_shared_memory_limit_are_a_memory_stall_and_the_archiver_is_named(pipeline, tmp_path):
+    stack, worker, collector, otlp_port = pipeline
+    memory = MemoryLimit()
+    archiver = None
+    standin = subprocess.Popen(
+        [sys.executable, str(STANDIN), "--endpoint", f"http://127.0.0.1:{otlp_port}/v1/traces",
+         "--pin-cpu", str(last_cpu()), "--requests", str(REQUESTS), "--cpu-ms", str(CPU_MS), "--gap-ms", "10",
+         "--hold-at", str(HOLD_AT), "--id-prefix", "mem-", "--times", "--cpu-times", "--weights-mb", str(WEIGHTS_MB),
+         "--scratch", str(on_disk(tmp_path))],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, preexec_fn=memory.join)
+    lines = []
+    try:
+        wait_until(lambda: watching(collector, standin.pid), 120, "the collector's blocked probe on the stand-in",
+                   collector)
+        # the limit: what the stand-in holds now (its weights in the page cache included), and some room
+        memory.limit(memory.usage() + HEADROOM_MB * (1 << 20))
+        standin.stdin.write("go\n")
+        standin.stdin.flush()
+        while len(lines) < REQUESTS:
+            line = standin.stdout.readline()
+            assert line, "the stand-in ended early"
+            lines.append(line.split())
+            index = int(lines[-1][0].rsplit("-", 1)[1]) if len(lines[-1]) == 4 else -1
+            if index == INJECTED[0] - 1:  # the archiver buffers its logs beside it, under the same limit
+                archiver = subprocess.Popen([sys.executable, "-c", ARCHIVER.format(mb=ARCHIVER_MB)],
+                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                            preexec_fn=memory.join)
+                assert archiver.stdout.readline().strip() == "ready"
+            if index == INJECTED[1] - 1:
+                archiver.communicate("done\n", timeout=60)
+        standin.communicate(timeout=120)
+    finally:
+        for process in (standin, archiver):
+            if process:
+                process.kill()
+                process.wait()
+        memory.remove()
+    assert standin.returncode == 0
+    requests = {f[0]: (int(f[1]), int(f[2]), int(f[3])) for f in lines if len(f) == 4}
+    affected, quiet, lost = split(requests)
+
+    last = max(requests, key=lambda r: requests[r][1])
+    wait_until(lambda: attribution(stack, last), 90, "the last request attributed", worker)
+    got = {r: attribution(stack, r) for r in requests}
+    evictor = f"log-archiver (pid {archiver.pid})"
+    right = [r for r in affected if got[r]["cause"] == "memory_stall" and got[r]["culprit"] == evictor]
+    assert len(right) >= 0.9 * len(affected), (
+        Counter((got[r]["cause"], got[r]["culprit"]) for r in affected),
+        [(r, lost[r], got[r]) for r in affected if r not in right][:3])
+    named = [r for r in quiet if got[r]["cause"] not in ("none", "unexplained")]
+    assert len(named) <= 0.05 * len(quiet), [(r, lost[r], got[r]) for r in named][:5]
+    stalls = [got[r]["memory_wait_ns"] / MS for r in affected]
+    print(f"\n[measured] {len(affected)} requests slowed while the archiver held {ARCHIVER_MB} MiB under the "
+          f"shared limit (lost median {statistics.median(lost[r] for r in affected):.1f} ms off the CPU); "
+          f"{len(right)} named memory_stall by {evictor}; memory wait per request median "
+          f"{statistics.median(stalls):.1f} ms; {len(named)} of {len(quiet)} quiet requests named a cause")

@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from jitterscope.schemas.events import BlockedWait, RequestSpan, RunqEvent
+from jitterscope.schemas.events import BlockedWait, PagePlacement, RequestSpan, RunqEvent
 from jitterscope.streams.attribution import Attributor, overlap_ns
 
 MS = 1_000_000
@@ -553,3 +553,35 @@ def test_the_span_s_thread_is_the_one_whose_budget_counts():
     a.add_request(span("gil-3", 0, 40))
     [r] = due_after(a, 40)
     assert (r.cause, r.thread_tid, r.runq_wait_ns) == ("runq_starvation", 177, 30 * MS)
+
+
+def placement(end_ms: float, pid: int, comm: str, cache: int = 0, alloc: int = 0) -> PagePlacement:
+    return PagePlacement(host="h1", boot_id="b", seq=0, ts_ns=T0 + int(end_ms * MS), pid=pid, comm=comm, node=0,
+                         interval_ns=1_000 * MS, page_cache_pages=cache, alloc_pages=alloc)
+
+
+def test_a_memory_stall_names_who_filled_memory_before_it_not_the_group_itself():
+    a = Attributor(grace_ns=GRACE)
+    baseline(a)
+    a.add_evidence(placement(-30_000, 700, "log-archiver", alloc=9_000))  # buffered its logs 30 s before
+    a.add_evidence(placement(-120_000, 800, "old-backup", cache=90_000))  # long before: not this stall's
+    a.add_evidence(placement(-5_000, 701, "sshd", alloc=300))
+    a.add_evidence(placement(40, 100, "vllm", cache=20_000))  # the server faulting its weights back itself
+    a.add_evidence(blocked(40, 30, kind="memory", waker=(0, 0, "swapper/0")))
+    a.add_request(span("mem-1", 0, 40))
+    [r] = due_after(a, 40)
+    assert (r.cause, r.culprit, r.memory_wait_ns) == ("memory_stall", "log-archiver (pid 700)", 30 * MS)
+
+
+def test_the_evictor_is_looked_for_under_the_stalled_process_s_memory_limit_first():
+    # the busiest allocator on the host (a database) does not share the server's limit; the archiver does
+    a = Attributor(grace_ns=GRACE, processes=book(
+        process(100, group=100, memory_cgroup="/serving"), process(700, memory_cgroup="/serving/sidecar"),
+        process(900, memory_cgroup="/system.slice/db")))
+    baseline(a)
+    a.add_evidence(placement(-10_000, 900, "clickhouse", alloc=500_000))
+    a.add_evidence(placement(-10_000, 700, "log-archiver", alloc=9_000))
+    a.add_evidence(blocked(40, 30, kind="memory", waker=(0, 0, "swapper/0")))
+    a.add_request(span("mem-2", 0, 40))
+    [r] = due_after(a, 40)
+    assert (r.cause, r.culprit) == ("memory_stall", "log-archiver (pid 700)")

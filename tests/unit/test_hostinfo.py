@@ -34,6 +34,7 @@ def test_process_info_of_a_cgroup_v2_process():
         "comm": "python3",
         "cmdline": "python3 -m vllm.entrypoints.openai.api_server --model /models/llama-3-8b",
         "cgroup": "/system.slice/vllm.service",
+        "memory_cgroup": "/system.slice/vllm.service",  # v2: one cgroup for every controller
         "cpus_allowed": [0, 1, 2, 3],
         "ppid": 1,
         "ns_pid": 1234,  # on the host: its own pid
