@@ -807,7 +807,9 @@ BENCHES = {"decode": bench_decode, "pipeline": bench_pipeline, "probe": bench_pr
            "sink-batch": lambda: __import__("mix").bench_sink_batch(),
            "attribution-mix": lambda: __import__("mix").bench_attribution_mix(),
            "alert-delay": lambda: __import__("alert_delay").bench_alert_delay(),
-           "alert-delay-worker": lambda: __import__("alert_delay").bench_alert_delay_worker()}
+           "alert-delay-worker": lambda: __import__("alert_delay").bench_alert_delay_worker(),
+           "blocked": lambda: __import__("blocked").bench_blocked_overhead(),
+           "gil": lambda: __import__("blocked").bench_gil_cost()}
 
 
 def main(names: list[str]) -> None:

@@ -27,6 +27,7 @@ SECTIONS = [
     ("heatmap", "Run-queue wait heatmap per host class"),
     ("causes", "Share of tail latency by root cause"),
     ("behind", "Hosts and processes behind the tail"),
+    ("recurring", "Causes that recur on a schedule"),
     ("placement", "NUMA and GPU placement"),
     ("pressure", "Run-queue pressure against load"),
     ("before-after", "Before and after the remediation"),
@@ -129,6 +130,22 @@ def behind(ctx: Context) -> str:
             + charts.bar_chart([(r[0], r[3]) for r in neighbours], unit="s",
                                x_label="seconds of run-queue waits of inference threads behind it")
             + _table(["command", "starvations", "hosts", "waits caused s"], neighbours))
+
+
+def recurring(ctx: Context) -> str:
+    """The saved query recurring-causes, as a table: a cause on a schedule is a
+    job to move or reschedule (the archiver of every 15 minutes)."""
+    from jitterscope.reports.queries import SAVED
+
+    saved = SAVED["recurring-causes"]
+    defaults = {name: (float if kind.startswith("Float") else int)(default)
+                for name, (kind, default) in saved.params.items()}
+    rows = _rows(ctx, saved.sql, **defaults, limit=20)
+    return ("<p>Each host's minutes with a cause (a neighbour that held starved CPUs for 100 ms or more in the "
+            "minute, or requests attributed to it), grouped into occurrences; the period is the commonest gap, "
+            "the phase the minute within the period.</p>"
+            + _table(["host", "cause", "culprit", "period min", "phase min", "occurrences", "regularity",
+                      "first seen", "last seen"], rows))
 
 
 def placement(ctx: Context) -> str:
@@ -244,7 +261,8 @@ def actions(ctx: Context) -> str:
     return f"<ol class=\"actions\">{items or '<li>nothing to do</li>'}</ol>"
 
 
-BUILDERS = {"trends": trends, "heatmap": heatmap, "causes": causes, "behind": behind, "placement": placement,
+BUILDERS = {"trends": trends, "heatmap": heatmap, "causes": causes, "behind": behind, "recurring": recurring,
+            "placement": placement,
             "pressure": pressure,
             "before-after": before_after, "actions": actions}
 

@@ -114,6 +114,54 @@ LIMIT {{limit:UInt32}}""",
     ),
 ]}
 
+# A cause that comes back on a schedule (an archiver every 15 minutes, a
+# cron backup) is found from its minutes: each (host, cause, culprit)'s
+# minutes with the cause (a neighbour holding CPUs the serving threads
+# waited for at least min_ms in the minute, from the runq_minute rollup; or
+# attributed requests naming it), consecutive minutes merged into one
+# occurrence; the period is the commonest gap between occurrences, the
+# regularity the share of gaps within a minute of it, the phase the minute
+# within the period (epoch minutes modulo the period: 7 with a 15-minute
+# period is :07, :22, :37, :52).
+RECURRING_SPIKES = f"""
+    SELECT host, 'runq_starvation' AS cause, suspect_comm AS culprit, minute
+    FROM {DB}.runq_minute
+    WHERE {MINUTES} AND neighbour
+    GROUP BY host, culprit, minute
+    HAVING sum(waited_ns) >= {{min_ms:UInt32}} * 1000000
+  UNION ALL
+    SELECT host, cause, culprit, toStartOfMinute(ts) AS minute
+    FROM {DB}.request_attribution
+    WHERE {SINCE} AND culprit != '' AND cause NOT IN ('none', 'unexplained')
+    GROUP BY host, cause, culprit, minute"""
+
+SAVED["recurring-causes"] = SavedQuery(
+    "recurring-causes",
+    "Which causes come back on a schedule (period, phase, and the process behind them)?",
+    f"""SELECT host, cause, culprit, period_min, phase_min, length(starts) AS occurrences,
+       round(arrayCount(g -> abs(toInt64(g) - toInt64(period_min)) <= 1, gaps) / length(gaps), 2) AS regularity,
+       starts[1] AS first_seen, starts[-1] AS last_seen
+FROM (
+    SELECT host, cause, culprit, starts, arrayReduce('topK(1)', gaps)[1] AS period_min,
+           intDiv(toUInt32(starts[1]), 60) % greatest(period_min, 1) AS phase_min, gaps
+    FROM (
+        SELECT host, cause, culprit, starts,
+               arrayPopFront(arrayDifference(arrayMap(m -> intDiv(toUInt32(m), 60), starts))) AS gaps
+        FROM (
+            SELECT host, cause, culprit, arraySort(groupUniqArray(minute)) AS minutes,
+                   arrayFilter((m, i) -> i = 1 OR toUInt32(m) - toUInt32(minutes[i - 1]) > 60,
+                               minutes, arrayEnumerate(minutes)) AS starts
+            FROM ({RECURRING_SPIKES})
+            GROUP BY host, cause, culprit
+        )
+    )
+)
+WHERE occurrences >= {{min_occurrences:UInt32}} AND period_min > 1 AND regularity >= {{min_regularity:Float64}}
+ORDER BY regularity DESC, occurrences DESC, host, cause, culprit
+LIMIT {{limit:UInt32}}""",
+    {"min_ms": ("UInt32", "100"), "min_occurrences": ("UInt32", "3"), "min_regularity": ("Float64", "0.6")},
+)
+
 SAVED["ledger"] = SavedQuery("ledger", ledger.QUESTION, ledger.sql(), ledger.PARAMS)  # see reports/ledger.py
 
 DURATION = re.compile(r"(\d+)([smhdw])")

@@ -22,6 +22,8 @@ OFF_NODE_HOSTS = [f"h100-{i:03d}" for i in range(40, 45)]  # inference CPUs off 
 STORM_HOST, STORM_TID = "h100-100", 7777  # a thread migrating 500 times/s
 PCIE_HOST, PCIE_NEIGHBOUR = "a100-250", "nvme3"  # GPU stalls while nvme3 streams on its switch
 SLO_CAUSES = ["runq_starvation", "gpu_ioctl_stall", "unexplained"]  # most to fewest breaches
+# a log archiver that starves inference on one host every 15 minutes, at :07, :22, :37 and :52
+RECURRING_HOST, RECURRING_CULPRIT, RECURRING_PERIOD_MIN, RECURRING_PHASE_MIN = "h100-123", "log-archiver", 15, 7
 # All SLO breaches happened before a remediation half-way through the period
 # (say, pinning rolled out): the report's before/after must show it.
 HOST_CLASSES = ["a100", "h100"]
@@ -64,10 +66,20 @@ FROM numbers({start}, {min(RUNQ_CHUNK, runq_events - start)})""" for start in ra
 
 def statements(hosts: int = 300, runq_events: int = 2_000_000, hours: int = 24) -> list[str]:
     span = hours * 3600
+    period = RECURRING_PERIOD_MIN * 60
     h = lambda n: f"cityHash64({n}, 1)"  # noqa: E731
     minutes = hours * 60
     return [
         *runq_statements(hosts, runq_events, span, time.time_ns()),
+        # the recurring archiver: 40 waits of 20 ms in its minute, every period, on its own boot's seqs
+        f"""INSERT INTO {DB}.runq_events (host, boot_id, seq, ts, pid, tid, comm, cpu, wait_ns, suspect_pid,
+                                  suspect_tid, suspect_comm)
+SELECT {{recurring_host:String}}, 'boot-recurring', number,
+       fromUnixTimestamp64Nano(toInt64((intDiv(toUInt64(now()) - {span}, {period}) * {period}
+                                        + {period} * (1 + intDiv(number, 40)) + {RECURRING_PHASE_MIN * 60}
+                                        + number % 40) * 1000000000)),
+       1000, 2001, 'vllm', 3, 20000000, 31000, 31000, {{recurring_culprit:String}}
+FROM numbers({40 * (span // (RECURRING_PERIOD_MIN * 60) - 2)})""",
         # every minute, per host, a runq histogram; one host has a heavy tail
         f"""INSERT INTO {DB}.latency_histograms
 SELECT host, 'boot-1', number AS seq, toDateTime64(now64(9) - toIntervalMinute(number % {minutes}), 9),
@@ -125,7 +137,8 @@ FROM numbers(60)""",
 
 #: the injected names go in as bound parameters: one of them is hostile on purpose
 PARAMETERS = {"suspects": SUSPECTS, "worst": WORST_RUNQ_HOST, "noisy": NOISY_NEIGHBOUR, "off_node": OFF_NODE_HOSTS,
-              "pcie_host": PCIE_HOST, "pcie_neighbour": PCIE_NEIGHBOUR, "storm_host": STORM_HOST}
+              "pcie_host": PCIE_HOST, "pcie_neighbour": PCIE_NEIGHBOUR, "storm_host": STORM_HOST,
+              "recurring_host": RECURRING_HOST, "recurring_culprit": RECURRING_CULPRIT}
 
 
 def load_fleet(client, progress=None, **sizes) -> None:

@@ -73,6 +73,17 @@ def test_pcie_contention(fleet):
     assert rows[0]["incidents"] == 50
 
 
+def test_recurring_causes_have_their_period_phase_and_culprit(fleet):
+    rows = saved(fleet, "recurring-causes", "since=24h")
+    top = rows[0]
+    assert (top["host"], top["cause"], top["culprit"], top["period_min"], top["phase_min"]) == (
+        synthetic.RECURRING_HOST, "runq_starvation", synthetic.RECURRING_CULPRIT, synthetic.RECURRING_PERIOD_MIN,
+        synthetic.RECURRING_PHASE_MIN)
+    assert top["regularity"] >= 0.95 and top["occurrences"] >= 90
+    # the fleet's random neighbours (logrotate on every host) never come back on a schedule
+    assert all(r["culprit"] == synthetic.RECURRING_CULPRIT for r in rows), rows[:5]
+
+
 def test_parameters_are_bound_not_pasted(fleet):
     hostile = "h100-001' OR 1=1 --"
     assert saved(fleet, "ledger", f"host={hostile}") == []  # no such host: no rows, no injection
@@ -91,7 +102,7 @@ def test_bad_saved_query_use_is_one_clear_line(fleet):
 
 def test_every_saved_query_is_tested():
     tested = {"worst-hosts", "slo-by-cause", "noisy-neighbours", "off-node", "migration-storms", "pcie-contention",
-              "ledger"}  # ledger: tests/integration/test_ledger.py
+              "recurring-causes", "ledger"}  # ledger: tests/integration/test_ledger.py
     assert set(queries.SAVED) == tested
 
 

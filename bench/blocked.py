@@ -1,0 +1,164 @@
+"""What the blocked probe (bpf/blocked.bpf.c) costs.
+
+1. The context-switch storm: a C pipe ping-pong pinned to one CPU, unloaded,
+   beside libbpf-tools' runqslower (the peer), our run-queue probe, the
+   blocked probe (watching nothing: what every other process on the host
+   pays), and both together.
+   Throughput lost against the best unloaded run of the same round, and the
+   kernel's own count of BPF time per switch (kernel.bpf_stats_enabled).
+2. GIL probing: a GIL-heavy Python program (two threads of pure Python on two
+   CPUs, handing the GIL over every switch interval) timed with and without
+   the uprobes on its GIL waits, interleaved.
+
+    .venv/bin/python bench/run.py blocked gil
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from run import PeerTool, _bpf_ns_per_switch, c_ping_pong_binary  # noqa: E402  (bench/ is on sys.path)
+
+
+class Polled:
+    """Probes whose ring buffers a thread reads, as the collector does."""
+
+    def __init__(self, *probes):
+        self.probes = probes
+        self._stop = threading.Event()
+        for probe in probes:
+            probe.open(lambda _event: None)
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            for probe in self.probes:
+                probe.poll(50)
+
+    def program_fds(self) -> dict[str, int]:
+        return {name: fd for probe in self.probes for name, fd in probe.program_fds().items()}
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        for probe in self.probes:
+            probe.close()
+
+
+def bench_blocked_overhead(rounds: int = 100_000, repeats: int = 3) -> str:
+    from jitterscope.collector.probes.blocked import BlockedProbe
+    from jitterscope.collector.probes.runq import RunqProbe
+    from jitterscope.collector.selfcost import BpfStats, scan_programs
+
+    assert Path("/usr/sbin/runqslower").exists(), "runqslower missing: apt-get install libbpf-tools"
+    cpu = 0
+    os.sched_setaffinity(0, set(os.sched_getaffinity(0)) - {cpu} or {cpu})  # readers off the storm's CPU
+    with tempfile.TemporaryDirectory() as tmp, BpfStats():
+        binary = c_ping_pong_binary(Path(tmp))
+        def best() -> float:
+            return max(float(subprocess.run([str(binary), str(rounds), str(cpu)], capture_output=True,
+                                            check=True, text=True).stdout) for _ in range(3))
+
+        setups = {
+            "runqslower 5000": lambda: PeerTool("/usr/sbin/runqslower", "5000"),
+            "our run-queue probe": lambda: Polled(RunqProbe(5_000_000, None)),
+            "the blocked probe, nothing watched": lambda: Polled(BlockedProbe(1_000_000)),
+            "run-queue + blocked probes": lambda: Polled(RunqProbe(5_000_000, None), BlockedProbe(1_000_000)),
+        }
+
+        def programs(loaded) -> dict:
+            if isinstance(loaded, PeerTool):
+                return scan_programs(Path(f"/proc/{loaded.proc.pid}/fdinfo"))
+            return scan_programs(names={fd: name for name, fd in loaded.program_fds().items()})
+
+        cost: dict[str, list[float]] = {name: [] for name in setups}
+        per_switch: dict[str, list[float]] = {name: [] for name in setups}
+        bases = []
+        for _ in range(repeats):
+            base, rates = [best()], {}
+            for name, setup in setups.items():
+                loaded = setup()
+                try:
+                    before = programs(loaded)
+                    rates[name] = best()
+                    per_switch[name].append(_bpf_ns_per_switch(before, programs(loaded)))
+                finally:
+                    loaded.close()
+                base.append(best())
+            bases.append(max(base))
+            for name, rate in rates.items():
+                cost[name].append(1 - rate / max(base))
+    med = {name: statistics.median(v) for name, v in cost.items()}
+    ns = {name: statistics.median(v) for name, v in per_switch.items()}
+    peer = "runqslower 5000"
+    return "\n".join(
+        f"| C pipe ping-pong on CPU {cpu}, {name} | {med[name]:.1%} throughput lost (median of {repeats}, range "
+        f"{min(cost[name]):.1%}..{max(cost[name]):.1%}); BPF {ns[name]:,.0f} ns per switch | unloaded median "
+        f"{statistics.median(bases):,.0f} round trips/s | {med[name] / med[peer]:.2f}x runqslower's loss; "
+        f"{ns[name] / ns[peer]:.2f}x its BPF time |" for name in setups)
+
+
+GIL_HEAVY = r"""
+import os, sys, threading, time
+def spin(n):
+    x = 0
+    for _ in range(n):
+        x += 1
+print(os.getpid(), flush=True)
+sys.stdin.readline()
+for _ in range(int(sys.argv[1])):
+    threads = [threading.Thread(target=spin, args=(3_000_000,)) for _ in range(2)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    print(time.perf_counter() - start, flush=True)
+"""
+
+
+def bench_gil_cost(runs: int = 5, repeats: int = 6) -> str:
+    """Two pure-Python threads on two CPUs (every switch interval a GIL
+    hand-over, each a GIL wait the uprobes see), timed with the GIL probe
+    attached and without, alternating; the best of ``runs`` each time."""
+    from jitterscope.collector import pyruntime
+    from jitterscope.collector.probes.blocked import BlockedProbe
+
+    os.sched_setaffinity(0, set(os.sched_getaffinity(0)))
+    seconds: dict[bool, list[float]] = {False: [], True: []}
+    waits = 0
+    for i in range(repeats):
+        probed = bool(i % 2)
+        child = subprocess.Popen([sys.executable, "-c", GIL_HEAVY, str(runs)], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True)
+        pid = int(child.stdout.readline())
+        probe = None
+        events: list = []
+        if probed:
+            site = pyruntime.locate(pid)
+            assert isinstance(site, pyruntime.GilSite), site
+            probe = BlockedProbe(1_000_000)
+            probe.open(events.append)
+            probe.set_watched({pid})
+            probe.watch_gil(site)
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        times = [float(child.stdout.readline()) for _ in range(runs)]
+        child.wait()
+        if probe:
+            probe.poll(0)
+            waits += sum(1 for e in events if e.kind == "gil")
+            probe.close()
+        seconds[probed].append(min(times))
+    plain, probed = statistics.median(seconds[False]), statistics.median(seconds[True])
+    return (f"| GIL-heavy Python (2 threads x 3M pure-Python steps, 2 CPUs), GIL uprobes attached | "
+            f"{probed * 1000:.0f} ms ({waits:,} GIL waits of 1 ms or more reported) | without {plain * 1000:.0f} ms "
+            f"(median of {repeats // 2} best-of-{runs} each, interleaved) | {probed / plain:.3f}x |")
