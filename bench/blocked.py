@@ -116,32 +116,27 @@ print(os.getpid(), flush=True)
 sys.stdin.readline()
 for _ in range(int(sys.argv[1])):
     threads = [threading.Thread(target=spin, args=(3_000_000,)) for _ in range(2)]
-    start = time.perf_counter()
+    start = time.process_time()  # CPU time, the probe's handlers included: steadier than wall time here
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    print(time.perf_counter() - start, flush=True)
+    print(time.process_time() - start, flush=True)
 """
 
 
-def bench_gil_cost(runs: int = 5, repeats: int = 6) -> str:
-    """Two pure-Python threads on two CPUs (every switch interval a GIL
-    hand-over, each a GIL wait the uprobes see), timed with the GIL probe
-    attached and without, alternating; the best of ``runs`` each time."""
+def _time_gil_heavy(runs: int, cpu: int, probed: bool) -> tuple[float, int]:
+    """The GIL-heavy program's best run (CPU seconds, user and system: the
+    probe's programs run in its context and are charged to it), with its GIL
+    waits probed or not, and how many GIL waits the probe reported."""
     from jitterscope.collector import pyruntime
     from jitterscope.collector.probes.blocked import BlockedProbe
 
-    os.sched_setaffinity(0, set(os.sched_getaffinity(0)))
-    seconds: dict[bool, list[float]] = {False: [], True: []}
-    waits = 0
-    for i in range(repeats):
-        probed = bool(i % 2)
-        child = subprocess.Popen([sys.executable, "-c", GIL_HEAVY, str(runs)], stdin=subprocess.PIPE,
-                                 stdout=subprocess.PIPE, text=True)
-        pid = int(child.stdout.readline())
-        probe = None
-        events: list = []
+    child = subprocess.Popen([sys.executable, "-c", GIL_HEAVY, str(runs)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True, preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
+    pid = int(child.stdout.readline())
+    probe, events = None, []
+    try:
         if probed:
             site = pyruntime.locate(pid)
             assert isinstance(site, pyruntime.GilSite), site
@@ -151,14 +146,33 @@ def bench_gil_cost(runs: int = 5, repeats: int = 6) -> str:
             probe.watch_gil(site)
         child.stdin.write("go\n")
         child.stdin.flush()
-        times = [float(child.stdout.readline()) for _ in range(runs)]
+        best = min(float(child.stdout.readline()) for _ in range(runs))
         child.wait()
         if probe:
             probe.poll(0)
-            waits += sum(1 for e in events if e.kind == "gil")
+    finally:
+        if probe:
             probe.close()
-        seconds[probed].append(min(times))
-    plain, probed = statistics.median(seconds[False]), statistics.median(seconds[True])
-    return (f"| GIL-heavy Python (2 threads x 3M pure-Python steps, 2 CPUs), GIL uprobes attached | "
-            f"{probed * 1000:.0f} ms ({waits:,} GIL waits of 1 ms or more reported) | without {plain * 1000:.0f} ms "
-            f"(median of {repeats // 2} best-of-{runs} each, interleaved) | {probed / plain:.3f}x |")
+    return best, sum(1 for e in events if e.kind == "gil")
+
+
+def bench_gil_cost(runs: int = 5, pairs: int = 8) -> str:
+    """Two pure-Python threads sharing one CPU (every switch interval a GIL
+    hand-over, each a GIL wait the uprobes see; one CPU so that the other
+    CPU's load does not decide the timing), its CPU time without the blocked probe
+    and with it watching the program, GIL uprobes attached: ``pairs`` pairs,
+    back to back in alternating order, the best of ``runs`` each; the
+    median of the pairs' ratios."""
+    cpu = max(os.sched_getaffinity(0))
+    ratios, waits, plain, probed = [], 0, [], []
+    for i in range(pairs):
+        order = (False, True) if i % 2 else (True, False)
+        got = {mode: _time_gil_heavy(runs, cpu, mode) for mode in order}
+        ratios.append(got[True][0] / got[False][0])
+        waits += got[True][1]
+        plain.append(got[False][0])
+        probed.append(got[True][0])
+    return (f"| GIL-heavy Python (2 threads x 3M pure-Python steps on one CPU), the blocked probe watching it, GIL "
+            f"uprobes attached | {statistics.median(probed) * 1000:.0f} ms of CPU ({waits:,} GIL waits of 1 ms or more "
+            f"reported) | without {statistics.median(plain) * 1000:.0f} ms ({pairs} pairs, best of {runs} each, "
+            f"alternating) | {statistics.median(ratios):.3f}x (pairs {min(ratios):.3f}..{max(ratios):.3f}) |")
