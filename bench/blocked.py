@@ -24,7 +24,7 @@ import threading
 import time
 from pathlib import Path
 
-from run import PeerTool, _bpf_ns_per_switch, c_ping_pong_binary  # noqa: E402  (bench/ is on sys.path)
+from run import PeerTool, c_ping_pong_binary, storm_costs  # noqa: E402  (bench/ is on sys.path)
 
 
 class Polled:
@@ -56,7 +56,7 @@ class Polled:
 def bench_blocked_overhead(rounds: int = 100_000, repeats: int = 3) -> str:
     from jitterscope.collector.probes.blocked import BlockedProbe
     from jitterscope.collector.probes.runq import RunqProbe
-    from jitterscope.collector.selfcost import BpfStats, scan_programs
+    from jitterscope.collector.selfcost import BpfStats
 
     assert Path("/usr/sbin/runqslower").exists(), "runqslower missing: apt-get install libbpf-tools"
     cpu = 0
@@ -74,28 +74,7 @@ def bench_blocked_overhead(rounds: int = 100_000, repeats: int = 3) -> str:
             "run-queue + blocked probes": lambda: Polled(RunqProbe(5_000_000, None), BlockedProbe(1_000_000)),
         }
 
-        def programs(loaded) -> dict:
-            if isinstance(loaded, PeerTool):
-                return scan_programs(Path(f"/proc/{loaded.proc.pid}/fdinfo"))
-            return scan_programs(names={fd: name for name, fd in loaded.program_fds().items()})
-
-        cost: dict[str, list[float]] = {name: [] for name in setups}
-        per_switch: dict[str, list[float]] = {name: [] for name in setups}
-        bases = []
-        for _ in range(repeats):
-            base, rates = [best()], {}
-            for name, setup in setups.items():
-                loaded = setup()
-                try:
-                    before = programs(loaded)
-                    rates[name] = best()
-                    per_switch[name].append(_bpf_ns_per_switch(before, programs(loaded)))
-                finally:
-                    loaded.close()
-                base.append(best())
-            bases.append(max(base))
-            for name, rate in rates.items():
-                cost[name].append(1 - rate / max(base))
+        cost, per_switch, bases = storm_costs(setups, best, repeats)
     med = {name: statistics.median(v) for name, v in cost.items()}
     ns = {name: statistics.median(v) for name, v in per_switch.items()}
     peer = "runqslower 5000"

@@ -465,6 +465,41 @@ def _bpf_ns_per_switch(before: dict, after: dict) -> float:
     return sum(ns for ns, _cnt, _name in ran.values()) / switches if switches else float("nan")
 
 
+def storm_costs(setups: dict, best, repeats: int) -> tuple[dict, dict, list]:
+    """Each setup (name -> a factory of something loaded, with close()) in
+    turn, ``repeats`` rounds: the storm's lost throughput against the best
+    unloaded run of the same round (``best()``: round trips/s), and the
+    kernel's BPF time per switch of what the setup loaded. Returns ({name:
+    [loss per round]}, {name: [ns per switch per round]}, [unloaded rate per
+    round])."""
+    from jitterscope.collector.selfcost import scan_programs
+
+    def programs(loaded) -> dict:
+        if isinstance(loaded, PeerTool):
+            return scan_programs(Path(f"/proc/{loaded.proc.pid}/fdinfo"))
+        fds = loaded.program_fds() if hasattr(loaded, "program_fds") else loaded.probe.program_fds()
+        return scan_programs(names={fd: name for name, fd in fds.items()})
+
+    cost: dict[str, list[float]] = {name: [] for name in setups}
+    per_switch: dict[str, list[float]] = {name: [] for name in setups}
+    bases = []
+    for _ in range(repeats):
+        base, rates = [best()], {}
+        for name, setup in setups.items():
+            loaded = setup()
+            try:
+                before = programs(loaded)
+                rates[name] = best()
+                per_switch[name].append(_bpf_ns_per_switch(before, programs(loaded)))
+            finally:
+                loaded.close()
+            base.append(best())
+        bases.append(max(base))
+        for name, rate in rates.items():
+            cost[name].append(1 - rate / max(base))
+    return cost, per_switch, bases
+
+
 def bench_probe_peers(rounds: int = 100_000, repeats: int = 3) -> str:
     """A C pipe ping-pong pinned to one CPU (a pure context-switch storm)
     with nothing loaded, with our run-queue probe (as committed at
@@ -478,7 +513,7 @@ def bench_probe_peers(rounds: int = 100_000, repeats: int = 3) -> str:
     import statistics
 
     from jitterscope.collector.probes.runq import RunqProbe
-    from jitterscope.collector.selfcost import BpfStats, scan_programs
+    from jitterscope.collector.selfcost import BpfStats
 
     for tool in ("/usr/sbin/runqslower", "/usr/sbin/runqlat"):
         assert Path(tool).exists(), f"{tool} missing: apt-get install libbpf-tools"
@@ -491,12 +526,6 @@ def bench_probe_peers(rounds: int = 100_000, repeats: int = 3) -> str:
             return max(float(subprocess.run([str(binary), str(rounds), str(cpu)], capture_output=True,
                                             check=True, text=True).stdout) for _ in range(3))
 
-        def programs(loaded) -> dict:
-            if isinstance(loaded, PeerTool):
-                return scan_programs(Path(f"/proc/{loaded.proc.pid}/fdinfo"))
-            fds = loaded.probe.program_fds()
-            return scan_programs(names={fd: name for name, fd in fds.items()})
-
         setups = {
             f"our probe before one slot per thread ({PROBE_BEFORE}), stack capture off": lambda: ConsumedProbe(_head_runq_probe(Path(tmp))),
             "our probe, stack capture off": lambda: ConsumedProbe(RunqProbe(5_000_000, None, stacks=False)),
@@ -504,23 +533,7 @@ def bench_probe_peers(rounds: int = 100_000, repeats: int = 3) -> str:
             "runqslower 5000": lambda: PeerTool("/usr/sbin/runqslower", "5000"),
             "runqlat": lambda: PeerTool("/usr/sbin/runqlat"),
         }
-        cost: dict[str, list[float]] = {name: [] for name in setups}
-        per_switch: dict[str, list[float]] = {name: [] for name in setups}
-        bases = []
-        for _ in range(repeats):
-            base, rates = [best()], {}
-            for name, setup in setups.items():
-                loaded = setup()
-                try:
-                    before = programs(loaded)
-                    rates[name] = best()
-                    per_switch[name].append(_bpf_ns_per_switch(before, programs(loaded)))
-                finally:
-                    loaded.close()
-                base.append(best())
-            bases.append(max(base))
-            for name, rate in rates.items():
-                cost[name].append(1 - rate / max(base))
+        cost, per_switch, bases = storm_costs(setups, best, repeats)
     med = {name: statistics.median(v) for name, v in cost.items()}
     ns = {name: statistics.median(v) for name, v in per_switch.items()}
     dearer = max(("runqslower 5000", "runqlat"), key=lambda n: med[n])
