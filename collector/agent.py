@@ -33,7 +33,7 @@ from jitterscope.common import buildinfo, kafka_auth, ports  # noqa: F401  (buil
 from jitterscope.common.logs import fields
 from jitterscope.common.private import open_private, private_dir
 from jitterscope.schemas import events
-from jitterscope.common.settings import Settings
+from jitterscope.common.settings import FINAL_FILE, Settings
 
 log = logging.getLogger("jitterscope.collector")
 
@@ -54,7 +54,6 @@ MAP_FULL_DROPS = Counter("jitterscope_collector_map_full_drops_total",
                          "in-kernel map updates that failed (map full): state the probes lost")
 SPOOLED = Gauge("jitterscope_collector_spooled_records", "records waiting in the on-disk spool")
 
-FINAL_FILE = "collector-final.json"  # what `up` compares with what was stored, on stop
 
 PROCESS_REFRESH_NS = 60_000_000_000  # re-publish a process's metadata at most this often
 

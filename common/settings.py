@@ -34,6 +34,9 @@ from jitterscope.common import errors
 
 
 #: sources the collector can run besides the run-queue probe
+#: the collector's last counts, written as it exits, read by `up` (to compare
+#: with what was stored) and by `doctor`: in the data directory
+FINAL_FILE = "collector-final.json"
 HARDWARE_PROBES = ("gpu_ioctl", "migrate", "pages", "blockio", "netdev", "irq", "cfs", "blocked")
 
 

@@ -34,9 +34,8 @@ from jitterscope.common.logs import printable
 from jitterscope.common.private import open_private, private_dir
 from jitterscope.query import dial_host
 from jitterscope.schemas import events, topics
-from jitterscope.common.settings import Settings, default_data_dir, to_env
+from jitterscope.common.settings import FINAL_FILE, Settings, default_data_dir, to_env
 
-FINAL_FILE = "collector-final.json"  # the collector's last counts, written as it exits
 #: the worker's counter of records stored or dead-lettered, per input topic
 #: (the family name: its samples are named ..._total)
 ACCOUNTED = "jitterscope_streams_records_accounted"
