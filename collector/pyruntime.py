@@ -59,6 +59,7 @@ class _Map(NamedTuple):
     path: str
     deleted: bool
     range: str            # "start-end" as written in maps: the name under map_files/
+    perms: str = ""       # "rw-p"
 
 
 class _Elf(NamedTuple):
@@ -128,14 +129,14 @@ def _read_maps(path: Path) -> list[_Map]:
         parts = line.split(maxsplit=5)
         if len(parts) < 5:
             continue
-        rng, _perms, offset, _dev, inode = parts[:5]
+        rng, perms, offset, _dev, inode = parts[:5]
         # anonymous mappings are kept (path ""): _PyRuntime may sit in one (.bss)
         p = parts[5] if len(parts) == 6 and parts[5].startswith("/") else ""
         deleted = p.endswith(" (deleted)")
         if deleted:
             p = p[: -len(" (deleted)")]
         start, end = (int(x, 16) for x in rng.split("-"))
-        out.append(_Map(start, end, int(offset, 16), int(inode), p, deleted, rng))
+        out.append(_Map(start, end, int(offset, 16), int(inode), p, deleted, rng, perms))
     return out
 
 
@@ -245,15 +246,20 @@ def _load_bias(elf: _Elf, file_maps: list[_Map], all_maps: list[_Map]) -> int | 
     """How far the file was moved from its link-time addresses (0 for a non-PIE
     executable). A mapping made for a PT_LOAD segment starts at the page holding
     p_vaddr and its file offset is p_offset rounded down to a page, so a
-    mapping whose offset is exactly that gives the bias. Two segments can share
-    a file page, so a bias is kept only if _PyRuntime then lands in a mapping."""
+    mapping whose offset is exactly that gives the bias. A bias is kept only if
+    every segment is mapped where it puts it and _PyRuntime (mutable data)
+    then lands in a writable mapping: the same file can also be mapped whole,
+    read-only, by a reader of its symbols (BCC's libelf does so in a process
+    that resolves stacks), which matches the first segment alone."""
     page = mmap.PAGESIZE
     value = elf.symbol[0]
+    placed = {(m.start, m.offset) for m in file_maps}
     for p_offset, p_vaddr, _filesz in elf.loads:
         for m in file_maps:
             if m.offset != p_offset & ~(page - 1):
                 continue
             bias = m.start - (p_vaddr & ~(page - 1))
-            if any(x.start <= bias + value < x.end for x in all_maps):
+            whole = all((bias + (v & ~(page - 1)), o & ~(page - 1)) in placed for o, v, size in elf.loads if size)
+            if whole and any(x.start <= bias + value < x.end and "w" in x.perms for x in all_maps):
                 return bias
     return None

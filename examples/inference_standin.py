@@ -69,8 +69,9 @@ class GilHog:
     """A thread that runs pure Python (holding the GIL) until stopped; its
     native thread id is what jitterscope should name as the GIL holder."""
 
-    def __init__(self, cpus: set[int]):
+    def __init__(self, cpus: set[int], nice: int = 0):
         self.cpus = cpus
+        self.nice = nice
         self.running = threading.Event()
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._run, name="gil-hog", daemon=True)
@@ -82,6 +83,8 @@ class GilHog:
     def _run(self) -> None:
         if self.cpus:  # CPUs of its own: the serving thread waits for the GIL, not for a CPU
             os.sched_setaffinity(0, self.cpus)
+        if self.nice:  # this thread only (Linux: a thread id is a process id to setpriority)
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
         set_process_name(b"gil-hog")  # this thread's name, as the holder jitterscope names
         self.tid = threading.get_native_id()
         self.running.set()
@@ -173,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--disk-read-mb", type=float, default=4.0)
     parser.add_argument("--weights-mb", type=float, default=0, help="map a weights file of this size, read in each request")
     parser.add_argument("--scratch", default=None, help="where --disk-read's file goes (default: the temp dir)")
+    parser.add_argument("--gil-hog-nice", type=int, default=0,
+                        help="the GIL hog's nice value (negative needs root): a CPU mostly to itself")
     parser.add_argument("--hold-at", type=int, default=None, metavar="N",
                         help="before request N, wait for a line on stdin (a test's cue that its probes are ready)")
     args = parser.parse_args(argv)
@@ -209,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         if i == args.hold_at:
             sys.stdin.readline()
         if i == hog_first:
-            hog = GilHog(hog_cpus)
+            hog = GilHog(hog_cpus, args.gil_hog_nice)
             hog.start()
             if times:
                 print("gil-hog", hog.tid, flush=True)

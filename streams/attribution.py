@@ -112,6 +112,13 @@ HOST_PAGES = "pages"
 EVICTOR_LOOKBACK_NS = 60_000_000_000
 
 
+def _within(part: tuple, spans: list[tuple[int, int]]) -> list[tuple]:
+    """The pieces of a (event, lo, hi, whole) part inside ``spans`` (sorted,
+    not overlapping), each a part of its own (no longer whole)."""
+    event, lo, hi, _whole = part
+    return [(event, max(lo, a), min(hi, b), False) for a, b in spans if a < hi and b > lo]
+
+
 def kind_of(cause: str) -> str:
     """The BlockedWait kind behind a stall cause ("" for the other causes)."""
     return next((kind for kind, name in STALLS.items() if name == cause), "")
@@ -128,6 +135,8 @@ class _Budget:
     runq_ns: int = 0
     blocked: dict[str, int] = field(default_factory=dict)  # BlockedWait kind -> ns
     wakers: dict[str, str] = field(default_factory=dict)  # kind -> "comm[tid]" that woke it most
+    gil_holders: set[int] = field(default_factory=set)  # tids of its own process that woke it from GIL waits
+    gil_spans: list[tuple[int, int]] = field(default_factory=list)  # its GIL waits inside the request, in order
 
     def busy(self) -> bool:
         """It lost more to its own waits and stalls than it slept (a thread
@@ -380,10 +389,18 @@ class Attributor:
         budget = self._budget(span, group, thread_waits, contributed)
         if budget.named and budget.busy():
             # The span names its thread, and that thread was not mostly
-            # asleep waiting on others: its own waits are the request's delay.
-            # Another thread's (a GIL holder preempted while holding it) reach
-            # the request only through them, and are not counted twice.
-            parts = {kind: [p for p in found if p[0].tid == budget.tid] for kind, found in parts.items()}
+            # asleep waiting on others: its own waits are the request's
+            # delay, and those of the threads that held the GIL it waited
+            # for, where they overlap its GIL waits: a holder kept off the CPU
+            # (preempted, throttled) while it held the lock made it wait that
+            # long. The GIL wait stays whole in the thread's budget; the
+            # holders' waits inside it are candidates too, and the larger
+            # names the cause (a quota that throttles the holder, not the GIL).
+            own = {kind: [p for p in found if p[0].tid == budget.tid] for kind, found in parts.items()}
+            held = [piece for p in parts[RunqEvent] if p[0].tid in budget.gil_holders
+                    for piece in _within(p, budget.gil_spans)]
+            own[RunqEvent] = sorted(own[RunqEvent] + held, key=lambda p: p[1])
+            parts = own
         runq = ioctl = (0, 0, 0)
         longest_call: Evidence | None = None  # the longest GPU driver call: the one the alert names
         splits = self._splits
@@ -487,11 +504,17 @@ class Attributor:
         overlap, so its loss is a lower bound of the request's delay)."""
         blocked: dict[tuple[int, int], dict[str, int]] = defaultdict(lambda: defaultdict(int))
         wakers: dict[tuple[tuple[int, int], str], dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        holders: dict[tuple[int, int], set[int]] = defaultdict(set)
+        gil_spans: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)
         for event, lo, hi, _whole in self._thread_parts(span, BlockedWait, group):
             thread = (event.pid, event.tid)
             blocked[thread][event.kind] += hi - lo
             waker = f"{event.waker_comm}[{event.waker_tid}]" if event.waker_pid else "interrupt"
             wakers[(thread, event.kind)][waker] += hi - lo
+            if event.kind == "gil":
+                gil_spans[thread].append((lo, hi))
+                if event.waker_pid == event.pid and event.waker_tid != event.tid:
+                    holders[thread].add(event.waker_tid)
             contributed.add(event.pid)
         lost = {thread: runq_waits.get(thread, 0) + sum(blocked[thread].get(k, 0) for k in STALLS)
                 for thread in runq_waits.keys() | blocked.keys()}
@@ -501,7 +524,8 @@ class Attributor:
             return _Budget()
         return _Budget(tid=carrier[1], named=bool(named), delay_ns=lost[carrier], runq_ns=runq_waits.get(carrier, 0),
                        blocked=dict(blocked.get(carrier, {})),
-                       wakers={kind: max(by, key=by.get) for (thread, kind), by in wakers.items() if thread == carrier})
+                       wakers={kind: max(by, key=by.get) for (thread, kind), by in wakers.items() if thread == carrier},
+                       gil_holders=holders.get(carrier, set()), gil_spans=sorted(gil_spans.get(carrier, [])))
 
     def _thread_parts(self, span: RequestSpan, kind: type,
                       group: set[int] | None) -> list[tuple[Evidence, int, int, bool]]:

@@ -113,7 +113,11 @@ def split(requests: dict[str, tuple[int, int, int]]) -> tuple[list[str], list[st
 
 def test_gil_wait_is_explained_with_its_holder(pipeline):
     stack, worker = pipeline[:2]
-    lines, requests = serve(pipeline, "gil-", "--gil-hog", f"{INJECTED[0]}:{INJECTED[1]}")
+    # The hog runs on the other CPU, which it shares with the pipeline: at
+    # nice -15 it has that CPU mostly to itself. Preempted there while
+    # holding the GIL, the server's wait would be the pipeline's doing
+    # (runq_starvation behind it, rightly), not the GIL's.
+    lines, requests = serve(pipeline, "gil-", "--gil-hog", f"{INJECTED[0]}:{INJECTED[1]}", "--gil-hog-nice", "-15")
     hog_tid = int(next(f[1] for f in lines if f[0] == "gil-hog"))
     affected, quiet, lost = split(requests)
 

@@ -542,17 +542,44 @@ def test_the_span_s_thread_is_the_one_whose_budget_counts():
     for end in (10, 20, 30, 40):
         a.add_evidence(blocked(end, 5, tid=101, waker=(100, 177, "gil-hog")))
         a.add_evidence(blocked(end - 5, 5, tid=177, waker=(100, 101, "vllm")))
-    # the holder was preempted by a neighbour while it held the lock: that reached the server as its GIL wait
-    a.add_evidence(RunqEvent(host="h1", boot_id="b", seq=0, ts_ns=T0 + 38 * MS, pid=100, tid=177, comm="gil-hog",
-                             cpu=0, wait_ns=30 * MS, suspect_pid=900, suspect_tid=900, suspect_comm="jshog"))
+    # a neighbour's wait of another thread of the group: not on the server's path
+    a.add_evidence(RunqEvent(host="h1", boot_id="b", seq=0, ts_ns=T0 + 38 * MS, pid=100, tid=300, comm="logger",
+                             cpu=1, wait_ns=30 * MS, suspect_pid=900, suspect_tid=900, suspect_comm="jshog"))
     request = span("gil-2", 0, 40)
-    a.add_request(RequestSpan(**{**{f: getattr(request, f) for f in request.__struct_fields__}, "tid": 101}))
+    named = RequestSpan(**{**{f: getattr(request, f) for f in request.__struct_fields__}, "tid": 101})
+    a.add_request(named)
     [r] = due_after(a, 40)
     assert (r.cause, r.culprit, r.thread_tid, r.runq_wait_ns) == ("gil_contention", "gil-hog[177]", 101, 0)
-    # unnamed, the most delayed thread carries it: the holder, with its run-queue wait
+    # unnamed, the most delayed thread carries it, and the group's waits count: the logger's
     a.add_request(span("gil-3", 0, 40))
     [r] = due_after(a, 40)
-    assert (r.cause, r.thread_tid, r.runq_wait_ns) == ("runq_starvation", 177, 30 * MS)
+    assert (r.cause, r.thread_tid, r.runq_wait_ns) == ("runq_starvation", 300, 30 * MS)
+
+
+def test_a_gil_holder_kept_off_the_cpu_is_the_cause_behind_the_gil_wait():
+    a = Attributor(grace_ns=GRACE)
+    baseline(a)
+    # the server waited 30 ms for the GIL; its holder (177) spent 25 of them behind a neighbour, and 5 more
+    # after the server's last GIL wait (not the server's delay)
+    for end in (10, 20, 30):
+        a.add_evidence(blocked(end, 10, tid=101, waker=(100, 177, "exporter")))
+    a.add_evidence(RunqEvent(host="h1", boot_id="b", seq=0, ts_ns=T0 + 35 * MS, pid=100, tid=177, comm="exporter",
+                             cpu=0, wait_ns=30 * MS, suspect_pid=900, suspect_tid=900, suspect_comm="jshog"))
+    request = span("gil-4", 0, 40)
+    a.add_request(RequestSpan(**{**{f: getattr(request, f) for f in request.__struct_fields__}, "tid": 101}))
+    [r] = due_after(a, 40)
+    assert (r.cause, r.runq_wait_ns, r.gil_wait_ns) == ("gil_contention", 25 * MS, 30 * MS)
+    # behind a quota instead: the limit is the cause, not the lock
+    a = Attributor(grace_ns=GRACE, processes=book(process(100, group=100, cgroup="/limited")))
+    baseline(a)
+    for end in (10, 20, 30):
+        a.add_evidence(blocked(end, 10, tid=101, waker=(100, 177, "exporter")))
+    a.add_evidence(RunqEvent(host="h1", boot_id="b", seq=0, ts_ns=T0 + 30 * MS, pid=100, tid=177, comm="exporter",
+                             cpu=0, wait_ns=30 * MS, suspect_pid=0, suspect_tid=0, suspect_comm="swapper/0"))
+    a.add_evidence(throttle(40, 100, 60, cgroup="/limited"))
+    a.add_request(RequestSpan(**{**{f: getattr(request, f) for f in request.__struct_fields__}, "tid": 101}))
+    [r] = due_after(a, 40)
+    assert (r.cause, r.throttled_ns, r.gil_wait_ns) == ("cfs_throttling", 30 * MS, 30 * MS)
 
 
 def placement(end_ms: float, pid: int, comm: str, cache: int = 0, alloc: int = 0) -> PagePlacement:

@@ -251,3 +251,18 @@ def test_empty_maps_and_missing_pid_in_fixture(tmp_path):
     proc = _fixture(tmp_path, "")
     assert "no memory mappings" in locate(PID, proc).reason
     assert locate(PID + 1, proc) == NotMeasurable(PID + 1, "process exited")
+
+
+def test_a_reader_s_whole_file_mapping_of_the_interpreter_is_not_its_load():
+    """BCC's libelf maps an ELF it reads symbols from whole and read-only into
+    the reading process (the collector, the test runner): that mapping has the
+    first segment's offset, and must not give the load bias."""
+    import ctypes
+    import mmap
+
+    _maps, lib = _own_libpython_maps()
+    with open(lib, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as _whole:
+        assert sum(lib in line for line in Path("/proc/self/maps").read_text().splitlines()) > 1
+        site = locate(os.getpid())
+    assert isinstance(site, GilSite), site
+    assert site.runtime_lo == ctypes.addressof(ctypes.c_char.in_dll(ctypes.pythonapi, "_PyRuntime"))
