@@ -63,10 +63,6 @@ def bench_blocked_overhead(rounds: int = 100_000, repeats: int = 3) -> str:
     os.sched_setaffinity(0, set(os.sched_getaffinity(0)) - {cpu} or {cpu})  # readers off the storm's CPU
     with tempfile.TemporaryDirectory() as tmp, BpfStats():
         binary = c_ping_pong_binary(Path(tmp))
-        def best() -> float:
-            return max(float(subprocess.run([str(binary), str(rounds), str(cpu)], capture_output=True,
-                                            check=True, text=True).stdout) for _ in range(3))
-
         setups = {
             "runqslower 5000": lambda: PeerTool("/usr/sbin/runqslower", "5000"),
             "our run-queue probe": lambda: Polled(RunqProbe(5_000_000, None)),
@@ -74,7 +70,7 @@ def bench_blocked_overhead(rounds: int = 100_000, repeats: int = 3) -> str:
             "run-queue + blocked probes": lambda: Polled(RunqProbe(5_000_000, None), BlockedProbe(1_000_000)),
         }
 
-        cost, per_switch, bases = storm_costs(setups, best, repeats)
+        cost, per_switch, bases = storm_costs(setups, binary, rounds, cpu, repeats)
     med = {name: statistics.median(v) for name, v in cost.items()}
     ns = {name: statistics.median(v) for name, v in per_switch.items()}
     peer = "runqslower 5000"

@@ -465,14 +465,19 @@ def _bpf_ns_per_switch(before: dict, after: dict) -> float:
     return sum(ns for ns, _cnt, _name in ran.values()) / switches if switches else float("nan")
 
 
-def storm_costs(setups: dict, best, repeats: int) -> tuple[dict, dict, list]:
+def storm_costs(setups: dict, binary: Path, rounds: int, cpu: int, repeats: int) -> tuple[dict, dict, list]:
     """Each setup (name -> a factory of something loaded, with close()) in
-    turn, ``repeats`` rounds: the storm's lost throughput against the best
-    unloaded run of the same round (``best()``: round trips/s), and the
+    turn, ``repeats`` rounds: the C ping-pong storm's (``binary``, ``rounds``
+    on ``cpu``, best of 3 runs) lost throughput against the best unloaded
+    run of the same round, and the
     kernel's BPF time per switch of what the setup loaded. Returns ({name:
     [loss per round]}, {name: [ns per switch per round]}, [unloaded rate per
     round])."""
     from jitterscope.collector.selfcost import scan_programs
+
+    def best() -> float:
+        return max(float(subprocess.run([str(binary), str(rounds), str(cpu)], capture_output=True,
+                                        check=True, text=True).stdout) for _ in range(3))
 
     def programs(loaded) -> dict:
         if isinstance(loaded, PeerTool):
@@ -522,10 +527,6 @@ def bench_probe_peers(rounds: int = 100_000, repeats: int = 3) -> str:
     with tempfile.TemporaryDirectory() as tmp, BpfStats():
         binary = c_ping_pong_binary(Path(tmp))
 
-        def best() -> float:
-            return max(float(subprocess.run([str(binary), str(rounds), str(cpu)], capture_output=True,
-                                            check=True, text=True).stdout) for _ in range(3))
-
         setups = {
             f"our probe before one slot per thread ({PROBE_BEFORE}), stack capture off": lambda: ConsumedProbe(_head_runq_probe(Path(tmp))),
             "our probe, stack capture off": lambda: ConsumedProbe(RunqProbe(5_000_000, None, stacks=False)),
@@ -533,7 +534,7 @@ def bench_probe_peers(rounds: int = 100_000, repeats: int = 3) -> str:
             "runqslower 5000": lambda: PeerTool("/usr/sbin/runqslower", "5000"),
             "runqlat": lambda: PeerTool("/usr/sbin/runqlat"),
         }
-        cost, per_switch, bases = storm_costs(setups, best, repeats)
+        cost, per_switch, bases = storm_costs(setups, binary, rounds, cpu, repeats)
     med = {name: statistics.median(v) for name, v in cost.items()}
     ns = {name: statistics.median(v) for name, v in per_switch.items()}
     dearer = max(("runqslower 5000", "runqlat"), key=lambda n: med[n])
