@@ -104,8 +104,8 @@ BPF_TABLE("lru_hash", u32, u64, in_gil, MAX_THREADS);
 BPF_TABLE("lru_hash", u32, u64, in_reclaim, MAX_THREADS);
 BPF_TABLE("lru_hash", u32, u64, fault_at, MAX_THREADS);
 BPF_TABLE("lru_hash", u32, struct blocked_start, blocked_at, MAX_THREADS);
-BPF_TABLE("lru_hash", u32, struct gil_pending, gil_pending, MAX_THREADS);
-BPF_TABLE("lru_hash", u32, struct gil_pending, short_runs, MAX_THREADS);
+BPF_TABLE("lru_hash", u32, struct held_blocks, gil_pending, MAX_THREADS);
+BPF_TABLE("lru_hash", u32, struct held_blocks, short_runs, MAX_THREADS);
 /* 256 pages = 1 MiB: ~14,000 events of 72 bytes between two reads */
 BPF_RINGBUF_OUTPUT(events, 256);
 
@@ -149,32 +149,55 @@ static __always_inline void emit(u64 now, u64 blocked_ns, u32 pid, u32 tid, u32 
     emit_from(now, blocked_ns, pid, tid, kind, state, comm, bpf_get_current_pid_tgid(), 0);
 }
 
-/* A GIL wait that ended by its timeout, waiting to be joined by the rest
- * of the same take_gil (see sched_waking), sent alone if none comes. */
-static __always_inline void flush_gil(u32 tid, struct gil_pending *p)
+/* Held blocks, deleted from their map (``held`` is a copy): one event
+ * when together they reach the threshold, woken by their last waker. */
+static __always_inline void send_held(u32 tid, struct held_blocks *held, u32 state)
 {
-    struct gil_pending copy = {};
-    __builtin_memcpy(&copy, p, sizeof(copy));
-    gil_pending.delete(&tid);
     u64 threshold = threshold_ns();
-    if (threshold == 0 || copy.blocked_ns < threshold)
+    if (threshold == 0 || held->blocked_ns < threshold)
         return;
-    emit_from(copy.end_ns, copy.blocked_ns, copy.tgid, tid, BLOCKED_GIL, BLOCKED_STATE_S, copy.comm,
-              ((u64)copy.waker_pid << 32) | copy.waker_tid, copy.waker_comm);
+    emit_from(held->end_ns, held->blocked_ns, held->tgid, tid, held->kind, state, held->comm,
+              ((u64)held->waker_pid << 32) | held->waker_tid, held->waker_comm);
 }
 
-/* A run of short memory or io blocks is over: sent when, together, they
- * reach the threshold. */
-static __always_inline void flush_run(u32 tid, struct gil_pending *r)
+/* One more block, ending now and woken by current, joins held ones. */
+static __always_inline void hold_more(struct held_blocks *held, u64 now, u64 blocked_ns)
 {
-    struct gil_pending copy = {};
+    u64 waker = bpf_get_current_pid_tgid();
+    held->blocked_ns += blocked_ns;
+    held->end_ns = now;
+    held->waker_pid = waker >> 32;
+    held->waker_tid = (u32)waker;
+    bpf_get_current_comm(&held->waker_comm, sizeof(held->waker_comm));
+}
+
+/* The first block of a held set (``held`` zeroed by the caller). */
+static __always_inline void hold_first(struct held_blocks *held, u64 now, u64 blocked_ns, u32 tgid, u32 kind,
+                                       const char *comm)
+{
+    held->tgid = tgid;
+    held->kind = kind;
+    bpf_probe_read_kernel(&held->comm, sizeof(held->comm), comm);
+    hold_more(held, now, blocked_ns);
+}
+
+/* A GIL wait that ended by its timeout, waiting to be joined by the rest
+ * of the same take_gil (see sched_waking), sent alone if none comes. */
+static __always_inline void flush_gil(u32 tid, struct held_blocks *p)
+{
+    struct held_blocks copy = {};
+    __builtin_memcpy(&copy, p, sizeof(copy));
+    gil_pending.delete(&tid);
+    send_held(tid, &copy, BLOCKED_STATE_S);
+}
+
+/* A run of short memory or io blocks is over. */
+static __always_inline void flush_run(u32 tid, struct held_blocks *r)
+{
+    struct held_blocks copy = {};
     __builtin_memcpy(&copy, r, sizeof(copy));
     short_runs.delete(&tid);
-    u64 threshold = threshold_ns();
-    if (threshold == 0 || copy.blocked_ns < threshold)
-        return;
-    emit_from(copy.end_ns, copy.blocked_ns, copy.tgid, tid, copy.kind, BLOCKED_STATE_D, copy.comm,
-              ((u64)copy.waker_pid << 32) | copy.waker_tid, copy.waker_comm);
+    send_held(tid, &copy, BLOCKED_STATE_D);
 }
 
 /* A memory or io stall of [start, now], blocked_ns long: an event of its own
@@ -185,30 +208,21 @@ static __always_inline void flush_run(u32 tid, struct gil_pending *r)
 static __always_inline void add_stall(u32 tid, u32 tgid, u32 kind, u32 state, u64 start, u64 now,
                                       u64 blocked_ns, const char *comm, u64 threshold)
 {
-    struct gil_pending *run = short_runs.lookup(&tid);
+    struct held_blocks *run = short_runs.lookup(&tid);
     if (blocked_ns >= threshold) {
         if (run)  /* the run before it goes first */
             flush_run(tid, run);
         emit(now, blocked_ns, tgid, tid, kind, state, comm);
         return;
     }
-    u64 waker = bpf_get_current_pid_tgid();
     if (run && run->kind == kind && start <= run->end_ns + RUN_GAP_NS) {
-        run->blocked_ns += blocked_ns;
-        run->end_ns = now;
-        run->waker_pid = waker >> 32;
-        run->waker_tid = (u32)waker;
-        bpf_get_current_comm(&run->waker_comm, sizeof(run->waker_comm));
+        hold_more(run, now, blocked_ns);
         return;
     }
     if (run)
         flush_run(tid, run);
-    struct gil_pending fresh = {
-        .end_ns = now, .blocked_ns = blocked_ns, .tgid = tgid,
-        .waker_pid = waker >> 32, .waker_tid = (u32)waker, .kind = kind,
-    };
-    bpf_probe_read_kernel(&fresh.comm, sizeof(fresh.comm), comm);
-    bpf_get_current_comm(&fresh.waker_comm, sizeof(fresh.waker_comm));
+    struct held_blocks fresh = {};
+    hold_first(&fresh, now, blocked_ns, tgid, kind, comm);
     check_update(short_runs.update(&tid, &fresh));
 }
 
@@ -239,11 +253,11 @@ TRACEPOINT_PROBE(sched, sched_switch)
         }
     }
     if (kind != BLOCKED_GIL) {  /* a GIL wait that ended by its timeout is over */
-        struct gil_pending *p = gil_pending.lookup(&tid);
+        struct held_blocks *p = gil_pending.lookup(&tid);
         if (p)
             flush_gil(tid, p);
     }
-    struct gil_pending *run = short_runs.lookup(&tid);
+    struct held_blocks *run = short_runs.lookup(&tid);
     if (run && (run->kind != kind || now - run->end_ns > RUN_GAP_NS))  /* no more of that run */
         flush_run(tid, run);
     struct blocked_start b = {
@@ -276,24 +290,15 @@ TRACEPOINT_PROBE(sched, sched_waking)
          * waits one take_gil makes are one event, named after the thread
          * that dropped the GIL: a wake from outside the process is held
          * back in gil_pending and added to the next one. */
-        u64 waker = bpf_get_current_pid_tgid();
-        struct gil_pending *p = gil_pending.lookup(&tid);
+        struct held_blocks *p = gil_pending.lookup(&tid);
         if (p) {
-            blocked_ns += p->blocked_ns;
-            p->blocked_ns = blocked_ns;
-            p->end_ns = now;
-            p->waker_pid = waker >> 32;
-            p->waker_tid = (u32)waker;
-            bpf_get_current_comm(&p->waker_comm, sizeof(p->waker_comm));
+            hold_more(p, now, blocked_ns);
+            blocked_ns = p->blocked_ns;  /* the whole take_gil so far */
         }
-        if ((waker >> 32) != copy.tgid) {
+        if ((bpf_get_current_pid_tgid() >> 32) != copy.tgid) {
             if (!p) {
-                struct gil_pending fresh = {
-                    .end_ns = now, .blocked_ns = blocked_ns, .tgid = copy.tgid,
-                    .waker_pid = waker >> 32, .waker_tid = (u32)waker, .kind = BLOCKED_GIL,
-                };
-                __builtin_memcpy(&fresh.comm, copy.comm, sizeof(fresh.comm));
-                bpf_get_current_comm(&fresh.waker_comm, sizeof(fresh.waker_comm));
+                struct held_blocks fresh = {};
+                hold_first(&fresh, now, blocked_ns, copy.tgid, BLOCKED_GIL, copy.comm);
                 check_update(gil_pending.update(&tid, &fresh));
             }
             return 0;
@@ -435,7 +440,7 @@ int gil_wait_enter(struct pt_regs *ctx)
     u32 tid = (u32)pid_tgid;
     u64 now = bpf_ktime_get_ns();
     /* a timed-out wait not followed at once by the next is a take_gil of its own */
-    struct gil_pending *p = gil_pending.lookup(&tid);
+    struct held_blocks *p = gil_pending.lookup(&tid);
     if (p && now - p->end_ns > GIL_CONTINUE_NS)
         flush_gil(tid, p);
     check_update(in_gil.update(&tid, &now));

@@ -48,7 +48,7 @@ struct blocked_start {
  * from outside the process), joined with the rest of that take_gil
  * (`gil_pending`); memory or io blocks each under the threshold, close
  * together (`short_runs`: a fault storm is many short sleeps). */
-struct gil_pending {
+struct held_blocks {
     u64 end_ns;         /* when the last of them was woken */
     u64 blocked_ns;     /* their sum */
     u32 tgid;

@@ -98,6 +98,19 @@ class GilHog:
         self.thread.join()
 
 
+PAGE = 4096
+
+
+def scratch_file(directory: str | None, prefix: str, size: int) -> str:
+    """A new file of ``size`` random bytes, written out to the disk (os.sync):
+    its pages are clean, so reclaim can drop them and a read goes to the device."""
+    with tempfile.NamedTemporaryFile(dir=directory, prefix=prefix, delete=False) as f:
+        for done in range(0, size, 1 << 20):
+            f.write(os.urandom(min(1 << 20, size - done)))
+    os.sync()
+    return f.name
+
+
 class DiskReader:
     """Reads of a scratch file that the page cache cannot serve (O_DIRECT),
     each at the next offset: the serving thread blocks until the disk answers."""
@@ -105,13 +118,8 @@ class DiskReader:
     FILE_MB = 64
 
     def __init__(self, directory: str | None, read_mb: float):
-        self.size = int(read_mb * (1 << 20)) // 4096 * 4096 or 4096
-        with tempfile.NamedTemporaryFile(dir=directory, prefix="jsinfer-disk-", delete=False) as f:
-            self.path = f.name
-            block = os.urandom(1 << 20)
-            for _ in range(max(self.FILE_MB, self.size >> 20)):
-                f.write(block)
-        os.sync()  # on disk, so that a read goes to the device
+        self.size = int(read_mb * (1 << 20)) // PAGE * PAGE or PAGE
+        self.path = scratch_file(directory, "jsinfer-disk-", max(self.FILE_MB << 20, self.size))
         self.fd = os.open(self.path, os.O_RDONLY | os.O_DIRECT)
         self.buffer = mmap.mmap(-1, self.size)  # page-aligned, as O_DIRECT wants
         self.offset = 0
@@ -131,22 +139,15 @@ class DiskReader:
 class Weights:
     """A file mapped into memory, every page read by each request."""
 
-    PAGE = 4096
-
     def __init__(self, directory: str | None, size_mb: float):
-        size = int(size_mb * (1 << 20)) // self.PAGE * self.PAGE or self.PAGE
-        with tempfile.NamedTemporaryFile(dir=directory, prefix="jsinfer-weights-", delete=False) as f:
-            self.path = f.name
-            for _ in range(size >> 20):
-                f.write(os.urandom(1 << 20))
-            f.write(os.urandom(size % (1 << 20)))
-        os.sync()  # clean pages: reclaim can drop them, a fault reads them back
+        size = int(size_mb * (1 << 20)) // PAGE * PAGE or PAGE
+        self.path = scratch_file(directory, "jsinfer-weights-", size)
         with open(self.path, "rb") as f:
             self.map = mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ)
         self.read()  # warm: in the page cache from the start
 
     def read(self) -> int:
-        return sum(self.map[offset] for offset in range(0, len(self.map), self.PAGE))
+        return sum(self.map[offset] for offset in range(0, len(self.map), PAGE))
 
     def close(self) -> None:
         self.map.close()

@@ -131,12 +131,16 @@ class _Budget:
 
     tid: int = 0
     named: bool = False  # the span named it (thread.id)
-    delay_ns: int = 0  # its run-queue waits and stalls: what it lost
     runq_ns: int = 0
     blocked: dict[str, int] = field(default_factory=dict)  # BlockedWait kind -> ns
     wakers: dict[str, str] = field(default_factory=dict)  # kind -> "comm[tid]" that woke it most
     gil_holders: set[int] = field(default_factory=set)  # tids of its own process that woke it from GIL waits
     gil_spans: list[tuple[int, int]] = field(default_factory=list)  # its GIL waits inside the request, in order
+
+    @property
+    def delay_ns(self) -> int:
+        """Its run-queue waits and stalls: what it lost."""
+        return self.runq_ns + sum(self.blocked.get(kind, 0) for kind in STALLS)
 
     def busy(self) -> bool:
         """It lost more to its own waits and stalls than it slept (a thread
@@ -522,7 +526,7 @@ class Attributor:
         carrier = named[0] if named else max(lost, key=lost.get, default=None)
         if carrier is None:
             return _Budget()
-        return _Budget(tid=carrier[1], named=bool(named), delay_ns=lost[carrier], runq_ns=runq_waits.get(carrier, 0),
+        return _Budget(tid=carrier[1], named=bool(named), runq_ns=runq_waits.get(carrier, 0),
                        blocked=dict(blocked.get(carrier, {})),
                        wakers={kind: max(by, key=by.get) for (thread, kind), by in wakers.items() if thread == carrier},
                        gil_holders=holders.get(carrier, set()), gil_spans=sorted(gil_spans.get(carrier, [])))
@@ -611,8 +615,10 @@ class Attributor:
         """Who filled memory before a memory stall: the process outside the
         serving group that added the most pages (page cache and allocations,
         the pages probe's counts) from EVICTOR_LOOKBACK_NS before the request
-        to its end, as "comm (pid N)"; "" when none is known. Host-wide: the
-        pages probe does not say which memory cgroup a page was charged to."""
+        to its end, as "comm (pid N)"; "" when none is known. Among the
+        processes under the same memory limit when any is (their process
+        records' memory cgroups), else host-wide: the pages probe does not
+        say which cgroup a page was charged to."""
         evidence = self._evidence.get(span.host, {}).get((HOST_PAGES, PagePlacement))
         added: dict[int, int] = defaultdict(int)
         names: dict[int, str] = {}

@@ -187,6 +187,23 @@ class BccProbe:
     def __init__(self):
         self._bpf = load(self.source, self.defines)
 
+    @staticmethod
+    def decode(raw):
+        """A record of the ``events`` ring buffer (BCC's ctypes view) as the
+        probe's event; probes that send events one by one give it."""
+        raise NotImplementedError
+
+    def open(self, on_event) -> None:
+        """Call ``on_event(decode(record))`` for each record of the
+        ``events`` ring buffer, from poll()."""
+        table = self._bpf[b"events"]
+        decode = self.decode
+
+        def callback(_ctx, data, _size):
+            on_event(decode(table.event(data)))
+
+        table.open_ring_buffer(callback)
+
     def poll(self, timeout_ms: int) -> None:
         """Read what the ring buffers hold, waiting up to ``timeout_ms`` for a
         wakeup. A probe may wake the reader only once a batch is waiting
@@ -259,22 +276,9 @@ class LatencyProbe(BccProbe):
     histograms (its ``hist`` map): the run queue and GPU driver calls.
     Subclasses give ``decode`` (raw ring-buffer struct -> event)."""
 
-    @staticmethod
-    def decode(raw):
-        raise NotImplementedError
-
     def __init__(self):
         super().__init__()
         self.histograms = Log2Histograms(self._bpf[b"hist"])
-
-    def open(self, on_event) -> None:
-        table = self._bpf[b"events"]
-        decode = self.decode
-
-        def callback(_ctx, data, _size):
-            on_event(decode(table.event(data)))
-
-        table.open_ring_buffer(callback)
 
     def read_histograms(self) -> dict[int, dict[int, int]]:
         """pid -> {slot: new latencies since the last read}; slot = log2(latency in us)."""

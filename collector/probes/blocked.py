@@ -86,6 +86,7 @@ def has_tracepoint(category: str, event: str) -> bool:
 
 class BlockedProbe(base.BccProbe):
     source = "blocked.bpf.c"
+    decode = staticmethod(decode_event)
 
     def __init__(self, threshold_ns: int, watched: Iterable[int] = ()):
         """``threshold_ns``: blocks at least this long become events (the
@@ -100,14 +101,6 @@ class BlockedProbe(base.BccProbe):
         leaf = config.Leaf()
         leaf.threshold_ns = self.threshold_ns
         config[ctypes.c_int(0)] = leaf
-
-    def open(self, on_event) -> None:
-        table = self._bpf[b"events"]
-
-        def callback(_ctx, data, _size):
-            on_event(decode_event(table.event(data)))
-
-        table.open_ring_buffer(callback)
 
     def set_watched(self, pids: Iterable[int]) -> None:
         """Follow the threads of exactly these processes from now on."""
