@@ -65,6 +65,43 @@ def burn_cpu(ms: float) -> None:
             x += 1
 
 
+class RunDelay:
+    """How long this process's threads have waited runnable for a CPU, in
+    all (each thread's /proc schedstat, 2nd field): the kernel's own count,
+    the ground truth the tests set beside what jitterscope saw. The serving
+    thread's own waits count, and those of a thread that kept it waiting
+    (the span exporter, holding the GIL or the span queue's lock), but not
+    the GIL hog's: the injected cause, which waits whenever the server
+    holds the GIL. Read through
+    libc with the GIL held (ctypes.PyDLL): Python's own reads release it,
+    and beside the GIL hog each release would cost the request a switch
+    interval (5 ms) of GIL wait it does not otherwise have."""
+
+    def __init__(self):
+        self._pread = ctypes.PyDLL(None).pread
+        self._buffer = ctypes.create_string_buffer(128)
+        self._files: dict[int, int] = {}  # native thread id -> its schedstat, open
+        self._last: dict[int, int] = {}  # native thread id -> its count when last read
+
+    def _read(self, fd: int) -> int:
+        size = self._pread(fd, self._buffer, len(self._buffer) - 1, ctypes.c_long(0))
+        if size <= 0:
+            raise OSError(f"reading a thread's schedstat: pread returned {size}")
+        return int(self._buffer.raw[:size].split()[1])
+
+    def ns(self, without: int | None = None) -> int:
+        """The sum, less the thread ``without``'s count."""
+        for thread in threading.enumerate():  # a new thread's file is opened once (that open lets the GIL go)
+            if thread.native_id not in self._files:
+                self._files[thread.native_id] = os.open(f"/proc/self/task/{thread.native_id}/schedstat", os.O_RDONLY)
+        for tid, fd in list(self._files.items()):
+            try:
+                self._last[tid] = self._read(fd)
+            except OSError:  # the thread ended: its last count stays in the sum
+                os.close(self._files.pop(tid))
+        return sum(count for tid, count in self._last.items() if tid != without)
+
+
 class GilHog:
     """A thread that runs pure Python (holding the GIL) until stopped; its
     native thread id is what jitterscope should name as the GIL holder."""
@@ -169,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--times", action=argparse.BooleanOptionalAction, default=None,
                         help="one 'request_id start_ns end_ns' line per request (default: when not at a terminal)")
     parser.add_argument("--cpu-times", action="store_true",
-                        help="with --times, a 4th field: the CPU time the serving thread spent on the request (ns)")
+                        help="with --times, two more fields: the serving thread's CPU time during the request, and "
+                             "the run delay of its threads but the GIL hog (runnable, waiting for a CPU: the kernel's schedstat), in ns")
     parser.add_argument("--gil-hog", default=None, metavar="FIRST:LAST",
                         help="a pure-Python thread holds the GIL while requests FIRST..LAST-1 are served")
     parser.add_argument("--disk-read", default=None, metavar="FIRST:LAST",
@@ -189,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     weights = Weights(args.scratch, args.weights_mb) if args.weights_mb else None
     times = args.times if args.times is not None else not sys.stdout.isatty()
     walls_ms: list[float] = []
+    run_delay = RunDelay() if args.cpu_times else None
 
     set_process_name(PROCESS_NAME)
     attributes = {"service.name": "inference-standin"}
@@ -228,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
             "gen_ai.request.id": request_id, "thread.id": threading.get_native_id()})
         started = time.perf_counter()
         cpu_started = time.thread_time_ns()
+        delay_started = run_delay.ns(without=hog and hog.tid) if run_delay else 0
         if disk and read_first <= i < read_last:
             disk.read()
         if weights:
@@ -237,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         burn_cpu(args.cpu_ms / 2)
         done = time.perf_counter()
         cpu_ns = time.thread_time_ns() - cpu_started
+        delay_ns = run_delay.ns(without=hog and hog.tid) - delay_started if run_delay else 0
         span.set_attributes({
             "gen_ai.latency.time_in_queue": 0.0,
             "gen_ai.latency.time_in_model_prefill": first_token - started,
@@ -247,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
         span.set_status(Status(StatusCode.OK))
         span.end()
         if times:
-            print(request_id, span.start_time, span.end_time, *([cpu_ns] if args.cpu_times else []), flush=True)
+            print(request_id, span.start_time, span.end_time, *([cpu_ns, delay_ns] if args.cpu_times else []),
+                  flush=True)
         else:
             walls_ms.append((span.end_time - span.start_time) / 1e6)
             if len(walls_ms) % 100 == 0:

@@ -153,6 +153,13 @@ class _Budget:
 
 
 TOP_SUSPECTS = 3
+# A GIL wait woken by its timeout is charged to the thread that took the GIL
+# from the waiter at most this long before the wait began (a switch interval:
+# a thread asked to drop the GIL asks for it back at once) ...
+GIL_HANDOFF_NS = 5_000_000
+# ... or this long after (a merged wait's start, ts - blocked_ns, is late by
+# the moments on the CPU between its parts)
+GIL_HANDOFF_SLACK_NS = 1_000_000
 _THREAD_ORDER = operator.itemgetter(0, 1, 2)  # a part's (pid, tid, start): one thread's parts in time order
 # Excess under max(1 ms, a quarter of the baseline) is ordinary jitter: nothing to explain.
 NO_EXCESS_NS = 1_000_000
@@ -513,12 +520,18 @@ class Attributor:
         for event, lo, hi, _whole in self._thread_parts(span, BlockedWait, group):
             thread = (event.pid, event.tid)
             blocked[thread][event.kind] += hi - lo
-            waker = f"{event.waker_comm}[{event.waker_tid}]" if event.waker_pid else "interrupt"
-            wakers[(thread, event.kind)][waker] += hi - lo
+            waker_pid, waker_tid, waker_comm = event.waker_pid, event.waker_tid, event.waker_comm
             if event.kind == "gil":
                 gil_spans[thread].append((lo, hi))
-                if event.waker_pid == event.pid and event.waker_tid != event.tid:
-                    holders[thread].add(event.waker_tid)
+                if not (waker_pid == event.pid and waker_tid != event.tid):  # woken by its wait's timeout
+                    taker = self._gil_taker(span.host, event)
+                    if taker:
+                        waker_pid, waker_tid, waker_comm = taker.pid, taker.tid, taker.comm
+                if waker_pid == event.pid and waker_tid != event.tid:
+                    holders[thread].add(waker_tid)
+            if waker_tid != event.tid:  # a thread woken by itself (its own timer, as it slept) names no one
+                waker = f"{waker_comm}[{waker_tid}]" if waker_pid else "interrupt"
+                wakers[(thread, event.kind)][waker] += hi - lo
             contributed.add(event.pid)
         lost = {thread: runq_waits.get(thread, 0) + sum(blocked[thread].get(k, 0) for k in STALLS)
                 for thread in runq_waits.keys() | blocked.keys()}
@@ -530,6 +543,25 @@ class Attributor:
                        blocked=dict(blocked.get(carrier, {})),
                        wakers={kind: max(by, key=by.get) for (thread, kind), by in wakers.items() if thread == carrier},
                        gil_holders=holders.get(carrier, set()), gil_spans=sorted(gil_spans.get(carrier, [])))
+
+    def _gil_taker(self, host: str, wait: BlockedWait) -> BlockedWait | None:
+        """The GIL wait of the thread that last took the GIL from ``wait``'s
+        thread, just before ``wait`` began: the holder during a GIL wait
+        that ended by its timeout. (The holder's drop can beat the waiter
+        back to sleep: its signal then wakes no one, and the waiter takes
+        the GIL without another wait -- ~10% of the waits beside a hog on
+        another CPU.) The hand-off is seen as the taker's own GIL wait,
+        woken by ``wait``'s thread; None when the taker did not wait long
+        enough to be recorded, or the hand-off was too long before."""
+        evidence = self._evidence.get(host, {}).get((wait.pid, BlockedWait))
+        if evidence is None:
+            return None
+        began = wait.ts_ns - wait.blocked_ns
+        first, last = evidence.overlapping_range(began - GIL_HANDOFF_NS, began + GIL_HANDOFF_SLACK_NS)
+        taken = [event for event in evidence.events[first:last]
+                 if event.kind == "gil" and event.tid != wait.tid and event.waker_pid == wait.pid
+                 and event.waker_tid == wait.tid and began - GIL_HANDOFF_NS <= event.ts_ns <= began + GIL_HANDOFF_SLACK_NS]
+        return max(taken, key=lambda event: event.ts_ns, default=None)
 
     def _thread_parts(self, span: RequestSpan, kind: type,
                       group: set[int] | None) -> list[tuple[Evidence, int, int, bool]]:

@@ -556,6 +556,31 @@ def test_the_span_s_thread_is_the_one_whose_budget_counts():
     assert (r.cause, r.thread_tid, r.runq_wait_ns) == ("runq_starvation", 300, 30 * MS)
 
 
+def test_a_gil_wait_woken_by_its_timeout_names_the_thread_that_took_the_gil():
+    """The holder's drop can beat the waiter back to sleep: its signal wakes
+    no one, the waiter's wait ends by its 5 ms timeout (the timer woke it, on
+    an idle CPU: pid 0) and it takes the GIL without waiting again. The
+    holder is the thread that took the GIL from it, its own GIL wait woken
+    by the waiter, just before."""
+    a = Attributor(grace_ns=GRACE)
+    baseline(a)
+    a.add_evidence(blocked(4.9, 5, tid=177, waker=(100, 101, "vllm")))  # the hog took the GIL from the server at 4.9
+    a.add_evidence(blocked(10, 5, tid=101, waker=(0, 0, "swapper/1")))  # the server waited 5-10, woken by its timer
+    a.add_evidence(blocked(-20, 5, tid=178, waker=(100, 101, "vllm")))  # a hand-off long before: not this wait's
+    request = span("gil-5", 0, 15)
+    a.add_request(RequestSpan(**{**{f: getattr(request, f) for f in request.__struct_fields__}, "tid": 101}))
+    [r] = due_after(a, 15)
+    assert (r.cause, r.culprit, r.gil_wait_ns) == ("gil_contention", "vllm[177]", 5 * MS)
+    # no hand-off recorded near it (the taker did not wait long enough to be seen): the timer stays
+    a = Attributor(grace_ns=GRACE)
+    baseline(a)
+    a.add_evidence(blocked(-20, 5, tid=178, waker=(100, 101, "vllm")))
+    a.add_evidence(blocked(10, 5, tid=101, waker=(0, 0, "swapper/1")))
+    a.add_request(RequestSpan(**{**{f: getattr(request, f) for f in request.__struct_fields__}, "tid": 101}))
+    [r] = due_after(a, 15)
+    assert (r.cause, r.culprit) == ("gil_contention", "interrupt")
+
+
 def test_a_gil_holder_kept_off_the_cpu_is_the_cause_behind_the_gil_wait():
     a = Attributor(grace_ns=GRACE)
     baseline(a)
