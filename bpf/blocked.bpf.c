@@ -106,8 +106,11 @@ BPF_TABLE("lru_hash", u32, u64, fault_at, MAX_THREADS);
 BPF_TABLE("lru_hash", u32, struct blocked_start, blocked_at, MAX_THREADS);
 BPF_TABLE("lru_hash", u32, struct held_blocks, gil_pending, MAX_THREADS);
 BPF_TABLE("lru_hash", u32, struct held_blocks, short_runs, MAX_THREADS);
-/* 256 pages = 1 MiB: ~14,000 events of 72 bytes between two reads */
-BPF_RINGBUF_OUTPUT(events, 256);
+/* 2048 pages = 8 MiB: ~116,000 events of 72 bytes between two reads. A
+ * real vLLM on the CPU sends ~600 a second on its own (its gloo_tcp_loop
+ * threads poll every 10 ms), and a collector starved of CPU on a busy
+ * 2-CPU host has gone seconds without reading: 1 MiB lost 30,000 of them. */
+BPF_RINGBUF_OUTPUT(events, 2048);
 
 static __always_inline u64 threshold_ns(void)
 {

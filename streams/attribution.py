@@ -224,6 +224,19 @@ def _kth_smallest(lists: list[list[int]], k: int) -> int:
     return lo
 
 
+def _union_ns(parts: list[tuple[Evidence, int, int, bool]]) -> int:
+    """How long at least one of the parts ([lo, hi] of each) lasted."""
+    total, end = 0, None
+    for lo, hi in sorted((part[1], part[2]) for part in parts):
+        if end is None or lo >= end:
+            total += hi - lo
+            end = hi
+        elif hi > end:
+            total += hi - end
+            end = hi
+    return total
+
+
 def overlap_ns(event: Evidence, start_ns: int, end_ns: int) -> int:
     """How much of the event's [ts - duration, ts] lies inside [start, end]."""
     return max(0, min(end_ns, event.ts_ns) - max(start_ns, event.ts_ns - duration_ns(event)))
@@ -398,9 +411,12 @@ class Attributor:
         for event, lo, hi, _whole in parts[RunqEvent]:
             thread_waits[(event.pid, event.tid)] += hi - lo
         budget = self._budget(span, group, thread_waits, contributed)
-        if budget.named and budget.busy():
-            # The span names its thread, and that thread was not mostly
-            # asleep waiting on others: its own waits are the request's
+        if budget.named and budget.busy() and budget.delay_ns >= DOMINANT_SHARE * (duration - baseline):
+            # The span names its thread, that thread was not mostly asleep
+            # waiting on others, and its own waits and stalls would explain
+            # the excess (else the request waited mostly on other threads of
+            # the group: vLLM's front end asleep while its throttled engine
+            # works): its own waits are the request's
             # delay, and those of the threads that held the GIL it waited
             # for, where they overlap its GIL waits: a holder kept off the CPU
             # (preempted, throttled) while it held the lock made it wait that
@@ -469,9 +485,17 @@ class Attributor:
         if excess < max(NO_EXCESS_NS, NO_EXCESS_SHARE * baseline):
             cause, explained = "none", 0.0
         else:
-            # the cause that explains the most of the excess, if it explains enough
-            name, ns = max((("runq_starvation", runq[0] - throttled - irq - own_ns), ("cfs_throttling", throttled),
-                            ("irq", irq), ("self_contention", own_ns), ("gpu_ioctl_stall", ioctl[0]),
+            # the cause that explains the most of the excess, if it explains enough. The group's
+            # threads waiting at the same moment delay the request once: its run-queue parts
+            # are weighed by how long any thread waited (their union), not by the sum of the
+            # threads' waits (a model's 8 worker threads queued for the same 10 ms are 10 ms,
+            # not 80, beside the 50 ms its front end waited for the GIL). One thread's waits
+            # never overlap: for it the two are the same.
+            waited = _union_ns(parts[RunqEvent])
+            share = waited / runq[0] if runq[0] else 1.0
+            name, ns = max((("runq_starvation", share * (runq[0] - throttled - irq - own_ns)),
+                            ("cfs_throttling", share * throttled), ("irq", share * irq),
+                            ("self_contention", share * own_ns), ("gpu_ioctl_stall", ioctl[0]),
                             *((STALLS[kind], budget.blocked.get(kind, 0)) for kind in STALLS)),
                            key=lambda c: c[1])
             explained = min(1.0, ns / excess)

@@ -607,6 +607,43 @@ def test_a_gil_holder_kept_off_the_cpu_is_the_cause_behind_the_gil_wait():
     assert (r.cause, r.throttled_ns, r.gil_wait_ns) == ("cfs_throttling", 30 * MS, 30 * MS)
 
 
+def test_group_threads_queued_together_weigh_once_beside_the_front_end_s_gil_wait():
+    """A model's 8 worker threads queued behind each other for the same
+    10 ms are 10 ms of the request's delay, not 80, beside the 30 ms its
+    front end waited for the GIL (a real vLLM on 2 CPUs: its engine's
+    threads always queue a little)."""
+    a = Attributor(grace_ns=GRACE, processes=book(process(100, group=100), process(200, group=100)))
+    baseline(a)
+    for tid in range(201, 209):  # the engine's threads, each behind another of them
+        a.add_evidence(RunqEvent(host="h1", boot_id="b", seq=0, ts_ns=T0 + 30 * MS, pid=200, tid=tid, comm="engine",
+                                 cpu=tid % 2, wait_ns=10 * MS, suspect_pid=200, suspect_tid=tid + 1,
+                                 suspect_comm="engine"))
+    a.add_evidence(blocked(35, 30, tid=101, waker=(100, 177, "gil-hog")))
+    a.add_request(span("gil-6", 0, 45))
+    [r] = due_after(a, 45)
+    assert (r.cause, r.culprit, r.gil_wait_ns) == ("gil_contention", "gil-hog[177]", 30 * MS)
+    assert r.runq_wait_ns == 80 * MS and r.self_wait_ns == 80 * MS  # the stored sums stay sums
+
+
+def test_a_named_thread_that_mostly_waited_on_its_group_leaves_the_group_s_evidence_in():
+    """vLLM's front end names itself (thread.id) but, under a CPU limit,
+    spends the request asleep while its throttled engine works: its own
+    3 ms in the run queue do not explain the request; the engine's 30 ms
+    throttled do."""
+    a = Attributor(grace_ns=GRACE, processes=book(process(100, group=100, cgroup="/limited"),
+                                                  process(200, group=100, cgroup="/limited")))
+    baseline(a)
+    a.add_evidence(RunqEvent(host="h1", boot_id="b", seq=0, ts_ns=T0 + 40 * MS, pid=100, tid=101, comm="vllm",
+                             cpu=0, wait_ns=3 * MS, suspect_pid=0, suspect_tid=0, suspect_comm="swapper/0"))
+    a.add_evidence(RunqEvent(host="h1", boot_id="b", seq=0, ts_ns=T0 + 35 * MS, pid=200, tid=201, comm="engine",
+                             cpu=1, wait_ns=30 * MS, suspect_pid=0, suspect_tid=0, suspect_comm="swapper/1"))
+    a.add_evidence(throttle(45, 100, 60, cgroup="/limited"))
+    request = span("limit-1", 0, 45)
+    a.add_request(RequestSpan(**{**{f: getattr(request, f) for f in request.__struct_fields__}, "tid": 101}))
+    [r] = due_after(a, 45)
+    assert (r.cause, r.thread_tid, r.throttled_ns) == ("cfs_throttling", 101, 33 * MS)
+
+
 def placement(end_ms: float, pid: int, comm: str, cache: int = 0, alloc: int = 0) -> PagePlacement:
     return PagePlacement(host="h1", boot_id="b", seq=0, ts_ns=T0 + int(end_ms * MS), pid=pid, comm=comm, node=0,
                          interval_ns=1_000 * MS, page_cache_pages=cache, alloc_pages=alloc)

@@ -1,0 +1,201 @@
+"""End to end on a real vLLM V1 (vllm-cpu 0.32 serving a tiny random Llama
+on the CPU, examples/vllm_cpu.py -- the recipe of docs/requests.md): its
+spans reach the collector, its processes are grouped (API server ->
+VLLM::EngineCore -> VLLM::Worker), and two injected causes are found in its
+requests' attributions:
+
+- runnable: a CPU limit (cfs quota) on the cgroup vLLM runs in --
+  cfs_throttling, with the kernel's own cpu.stat as the ground truth;
+- blocked: a thread of the API server that holds the GIL (a busy
+  tokenizer-like thread, tests/vllm/site/sitecustomize.py) --
+  gil_contention with the holder named.
+
+The venv and the model come from `make test-vllm` (examples/vllm_cpu.py
+install / model); `.ci/run` runs it after `make test`."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from jitterscope.broker import free_port
+from tests.conftest import remove_cgroup, wait_until
+
+# vLLM's first start on a fresh machine takes minutes; the requests, a few more
+pytestmark = [pytest.mark.vllm, pytest.mark.bpf, pytest.mark.integration, pytest.mark.timeout(1800)]
+
+REPO = Path(__file__).resolve().parents[2]
+VENV = Path(os.environ.get("JITTERSCOPE_VLLM_VENV", REPO / ".venv-vllm"))
+MODEL = VENV / "tiny-llama"
+SITE = Path(__file__).resolve().parent / "site"  # sitecustomize: thread.id on spans, the GIL hog
+V1 = Path("/sys/fs/cgroup/cpu")
+MS = 1_000_000
+BASELINE, LIMITED, HOGGED = 40, 20, 20  # requests in each phase
+QUOTA_US = 40_000  # 0.4 CPU per 100 ms period: vLLM's engine steps alone need a whole one
+
+sys.path.insert(0, str(REPO / "examples"))
+from vllm_cpu import serve_command  # noqa: E402  (the recipe's own command)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _own_cpu(own_cpu):
+    return own_cpu
+
+
+@pytest.fixture(scope="module")
+def vllm_cgroup(own_cpu):
+    """A cpu cgroup of vLLM's own (below the test's, of maximal weight), no limit yet."""
+    if not (VENV / "bin" / "vllm").exists() or not (MODEL / "config.json").exists():
+        pytest.fail(f"no vLLM venv with its model at {VENV}: `make test-vllm` installs both")
+    home = own_cpu if own_cpu is not None and own_cpu.is_relative_to(V1) else V1
+    group = home / f"jitterscope-vllm-{uuid.uuid4().hex[:8]}"
+    group.mkdir()
+    yield group
+    remove_cgroup(group, 60)
+
+
+@pytest.fixture(scope="module")
+def served(stack, vllm_cgroup, tmp_path_factory):
+    """The pipeline, and vLLM serving with its spans sent to the collector."""
+    otlp_port, api_port = free_port(), free_port()
+    worker = stack.start_worker_with(JITTERSCOPE_ATTRIBUTION_GRACE_S="5")
+    collector = stack.start_collector(
+        JITTERSCOPE_TARGET_COMMS='["no-such-process"]', JITTERSCOPE_TARGET_RESCAN_S="1",
+        JITTERSCOPE_OTLP_PORT=str(otlp_port))
+    trigger = tmp_path_factory.mktemp("vllm") / "hog"
+    argv, env = serve_command(VENV, MODEL, api_port, f"http://127.0.0.1:{otlp_port}/v1/traces")
+    env.update(PYTHONPATH=str(SITE), JITTERSCOPE_GIL_HOG_FILE=str(trigger))
+    log = open(tmp_path_factory.mktemp("vllm-log") / "vllm.log", "w+")
+    # every CPU (the tests keep their own processes off the last one; vLLM is the workload) in its cgroup
+    server = subprocess.Popen(["sh", "-c", f'echo $$ > {vllm_cgroup / "cgroup.procs"}; exec "$@"', "sh", *argv],
+                              env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                              preexec_fn=lambda: os.sched_setaffinity(0, range(os.cpu_count())))
+    try:
+        wait_until(lambda: ready(api_port) or server.poll() is not None, 600, "vLLM ready")
+        assert server.poll() is None, f"vLLM exited: {tail(log)}"
+        yield stack, worker, collector, server, api_port, trigger
+    finally:
+        os.killpg(server.pid, 9)
+        server.wait()
+        log.close()
+
+
+def tail(log) -> str:
+    log.seek(0)
+    return log.read()[-4000:]
+
+
+def ready(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def complete(port: int, request_id: str) -> tuple[int, int]:
+    """One completion of 16 tokens; its (start, end) in epoch ns, as the client saw it."""
+    body = json.dumps({"model": str(MODEL), "prompt": "the kernel schedules the threads of the model",
+                       "max_tokens": 16, "temperature": 0, "ignore_eos": True}).encode()
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json", "X-Request-Id": request_id})
+    start = time.time_ns()
+    with urllib.request.urlopen(request, timeout=120) as response:
+        assert response.status == 200
+        json.load(response)
+    return start, time.time_ns()
+
+
+def serve_phase(port: int, prefix: str, count: int) -> dict[str, tuple[int, int]]:
+    """``count`` requests one after another, by their span's request ID (vLLM's cmpl-<X-Request-Id>-0)."""
+    began = time.monotonic()
+    done = {f"cmpl-{prefix}{i}-0": complete(port, f"{prefix}{i}") for i in range(count)}
+    print(f"[vllm] {count} requests {prefix}* in {time.monotonic() - began:.1f} s", file=sys.stderr, flush=True)
+    return done
+
+
+def attributions(stack, prefix: str) -> dict[str, dict]:
+    names = ("request_id", "cause", "culprit", "duration_ns", "excess_ns", "throttled_ns", "gil_wait_ns",
+             "runq_wait_ns", "pids", "thread_tid", "sleep_ns", "on_cpu_ns", "explained", "self_wait_ns")
+    rows = stack.query(f"SELECT {', '.join(names)} FROM jitterscope.request_attribution FINAL "
+                       "WHERE startsWith(request_id, {p:String})", p=f"cmpl-{prefix}")
+    return {row[0]: dict(zip(names, row)) for row in rows}
+
+
+def cpu_stat(group: Path) -> dict[str, int]:
+    return {k: int(v) for k, v in (line.split() for line in (group / "cpu.stat").read_text().splitlines())}
+
+
+def group_pids(group: Path) -> set[int]:
+    return {int(p) for p in (group / "cgroup.procs").read_text().split()}
+
+
+def test_a_real_vllm_is_grouped_and_its_injected_causes_are_found(served, vllm_cgroup):
+    stack, worker, collector, server, port, trigger = served
+    # warm-up: the first requests compile and allocate; their spans make vLLM a serving process
+    serve_phase(port, "warm-", 10)
+    wait_until(lambda: attributions(stack, "warm-"), 120, "vLLM's first spans attributed", worker)
+
+    # its processes are grouped: the API server, its engine and worker, one serving group
+    processes = group_pids(vllm_cgroup)
+    assert len(processes) >= 2, processes
+    grouped = stack.query("SELECT DISTINCT pid FROM jitterscope.processes FINAL "
+                          "WHERE serving_group = {g:UInt32}", g=server.pid)
+    assert processes <= {row[0] for row in grouped}, (processes, grouped)
+
+    base = serve_phase(port, "base-", BASELINE)
+
+    (vllm_cgroup / "cpu.cfs_period_us").write_text("100000")
+    (vllm_cgroup / "cpu.cfs_quota_us").write_text(str(QUOTA_US))
+    before = cpu_stat(vllm_cgroup)
+    limited = serve_phase(port, "limit-", LIMITED)
+    after = cpu_stat(vllm_cgroup)
+    (vllm_cgroup / "cpu.cfs_quota_us").write_text("-1")
+
+    trigger.touch()
+    hogged = serve_phase(port, "hog-", HOGGED)
+    trigger.unlink()
+
+    last = max(hogged, key=lambda r: hogged[r][1])
+    wait_until(lambda: last in attributions(stack, "hog-"), 180, "the last request attributed", worker)
+    got = {**attributions(stack, "base-"), **attributions(stack, "limit-"), **attributions(stack, "hog-")}
+    assert set(base) | set(limited) | set(hogged) <= set(got), "requests without an attribution"
+
+    # ground truth, the test's own: wall times as the client saw them, and the kernel's throttling count
+    wall = {r: (end - start) / MS for phase in (base, limited, hogged) for r, (start, end) in phase.items()}
+    normal = statistics.median(wall[r] for r in base)
+    assert after["nr_throttled"] > before["nr_throttled"], (before, after)
+    slow_limited = [r for r in limited if wall[r] > 1.5 * normal]
+    slow_hogged = [r for r in hogged if wall[r] > 1.5 * normal]
+    assert len(slow_limited) >= 0.7 * LIMITED, ("the limit did not hurt", normal, sorted(wall[r] for r in limited))
+    assert len(slow_hogged) >= 0.7 * HOGGED, ("the GIL hog did not hurt", normal, sorted(wall[r] for r in hogged))
+
+    throttled = [r for r in slow_limited if got[r]["cause"] == "cfs_throttling"]
+    # the GIL's holder: the hog, or another thread of the API server that took the GIL from it first
+    # and held it when the event loop's thread was woken (the hog is the root of that chain)
+    gil = [r for r in slow_hogged if got[r]["cause"] == "gil_contention"
+           and got[r]["culprit"].startswith(("gil-hog[", "vllm["))]
+    by_hog = [r for r in gil if got[r]["culprit"].startswith("gil-hog[")]
+    quiet = [r for r in base if wall[r] < 1.2 * normal]
+    named = [r for r in quiet if got[r]["cause"] not in ("none", "unexplained")]
+    summary = (f"normal {normal:.1f} ms; limited: {len(throttled)}/{len(slow_limited)} slow ones cfs_throttling "
+               f"({Counter(got[r]['cause'] for r in slow_limited)}), median {statistics.median(wall[r] for r in limited):.1f} ms, "
+               f"cpu.stat nr_throttled +{after['nr_throttled'] - before['nr_throttled']}; hogged: {len(gil)}/"
+               f"{len(slow_hogged)} gil_contention by an API server thread, {len(by_hog)} by gil-hog ({Counter((got[r]['cause'], got[r]['culprit']) for r in slow_hogged)}), "
+               f"median {statistics.median(wall[r] for r in hogged):.1f} ms; {len(named)}/{len(quiet)} quiet named "
+               f"({Counter(got[r]['cause'] for r in named)})")
+    print(f"\n[measured] real vLLM: {summary}")
+    assert len(throttled) >= 0.8 * len(slow_limited), summary
+    assert len(gil) >= 0.8 * len(slow_hogged), summary
+    assert len(by_hog) >= 0.5 * len(slow_hogged), summary
+    assert len(named) <= 0.1 * len(quiet), summary
