@@ -683,12 +683,21 @@ class Attributor:
                 added[record.pid] += record.page_cache_pages + record.alloc_pages
                 names[record.pid] = record.comm
         sharing = [pid for pid in added if self._shares_memory_limit(span.host, span.pid, pid)]
-        if sharing:
-            added = {pid: added[pid] for pid in sharing}
+        book = self.processes.processes if self.processes else {}
+        # else those not known to be charged elsewhere: a process whose record puts it outside
+        # the stalled one's limit did not fill it (the disk reader of an earlier pod, say)
+        unknown = [pid for pid in added if (span.host, pid) not in book] if self._limited(span.host, span.pid) else []
+        if sharing or unknown:
+            added = {pid: added[pid] for pid in sharing or unknown}
         if not added:
             return ""
         pid = max(added, key=added.get)
         return f"{names[pid]} (pid {pid})"
+
+    def _limited(self, host: str, pid: int) -> bool:
+        """Whether the process is known to run under a memory limit (a memory cgroup below the root)."""
+        mine = (self.processes.processes if self.processes else {}).get((host, pid))
+        return bool(mine and mine.memory_cgroup not in ("", "/"))
 
     def _shares_memory_limit(self, host: str, pid: int, other: int) -> bool:
         """Whether ``other`` is charged under the same memory limit as
