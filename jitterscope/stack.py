@@ -268,6 +268,10 @@ class Stack:
     def run(self, duration: float | None) -> None:
         stop = {"now": False}
         signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
+        # Ctrl-C (SIGINT) stops it however it was started: Python leaves SIGINT
+        # ignored when the parent ignored it, as a shell does for a background job
+        # (`jitterscope up &`, nohup); `kill -INT` then did nothing at all.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         decoder = events.BatchDecoder(events.Alert)
         alerts = 0
         try:
