@@ -217,8 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scratch", default=None, help="where --disk-read's file goes (default: the temp dir)")
     parser.add_argument("--gil-hog-nice", type=int, default=0,
                         help="the GIL hog's nice value (negative needs root): a CPU mostly to itself")
-    parser.add_argument("--hold-at", type=int, default=None, metavar="N",
-                        help="before request N, wait for a line on stdin (a test's cue that its probes are ready)")
+    parser.add_argument("--hold-at", type=int, action="append", default=[], metavar="N",
+                        help="before request N, wait for a line on stdin (a test's cue that its probes are ready, "
+                             "or that a cause it injects is in place); may be given more than once")
     args = parser.parse_args(argv)
     hog_first, hog_last = map(int, args.gil_hog.split(":")) if args.gil_hog else (-1, -1)
     hog: GilHog | None = None
@@ -251,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         # keeps the process's CPUs; only the thread serving requests moves.
         os.sched_setaffinity(0, {args.pin_cpu})
     for i in range(args.requests):
-        if i == args.hold_at:
+        if i in args.hold_at:
             sys.stdin.readline()
         if i == hog_first:
             hog = GilHog(hog_cpus, args.gil_hog_nice)

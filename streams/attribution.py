@@ -89,6 +89,15 @@ def _ancestors(cgroup: str) -> tuple[str, ...]:
     return tuple("/" + "/".join(parts[:i]) for i in range(len(parts), 0, -1))
 
 
+def shares_limit(limit: str, other: str) -> bool:
+    """Whether a process in memory cgroup ``other`` is charged under
+    ``limit`` (a memory cgroup below the root): one is the other or below it."""
+    if not other:
+        return False
+    a, b = limit.rstrip("/") + "/", other.rstrip("/") + "/"
+    return a.startswith(b) and b != "/" or b.startswith(a)
+
+
 class ProcessBook(Protocol):
     """What the attributor asks the worker's host state (HostState)."""
 
@@ -682,33 +691,29 @@ class Attributor:
             if record.pid and (group is None or record.pid not in group):
                 added[record.pid] += record.page_cache_pages + record.alloc_pages
                 names[record.pid] = record.comm
-        sharing = [pid for pid in added if self._shares_memory_limit(span.host, span.pid, pid)]
-        book = self.processes.processes if self.processes else {}
-        # else those not known to be charged elsewhere: a process whose record puts it outside
-        # the stalled one's limit did not fill it (the disk reader of an earlier pod, say)
-        unknown = [pid for pid in added if (span.host, pid) not in book] if self._limited(span.host, span.pid) else []
-        if sharing or unknown:
-            added = {pid: added[pid] for pid in sharing or unknown}
+        limit = self._memory_limit(span.host, span.pid)
+        if limit:
+            # under a limit: those sharing it, else those not known to be charged elsewhere -- a
+            # process whose record puts it outside the stalled one's limit did not fill it (the disk
+            # reader of an earlier pod, say)
+            records = {pid: self._record(span.host, pid) for pid in added}
+            sharing = [pid for pid, record in records.items() if record and shares_limit(limit, record.memory_cgroup)]
+            candidates = sharing or [pid for pid, record in records.items() if record is None]
+            if candidates:
+                added = {pid: added[pid] for pid in candidates}
         if not added:
             return ""
         pid = max(added, key=added.get)
         return f"{names[pid]} (pid {pid})"
 
-    def _limited(self, host: str, pid: int) -> bool:
-        """Whether the process is known to run under a memory limit (a memory cgroup below the root)."""
-        mine = (self.processes.processes if self.processes else {}).get((host, pid))
-        return bool(mine and mine.memory_cgroup not in ("", "/"))
+    def _record(self, host: str, pid: int) -> ProcessInfo | None:
+        """The process's record, or None where none has come (yet)."""
+        return self.processes.processes.get((host, pid)) if self.processes else None
 
-    def _shares_memory_limit(self, host: str, pid: int, other: int) -> bool:
-        """Whether ``other`` is charged under the same memory limit as
-        ``pid``: one's memory cgroup is the other's or below it (the host's
-        root cgroup is no limit)."""
-        book = self.processes.processes if self.processes else {}
-        mine, theirs = book.get((host, pid)), book.get((host, other))
-        if not (mine and theirs and mine.memory_cgroup not in ("", "/") and theirs.memory_cgroup):
-            return False
-        a, b = mine.memory_cgroup.rstrip("/") + "/", theirs.memory_cgroup.rstrip("/") + "/"
-        return a.startswith(b) and b != "/" or b.startswith(a)
+    def _memory_limit(self, host: str, pid: int) -> str:
+        """The memory cgroup the process is limited by, "" when none is known (the root is no limit)."""
+        record = self._record(host, pid)
+        return record.memory_cgroup if record and record.memory_cgroup not in ("", "/") else ""
 
     def _latest_throttle(self, host: str, cgroup: str, before_ns: int) -> CgroupThrottle | None:
         """The cgroup's latest throttled interval up to the request's end (its limit as it was)."""

@@ -205,7 +205,10 @@ def test_weights_evicted_under_a_shared_memory_limit_are_a_memory_stall_and_the_
         [sys.executable, str(STANDIN), "--endpoint", f"http://127.0.0.1:{otlp_port}/v1/traces",
          "--pin-cpu", str(last_cpu()), "--requests", str(REQUESTS), "--cpu-ms", str(CPU_MS), "--gap-ms", "10",
          "--hold-at", str(HOLD_AT), "--id-prefix", "mem-", "--times", "--cpu-times", "--weights-mb", str(WEIGHTS_MB),
-         "--scratch", str(on_disk(tmp_path))],
+         "--scratch", str(on_disk(tmp_path)),
+         # and at the window's edges, while the archiver starts (a Python start: ~17 requests on a busy CI
+         # box) and ends, so that the window is exactly the requests served beside it
+         "--hold-at", str(INJECTED[0]), "--hold-at", str(INJECTED[1])],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, preexec_fn=memory.join)
     lines = []
     try:
@@ -227,6 +230,9 @@ def test_weights_evicted_under_a_shared_memory_limit_are_a_memory_stall_and_the_
                 assert archiver.stdout.readline().strip() == "ready"
             if index == INJECTED[1] - 1:
                 archiver.communicate("done\n", timeout=60)
+            if index in (INJECTED[0] - 1, INJECTED[1] - 1):
+                standin.stdin.write("go\n")
+                standin.stdin.flush()
         standin.communicate(timeout=120)
     finally:
         for process in (standin, archiver):
