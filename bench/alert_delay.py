@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`bench/run.py alert-delay`: how long after a run-queue wait ends its alert
 is raised (``raised − ts``), in a starvation storm on this host under
 `jitterscope up` (embedded broker, the real collector and its BPF probes, one

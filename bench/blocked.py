@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What the blocked probe (bpf/blocked.bpf.c) costs.
 
 1. The context-switch storm: a C pipe ping-pong pinned to one CPU, unloaded,

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`bench/run.py pipeline-mix`: one streams worker under a busy inference
 host's mix, replayed at twice its rate, every rule on.
 

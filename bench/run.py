@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """jitterscope benchmarks. Ratios against a baseline measured in the same
 process, because these machines are shared and noisy.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0-only OR Apache-2.0
 /* blocked.bpf.c — why a serving thread was off the CPU without being
  * preempted: every block (switched out asleep, S or D) of a thread of a
  * watched process that lasts at least config.threshold_ns, with what it was

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0-only OR Apache-2.0
 /* blocked.h — the record the blocked-thread probe emits, its per-thread
  * state, and its tunables.
  *

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0-only OR Apache-2.0
 /* blockio.bpf.c — traffic and latency of each block device.
  *
  * Reads only tracepoint arguments and BPF helpers, never kernel structs. A

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0-only OR Apache-2.0
 /* blockio.h — what the block-I/O probe keeps per device, and its tunables.
  *
  * BCC reads these layouts from the compiled program, so the Python side

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0-only OR Apache-2.0
 /* common.h — definitions every program shares, included by each probe's .h.
  *
  * Plain #defines and struct definitions only. What touches a map cannot live

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0-only OR Apache-2.0
 /* drops.h — the loss counters every program keeps: one per-CPU array (no
  * atomics, no contention) the collector sums (collector/probes/base.py,
  * BccProbe.drops and .map_full_drops).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0-only OR Apache-2.0
 /* gpuioctl.bpf.c — latency of GPU driver ioctls, by the portable path.
  *
  * syscalls:sys_enter_ioctl / sys_exit_ioctl exist on every kernel with

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0-only OR Apache-2.0
 /* irq.bpf.c — time each CPU spends in hard and soft interrupt handlers.
  *
  * Reads only tracepoint arguments (irq number, softirq vector) and

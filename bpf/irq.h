@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0-only OR Apache-2.0
 /* irq.h — what the interrupt-time probe keeps (see irq.bpf.c).
  *
  * BCC reads these layouts from the compiled program, so the Python side

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0-only OR Apache-2.0
 /* migrate.bpf.c — CPU migrations per thread, and those that change NUMA node.
  *
  * Reads only tracepoint arguments and BPF helpers, never kernel structs.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0-only OR Apache-2.0
 /* migrate.h — the records the CPU-migration probe keeps, and its
  * tunables.
  *

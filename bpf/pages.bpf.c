@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0-only OR Apache-2.0
 /* pages.bpf.c — which NUMA node a process's pages land on.
  *
  * Reads only tracepoint arguments and BPF helpers, never kernel structs: the

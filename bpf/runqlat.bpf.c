@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0-only OR Apache-2.0
 /* runqlat.bpf.c — run-queue latency per thread: wakeup (or preemption) to on-CPU.
  *
  * Reads only tracepoint arguments and BPF helpers, never kernel structs: BCC

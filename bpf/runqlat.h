@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0-only OR Apache-2.0
 /* runqlat.h — the one record the run-queue probe emits, and its tunables.
  *
  * BCC reads this struct's layout from the compiled program, so the Python

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The per-host collector: probes in, stamped and batched records out.
 
 Kernel events carry CLOCK_MONOTONIC times; records leave with epoch ns, the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Kernel monotonic time to epoch nanoseconds.
 
 ``bpf_ktime_get_ns()`` is CLOCK_MONOTONIC, the same clock as

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Container and Kubernetes identity from a cgroup path (pure functions).
 
 Container runtimes name a container's cgroup after its 64-hex ID, and the

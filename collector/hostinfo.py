@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What the collector reads about its host from /proc and /sys.
 
 Roots are parameters so tests read captured fixture trees instead of the

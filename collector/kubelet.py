@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Pod names, namespaces, labels and container names from the kubelet.
 
 The cgroup path gives a process's pod UID and container ID

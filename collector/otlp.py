@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The collector's OpenTelemetry receiver: OTLP/HTTP traces in, requests out.
 
 Inference servers (vLLM first) export a span per request. Each request span

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Batching records into Kafka messages and publishing them.
 
 One message = up to ``max_records`` records of one type from one host, as

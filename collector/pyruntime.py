@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Where a running CPython keeps its GIL, so a uprobe on libc's
 ``pthread_cond_timedwait`` (take_gil's timed wait) can be filtered to the
 GIL's own condition variable.

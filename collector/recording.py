@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Record and replay: the collector's Kafka messages in a file, and back.
 
 ``jitterscope record`` runs the collector with :class:`RecordingPublisher`

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What jitterscope itself costs on the host, measured while it runs.
 
 Two parts: the collector process's own CPU time (user+sys, every thread) and

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A request's serving group: the processes whose waits can delay it.
 
 The process that sends a request span is rarely the only one doing the work:

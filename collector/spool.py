@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A bounded on-disk spool for batches Kafka cannot take (broker down longer
 than the in-memory buffer, delivery errors).
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Stacks at alarm: addresses from the kernel -> symbolized frames -> StackTrace records.
 
 The run-queue probe (bpf/runqlat.bpf.c) sends the victim's and the suspect's

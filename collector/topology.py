@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The host's hardware topology: NUMA nodes, CPUs, and the PCI devices that
 matter for inference (GPUs, NVMe, NICs) with the bridges they hang off.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``jitterscope_build_info{version, python} 1`` on the /metrics of every
 long-running process (collector, streams worker): which release a fleet runs,
 joinable onto any other series (``* on(instance) group_left(version)``).

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Errors a user can hit, each saying how to fix it. Only the CLI turns them
 into exit codes."""
 

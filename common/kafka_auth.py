@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Kafka security settings (``KafkaSettings.kafka_*``) as each client takes
 them: librdkafka's configuration keys (the collector's producer, the front
 door's admin client and consumer, replay) and a TLS context for aiokafka

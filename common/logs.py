@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """JSON log lines for daemons (one object a line on stderr)."""
 
 from __future__ import annotations

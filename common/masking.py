@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Secrets kept out of what people and logs read: `jitterscope config` and
 `doctor`, error messages (``errors.JitterscopeError`` masks its message),
 log lines that name a URL.

@@ -1,7 +1,8 @@
+# SPDX-License-Identifier: Apache-2.0
 """The one way jitterscope makes HTTP requests (urllib): the notification
 targets (streams/notify.py), the kubelet client (collector/kubelet.py), and
-the front door talking to its own streams worker (jitterscope/query.py,
-jitterscope/stack.py).
+the front door talking to its own streams worker (cli/query.py,
+cli/up.py).
 
 - **Redirects are refused, never followed.** A request can carry a bearer
   token (webhook, kubelet, the worker's /query token), and urllib would resend

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Ports jitterscope listens on: check each before listening, and when
 another process holds one, refuse in one line that names the port, the
 setting that moves it and -- where /proc tells -- the process holding it:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Files and folders only their owner may read: the data dir, the spool,
 state files, recordings and reports hold process command lines (secrets, at
 times).

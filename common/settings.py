@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The one settings model. Every option is reachable by CLI flag (its own,
 or --set NAME=VALUE), by environment variable (JITTERSCOPE_<NAME>, lists and
 maps as JSON) and by a TOML config file (--config, or JITTERSCOPE_CONFIG).

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Query values as text for people and programs: one rule for the worker's
 /query page and for `jitterscope query`, so both print the same.
 

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Prepares a Debian host for the jitterscope collector. Idempotent: each step
 # checks first and does nothing when the host already has what it needs.
 #   - BCC from Debian (python3-bpfcc). PyPI's "bcc" is an unrelated package.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """An inference server stand-in that traces its requests the way vLLM does.
 
 Each "request" burns --cpu-ms of CPU (half "prefill", half "decode") and is

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A multi-process inference server stand-in, shaped like vLLM V1.
 
 vLLM V1 (VLLM_ENABLE_V1_MULTIPROCESSING, on by default) runs the API server,

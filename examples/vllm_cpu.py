@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A real vLLM V1 on a machine without a GPU: the recipe of docs/requests.md
 ("A real vLLM on the CPU") and of the end-to-end test that runs it
 (tests/vllm/test_real_vllm.py, `make test-vllm`).

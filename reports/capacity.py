@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The capacity-planning report: one self-contained HTML file (inline CSS
 and SVG, no scripts, nothing fetched) built from the fleet store.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Hand-written inline SVG for the self-contained HTML report: no scripts, no
 fonts or files fetched, every string escaped (host and process names are
 chosen by whoever runs a process).

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The loss ledger: every way a record can be lost, per host and boot.
 
     jitterscope ledger [--since 7d] [--host gpu-a1] [-f csv|json]

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Saved fleet queries: the questions SREs and capacity planners ask most,
 written once, with their parameters bound by ClickHouse (never pasted into
 the SQL).

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The stacks behind run-queue waits: which code held the CPUs the waiters
 wanted (culprit = the suspect's stack), and where the waiters were when they
 were preempted (the victim's stack).

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A synthetic fleet with known answers, for tests, benchmarks and trying the
 reports: hundreds of GPU hosts, millions of run-queue events, and a few
 injected root causes whose answers are constants below.

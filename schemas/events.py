@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The one definition of every record jitterscope moves.
 
 Collector and streams both import these types; nothing restates them. On the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """NVIDIA driver ioctls by name: the one table of request numbers the GPU
 driver probe sees, and ``ioctl_name(request)``. Pure: no I/O.
 

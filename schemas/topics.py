@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Kafka topic names, their record types and the one partition count.
 
 All topics share one partition count and every message is keyed by host, so

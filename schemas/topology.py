@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Questions about a host's topology, answered from a ``Topology`` record
 (anything with its ``numa_nodes``, ``cpu_info`` and ``pci``), and the kernel's
 cpulist format both ways. Pure functions: no /sys, no /proc. The collector

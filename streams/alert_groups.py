@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Alerts a person can live with: run-queue-like alerts grouped per (host,
 victim process, kind, suspect) over a window, and resolved when quiet.
 

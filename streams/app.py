@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The streams worker: a Faust app (aiokafka driver) over the raw topics.
 
 Each input topic has one agent that decodes each message with the shared

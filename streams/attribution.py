@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Per-request root cause: which kernel evidence overlapped a request.
 
 Pure logic, no I/O: the worker feeds it evidence and request spans as they

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """ClickHouse through one client: clickhouse-connect over HTTP to a server,
 or with ``interface='chdb'`` to the embedded engine in this process.
 

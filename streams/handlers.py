@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The topic -> handler table: each input topic's records go to the rules of
 their signal (streams/rules/<signal>.py), with the host state those rules
 need, and repeated findings are kept from flooding the alert topic.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What the worker knows about the hosts it owns: the latest topology,
 process records and device traffic, kept in plain per-worker dicts.
 

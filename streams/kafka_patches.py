@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Two patches to the Kafka clients under Faust, applied by the streams
 worker's process only (``apply``): a shorter consumer fetch wait, and no
 commits into a broker log that went backwards."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Alert notifications: Alertmanager (``POST <url>/api/v2/alerts``) and a
 plain JSON webhook, both optional settings.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What the worker publishes (alerts, attributions, dead letters), sent
 again when the broker refuses it.
 

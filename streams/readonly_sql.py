@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A guard for user-typed SQL (`jitterscope query`, the worker's /query page):
 it may only read the store.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The signal itself on /metrics, for a shop that has Prometheus and no
 ClickHouse: run-queue wait and GPU driver call latency as Prometheus
 histograms, per process name, from the log2 histograms the collectors send

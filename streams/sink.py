@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Batched, idempotent writes to ClickHouse from the streams worker.
 
 Agents hand a whole take_events() batch to ``write`` and only return (and so

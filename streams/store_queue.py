@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Between an agent's judge and its store: decoded messages wait here.
 
 The judge (decode, rules, alerts) runs on every message as it arrives; the

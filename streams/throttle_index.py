@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Recent CFS throttling per (host, cgroup), for the rules that must tell a
 throttled thread from a starved one (streams/rules/runq.py) and for the
 cfs_throttling rule. Fed by the handlers from the cgroup_throttle topic.

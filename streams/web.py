@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The streams worker's web pages: /metrics for Prometheus and /query, which
 answers `jitterscope query` while this process holds the embedded store.
 

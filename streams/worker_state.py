@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Where a running streams worker says how to reach it. Kept apart from
 streams/app.py so that `jitterscope query` and `report`, which only need the
 path, do not import Faust. Imports nothing heavy, and must stay that way."""

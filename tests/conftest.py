@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Shared fixtures: a real Kafka-protocol broker (embedded Tansu), real
 ClickHouse (chDB in a temp dir), and the product's own processes started the
 way `jitterscope up` starts them."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A stand-in NVIDIA driver and an inference server that calls it, for hosts
 without a GPU.
 

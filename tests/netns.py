@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Several "hosts" on one machine: network namespaces joined by veth pairs to
 a bridge in the root namespace, whose address is where a broker listens.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Loading BCC programs, and the checks that say why one cannot load.
 
 The same checks back `jitterscope doctor` and the collector's start-up, so a

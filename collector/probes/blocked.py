@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The "blocked" signal and its loader for bpf/blocked.bpf.c: when a thread
 of a serving group was blocked (asleep off the CPU, not preempted) for at
 least ``blocked_threshold_ms``, what it was blocked on (the GIL, memory, I/O,

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The "blockio" signal and its loader for bpf/blockio.bpf.c: I/Os, bytes and
 latency of each block device.
 

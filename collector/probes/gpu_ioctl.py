@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The "gpu_ioctl" signal and its loader for bpf/gpuioctl.bpf.c: GPU driver
 ioctl latency.
 

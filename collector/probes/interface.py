@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The one interface every signal implements, and what the agent hands it.
 
 A signal is one module in collector/probes/ (runq, gpu_ioctl, migrate,

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The "irq" signal and its loader for bpf/irq.bpf.c: time each CPU spends
 in hard IRQ handlers (per IRQ number) and soft IRQs (per vector).
 

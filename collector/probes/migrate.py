@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """CPU migrations per thread, cross-node ones apart (bpf/migrate.bpf.c), and
 the "migrate" signal built on it.
 

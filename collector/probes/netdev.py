@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The "netdev" signal: bytes and packets per network interface, from the
 kernel's own sysfs counters (no BPF program: the kernel keeps them), as
 deltas per histogram interval. Interfaces without a device (lo, bridges,

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The "pages" signal and its loader for bpf/pages.bpf.c: pages each process
 put on each NUMA node.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Every signal the collector can run, by name: the agent opens the enabled
 ones in this order and loops over them (collector/agent.py). A name is the
 value of the ``hardware_probes`` setting ("runq" is always on and not part of

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The "runq" signal (always on) and its loader for bpf/runqlat.bpf.c:
 run-queue latency with the first suspect, and the stacks at alarm (the
 victim's where it was preempted, the suspect's where it gave up the CPU;

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Signals read on their own clock, shorter than the histogram interval.
 
 IRQ time and CFS throttling are charged to run-queue waits of a few

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The "cfs" signal: CFS bandwidth throttling of the watched processes'
 cgroups, from the kernel's own counters (no BPF program: cpu.stat has them).
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Alert rules, one module per signal: pure functions from evidence (and
 what is known about the host) to an Alert, or None. No I/O, so each rule is
 unit-tested directly. streams/handlers.py routes each topic's records to its

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What the rules share: their thresholds (all from StreamsSettings) and the
 Alert builder and GPU look-up the hardware rules use.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """PCIe contention rule (signal: the blockio/netdev device counters, topic
 jitterscope.device_io, judged when a slow GPU driver call arrives): a device
 on the GPU's PCIe switch moved a lot of data at the same time. Pure: no

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """GPU driver call rule (signal: the gpu_ioctl probe, topic
 jitterscope.gpu_ioctl): a driver call slow enough to stall the GPU feed.
 Pure: no I/O. (A slow call while a PCIe neighbour is busy is the block I/O

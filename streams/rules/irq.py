@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Interrupt rule (signal: the irq probe, topic jitterscope.irq): one hard
 IRQ or softirq source took a large share of a CPU over an interval. Its
 time is stolen from whatever runs there, and no scheduler setting helps: the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Event-loss rule (signal: the collector's own stats, topic
 jitterscope.collector_stats): a host lost evidence between two stats
 records. ``event_loss`` is pure; ``LossWatch`` only remembers each host's

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """CPU-migration rule (signal: the migrate probe, topic
 jitterscope.migrations): a thread hops between CPUs often enough to lose its
 caches. Pure: no I/O."""

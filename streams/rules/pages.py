@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Page-placement rules (signal: the pages probe, topic jitterscope.pages):
 an inference process's memory lands away from its GPU's node, or another
 job fills the page cache of a GPU's node. Pure: no I/O."""

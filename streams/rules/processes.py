@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """NUMA placement rule for process records (topic jitterscope.processes):
 an inference process may run on CPUs of another node than its GPU's. Pure:
 no I/O."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Request-latency rule (signal: request spans, topic jitterscope.requests,
 judged once a request is attributed): a request broke its latency
 objective. Pure: no I/O."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Run-queue rule (signal: the run-queue probe, topic jitterscope.runq): a
 thread waited too long for a CPU; name who held it and how to separate the
 two -- unless its cgroup was throttled by its CPU quota during the wait:

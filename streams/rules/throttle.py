@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """CFS throttling rule (signal: the cfs sampler, topic
 jitterscope.cgroup_throttle): a cgroup holding a serving process hit its CPU
 quota. The cure is the limit (or exclusive CPUs), not the neighbours:

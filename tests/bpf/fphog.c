@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0-only OR Apache-2.0
 /* fphog.c -- a CPU hog and a CPU-hungry victim with frame pointers, for the
  * stacks-at-alarm tests (tests/bpf/test_stacks.py). Built with
  * gcc -O1 -fno-omit-frame-pointer, so a BPF user-stack walk reaches the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The frame-pointer workload of the stacks tests (fphog.c): built with gcc
 once per session, run as CPU hogs and a CPU-hungry victim on one CPU."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The blocked-thread probe on the real kernel: child processes that sleep,
 contend for the GIL, read with O_DIRECT and fault in a dropped mapping, each
 measuring its own ground truth (the monotonic clock the kernel stamps events

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The block-I/O probe on the real kernel: a write + fsync and an O_DIRECT read
 of a file on the disk that backs the test's temporary directory (on the build
 machines /dev/vda holds / and so /tmp)."""

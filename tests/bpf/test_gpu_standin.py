@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """GPU driver stalls proven without a GPU: the real gpu_ioctl probe watches a
 stand-in NVIDIA driver (tests/gpu_standin.py: a FUSE file at /dev/nvidia0,
 /dev/nvidia-uvm and /dev/nvidiactl in the server's own mount namespace,

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The GPU-ioctl probe on the real kernel. This host has no GPU, so a helper
 process stands in: it issues ioctls that fail fast (FIONREAD on /dev/zero is
 ENOTTY) on a "device" fd the probe watches and on a pipe it does not; the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The IRQ-time probe on the real kernel, checked against the kernel's own
 counters: loopback UDP traffic pinned to the last CPU (NET_RX softirqs on
 that CPU: a loopback send queues the packet on the sending CPU's backlog)

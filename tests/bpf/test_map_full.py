@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """In-kernel map-full failures are counted, per probe, apart from ring-buffer
 drops: a probe compiled with a one-entry map (``BccProbe.defines``) on the
 real kernel must count the updates that did not fit, and the same probe at its

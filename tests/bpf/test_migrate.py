@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The CPU-migration probe on the real kernel: a spinning thread whose
 affinity the test flips between CPU 0 and CPU 1. This host has one NUMA
 node; a made-up cpu -> node map turns the two CPUs into two nodes."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The page-placement probe on the real kernel: a process that reads a 64 MiB
 file no longer in the page cache brings ~16k pages in on this host's one
 node; a process that only sleeps brings in nothing."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`jitterscope record` on the real kernel: the collector writes its records
 to a file (no Kafka), topology and stats included, readable afterwards."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The run-queue probe on the real kernel, without Kafka: what it reports
 and what its filters keep out."""
 

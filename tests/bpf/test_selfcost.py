@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Self-cost on the real kernel: the BPF statistics count the run-queue
 probe's programs while on, and are put back as they were after."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Stacks at alarm on the real kernel: a CPU hog built with frame pointers
 shares a CPU with a CPU-hungry victim; the culprit stack of the victim's
 run-queue events names the hog's busy loop, and the victim's own stack (where

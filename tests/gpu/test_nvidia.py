@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The NVIDIA paths on a real GPU host: NVML topology and GPU driver ioctl
 latency under a real CUDA workload. This machine class has no GPU; on a host
 without /dev/nvidia0 and libcuda these tests skip and say why. Run on a GPU

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Per-request root cause, end to end: an OpenTelemetry-instrumented
 inference-server stand-in sends its request spans to the real collector;
 CPU hogs crowd its core for a while; the requests caught in that window must

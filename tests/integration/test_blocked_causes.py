@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Blocked, not runnable: a request slowed while its thread waited for the
 interpreter lock (GIL) is explained as such, with the holder thread named,
 end to end (stand-in -> collector with the blocked probe -> broker -> worker

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The collector under broker faults, for real: Tansu (the embedded broker)
 killed and restarted on the same port, or frozen with SIGSTOP, while spans
 stream through a real collector (BPF loaded) and a real streams worker.

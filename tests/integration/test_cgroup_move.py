@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A serving process moved into a quota cgroup after the collector first
 described it, as ``systemctl set-property``, ``cgclassify`` or a supervisor
 would (issue "Never an innocent neighbour"), on this kernel (cgroup v1:

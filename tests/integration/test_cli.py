@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The commands a user types, run as a user runs them."""
 
 from __future__ import annotations

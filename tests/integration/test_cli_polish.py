@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Daily use, as a newcomer meets it (issue 12): each error a user can hit is
 one line with its fix and no traceback, and `jitterscope query` prints what
 ClickHouse users and scripts expect. Every test runs the real command."""

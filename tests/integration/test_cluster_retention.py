@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """retention_days on a ClickHouse cluster: the TTL goes to the Replicated
 ``*_local`` tables ON CLUSTER (the Distributed tables hold no rows), and the
 statements are ClickHouse that ClickHouse parses (EXPLAIN AST in chDB, which

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`kill -9` of the collector: its BPF programs go with it, a restarted
 collector never reuses a record key, and everything Kafka acknowledged to the
 killed one is stored -- counted against the collector's own sent numbers."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Senders in containers, for real: a stand-in exporting spans with the
 OpenTelemetry SDK from its own PID namespace (``unshare --pid --fork
 --mount-proc``, reporting its namespaced pid as ``process.pid``), from its

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Bad input goes to the dead-letter topic with its reason; good input around
 it still lands in ClickHouse; redelivered records are stored once."""
 

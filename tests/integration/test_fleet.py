@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Saved fleet queries over a synthetic fleet with known answers (300 hosts,
 2 million run-queue events, injected root causes), in the embedded
 ClickHouse, through the CLI as a user runs them."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The hardware sources end to end on this machine's kernel: GPU driver call
 latency on a configured device path (here /dev/zero: this machine has no GPU,
 and the probe only cares about the path), CPU migrations of a thread whose

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A fleet host installs only the collector: the wheel built from what the
 image copies (deploy/Containerfile's COPY lines), installed with only
 ``[collector]`` at the tested versions (constraints.txt) into a fresh venv
@@ -67,6 +68,10 @@ def test_collector_alone_installs_lean_and_runs(tmp_path):
 
     # away from the checkout: `python -c` puts the working directory first on sys.path
     assert run(venv / "bin/python", "-c", IMPORTS, cwd=tmp_path).stdout.strip() == "lean ok"
+    # and from the checkout's root: no folder there shadows the installed package (the
+    # front door lives in cli/; a jitterscope/ folder there would be imported instead,
+    # without the parts the package maps in, and `import jitterscope.collector` would fail)
+    assert run(venv / "bin/python", "-c", IMPORTS, cwd=ROOT).stdout.strip() == "lean ok"
     help_text = run(venv / "bin/jitterscope", "collector", "--help", cwd=tmp_path,
                     env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"}).stdout
     assert "--bootstrap-servers" in help_text and "load the probes" in help_text

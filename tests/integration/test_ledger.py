@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`jitterscope ledger` against a real worker, then against the stopped store:
 collector stats with known drops from two collector runs, data records with a
 sequence gap and unstored records, and a dead letter, all made by hand."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Many hosts, many workers, one machine: three collectors, each in its own
 network namespace and with its own host name, publish real run-queue events
 to one broker on a bridge address; two streams workers in one consumer group

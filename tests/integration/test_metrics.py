@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What a Prometheus-only shop scrapes, from a real collector (BPF on this
 kernel) and a real streams worker whose web port is bound beyond loopback:
 running totals as Counters, build info on both, consumer lag per partition,

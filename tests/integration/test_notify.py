@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Alert notifications from a real pipeline (issue 10, part 6): hogs pinned
 with a victim on one CPU -> BPF -> Kafka -> streams worker -> a local HTTP
 receiver that gets grouped alerts in Alertmanager's format (and the plain

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Kernel → Kafka → Faust → ClickHouse, for real: the collector loads the BPF
 probe on this kernel, a victim thread shares a CPU with hogs, and the alert
 must name the victim and a hog. An unloaded control run must raise none.

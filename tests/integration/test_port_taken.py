@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A port already taken is one clear line: `up` checks every port of its
 processes before it starts any, and the collector and the streams worker
 check theirs as they start; each refusal names the port, the setting that

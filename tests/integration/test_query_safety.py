@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Query safety against a real streams worker, as root and as `nobody`: user
 SQL only reads, and only the store's owner may query it."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Fuzzed records of every input type: whatever the decoder accepts fits its
 ClickHouse columns (real chDB takes it), and nothing it is given makes it
 raise -- so one mutated record can never fail a whole insert."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Record and replay without the kernel: a recording written through the
 collector's file sink, replayed twice into a real broker and streams worker,
 is stored once and raises the alerts its run-queue waits call for. The fast

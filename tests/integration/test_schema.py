@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The cluster variant of the DDL in deploy/ is current and is ClickHouse
 that ClickHouse parses (chDB has no cluster to run it on; EXPLAIN AST parses
 without executing)."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A multi-process server, end to end: the front process sends the request
 spans, a separate engine child (named like vLLM's ``VLLM::EngineCore``) does
 the CPU work, pinned to one CPU. CPU hogs crowd that CPU for a while: the

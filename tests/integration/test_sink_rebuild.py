@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The sink's takeover rebuild (streams/sink.py) on the real engine: every
 rollup fed by a source is rebuilt from it, the seq bitmaps are fed again, and a
 rebuild that fails does not cost the records being stored."""

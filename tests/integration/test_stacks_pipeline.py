@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Stacks at alarm, end to end: the collector captures the culprit's stack
 for a starved victim (a frame-pointer hog on its CPU), the StackTrace lands
 in ClickHouse's `stacks` table, the alert names it, and `jitterscope stacks

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Stacks in the store (real chDB): the culprit ranking adds waits up across
 hosts by stack id, one alert's stacks, folded output, and the report section
 escapes frames."""

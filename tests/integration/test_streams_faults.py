@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The streams worker under poison and faults, with a real broker and chDB:
 out-of-range records on every input topic are dead-lettered one by one while
 the records around them (and after them) are stored; a backlog of 10,000

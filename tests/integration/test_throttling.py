@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """CFS throttling end to end on this kernel (cgroup v1: /sys/fs/cgroup/cpu):
 a CPU-bound victim in a cgroup with a quota of 0.2 CPUs, on the CPU tests keep free.
 Its run-queue waits (preempted when the quota runs out, run again at the

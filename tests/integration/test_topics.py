@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`jitterscope topics create|check` against a real broker (embedded Tansu),
 and `collector`/`streams` refusing a cluster without jitterscope's topics.
 

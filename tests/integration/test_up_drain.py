@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Ctrl-C on `jitterscope up` during a context-switch storm loses nothing:
 `up` waits until the worker has stored what the collector sent, and the
 stopped store then holds exactly the collector's own sent counts, per topic."""
@@ -16,7 +17,7 @@ import pytest
 
 from jitterscope.broker import free_port
 from jitterscope.schemas import topics
-from jitterscope.stack import FINAL_FILE
+from jitterscope.up import FINAL_FILE
 from jitterscope.streams.clickhouse import TABLE_OF
 from jitterscope.workload import cpu_hogs, last_cpu
 from tests.integration.test_cli import CLI, cli_env, run

@@ -1,4 +1,5 @@
-"""Alert delay as `jitterscope up` reports it at stop (jitterscope/stack.py):
+# SPDX-License-Identifier: Apache-2.0
+"""Alert delay as `jitterscope up` reports it at stop (cli/up.py):
 quantiles from the worker's histogram buckets on /metrics, the way
 Prometheus' histogram_quantile() estimates them."""
 
@@ -8,7 +9,7 @@ import math
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from jitterscope.stack import alert_delay_line, histogram_quantile, parse_histograms
+from jitterscope.up import alert_delay_line, histogram_quantile, parse_histograms
 
 INF = float("inf")
 FAMILY = "jitterscope_streams_alert_delay_seconds"

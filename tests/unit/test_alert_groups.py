@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Alert grouping (streams/alert_groups.py) with synthetic alerts and a fake
 clock: first alert at once, repeats folded, one re-announcement per window,
 resolution when quiet, bounded memory, hardware kinds untouched."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """streams/attribution.py: matching kernel evidence to requests, in any
 arrival order, and naming the dominant cause."""
 

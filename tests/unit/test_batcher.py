@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """collector/publish.py Batcher: the batching policy, driven by a fake clock."""
 
 from jitterscope.collector.publish import Batcher

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """reports/capacity.py draws the run-queue alert level it is given (the
 caller passes settings.runq_alert_ms), and defaults to the setting's default."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The irq and cfs_throttling rules (streams/rules/irq.py, throttle.py), the
 run-queue rule's throttled case (rules/runq.py) and their handlers with the
 worker's real HostState: each alert fires on its evidence, stays quiet

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The cfs sampler (collector/probes/throttle.py) on made-up /proc and /sys
 trees: which cgroup a process's cpu controller puts it in (cgroup v1, v2
 and the hybrid layout), its quota and counters, ancestors with a pod quota,

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A process moved into another cgroup after the collector described it
 (``systemctl set-property``, ``cgclassify``, a supervisor): on a copy of a
 fixture /proc tree, the collector's rescan re-reads the cpu cgroup of the

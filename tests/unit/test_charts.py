@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The report's hand-written SVG (reports/charts.py): ticks, log scales,
 text that fits, strings as data. How Chromium renders a whole report is
 tests/integration/test_fleet.py."""

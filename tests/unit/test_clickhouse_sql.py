@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """streams/clickhouse.py pure helpers: migration files, statement splitting,
 record field -> column mapping. No ClickHouse is opened."""
 

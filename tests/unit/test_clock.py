@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """collector/clock.py: monotonic -> epoch with bracketed offset samples."""
 
 from jitterscope.collector.clock import EpochConverter, sample_offset

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The collector's serving groups on this machine's real /proc: a process
 that sends spans and the process tree it spawned are described with
 ``serving_group`` = the span process and get the finer serving threshold;

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """collector/containers.py (cgroup path -> container ID / pod UID) and
 collector/kubelet.py against a real local HTTP server serving a pod list."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The fleet deployment, checked offline (no container engine or cluster runs
 here): the kustomize base and the example overlay render with kubectl, every
 rendered object is valid against the Kubernetes schemas, the pods are set up

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What README and docs/requests.md tell a newcomer to type exists: every
 jitterscope flag they name is accepted by a command, every topic and table
 they name is real, every relative link resolves, and the vLLM recipe does

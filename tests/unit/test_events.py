@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """schemas/events.py: NDJSON batches and the decoder that keeps bad lines apart."""
 
 from jitterscope.schemas.events import (

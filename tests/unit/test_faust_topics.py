@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The streams worker's Faust topics assume the partitions the broker has
 (kafka_partitions, which `jitterscope topics` creates and the front door
 checks), never a constant of their own."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The run-queue handler never waits in the per-message path
 (streams/handlers.py): a wait whose process, topology or covering throttling
 record has not arrived is parked and the handler returns at once; the parked

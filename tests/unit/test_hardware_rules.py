@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The hardware rules (streams/rules/gpu_ioctl.py, processes.py, pages.py,
 migrate.py, blockio.py) and their handlers (streams/handlers.py) against the
 fixture 2-socket, 8-GPU server: each alert fires on its evidence, stays quiet

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """collector/hostinfo.py against captured /proc and /sys trees (tests/fixtures)."""
 
 from pathlib import Path

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Kafka security settings reach each process's client exactly, and the
 password never shows in repr, --help or logs.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The direction of imports between jitterscope's parts (docs/architecture.md,
 the parts and the way data walks).
 
@@ -7,7 +8,7 @@ jitterscope.collector). Import-graph tools do not apply that mapping, so they
 cannot see these edges; this test reads every import with ``ast``, applies the
 mapping, and fails on a forbidden direction:
 
-- no part imports the front door (``jitterscope/``: cli, stack, query, ...);
+- no part imports the front door (``cli/``, the ``jitterscope`` package itself: cli, up, query, ...);
 - data walks one way: bpf -> collector -> (Kafka) -> streams -> (ClickHouse)
   -> reports, with records and pure functions over them in schemas and
   errors, logging and settings in common; collector and streams never import
@@ -143,7 +144,7 @@ def test_no_part_imports_against_the_direction_of_the_data():
     ("schemas", "from jitterscope.common import errors"),
     ("common", "from jitterscope.schemas import events"),
     ("collector", "from jitterscope import cli"),
-    ("streams", "from jitterscope.stack import Stack"),
+    ("streams", "from jitterscope.up import Stack"),
     ("reports", "import jitterscope.query"),
     ("collector", "from ...jitterscope.cli import main"),  # nonsense, but still the front door
     ("streams", "from ..collector import agent"),  # relative, resolved through the mapping

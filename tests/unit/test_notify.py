@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Notification payloads (streams/notify.py): Alertmanager API v2
 PostableAlert shape, Prometheus-compatible fingerprints, backoff, and a
 target that never blocks its caller."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """NVIDIA driver calls by name (schemas/nvidia.py): the request numbers user
 space really passes decode to the open kernel module's names, whatever the
 parameter size; UVM's plain numbers are told apart from RM escapes; anything

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """collector/otlp.py: OTLP/HTTP trace bodies in, request records out.
 
 The receiver runs for real on 127.0.0.1 port 0 (a local HTTP server, no

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Fuzzing the OTLP receiver over real HTTP on loopback.
 
 A few thousand bodies, from a seeded random generator (a failure replays):

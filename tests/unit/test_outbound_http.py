@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Outbound HTTP (common/outbound.py) against real local servers: a 3xx is a
 counted failure and the bearer token never reaches where it points (webhook,
 Alertmanager, kubelet); loopback is never reached through http_proxy

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Refused sends are sent again (streams/outbox.py). The topic here is a
 stand-in whose broker answers are scripted; the real broker's refusal after
 a restart is exercised in tests/integration/test_broker_faults.py."""

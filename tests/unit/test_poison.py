@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Poison-proofing: the shared records refuse what does not fit their
 ClickHouse columns, messages are split below the broker's limit, the sink
 skips stored keys for rollup sources, and losses raise an alert."""

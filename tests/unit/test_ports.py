@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """common/ports.py: a port already taken is one line naming the port, the
 setting that moves it and the process holding it (from /proc)."""
 
@@ -136,7 +137,7 @@ def test_refusing_turns_address_in_use_into_the_line(held):
 
 
 def test_the_stack_checks_every_port_it_listens_on_before_starting(held, tmp_path):
-    from jitterscope.stack import Stack
+    from jitterscope.up import Stack
 
     s = Settings(data_dir=tmp_path / "data", broker_port=free_port(), streams_web_port=free_port(),
                  collector_metrics_port=free_port(), otlp_port=held)

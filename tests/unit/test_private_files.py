@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Files that hold command lines are their owner's alone (common/private.py):
 the data dir is 0700 whichever part makes it first, spool and state files
 0600, and nothing is written through a symbolic link (recordings and

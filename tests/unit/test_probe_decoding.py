@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Each probe's decoding, without a kernel: the raw structs of bpf/*.h built
 here from bytes (BCC gives the collector ctypes views of the same layouts),
 handed to the probe's decode function, checked field by field against the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """collector/publish.py and collector/spool.py: message size, spool, and the
 producer's recovery rules, with a fake producer and a fake clock (no broker)."""
 

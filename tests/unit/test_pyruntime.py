@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """collector/pyruntime.py against live interpreters (ground truth: the child's
 own ctypes address of _PyRuntime) and fixture /proc trees."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Pure pieces behind `jitterscope query`'s output (issue 12): which FORMAT a
 query names, how values become text, and the settings checks that refuse a
 bad ClickHouse URL."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The read-only guard for user SQL: one test per attack, and the ordinary
 queries it must let through."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Differential fuzz of the read-only SQL guard against ClickHouse itself.
 
 Ten thousand queries from a seeded generator (a failure replays): ordinary

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The recording file format (collector/recording.py): round trip, the
 collector-facing publisher, and a crash-truncated file reading its prefix."""
 

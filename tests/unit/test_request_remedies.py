@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """streams/rules/requests.py: the request_slo remedy fits the cause the
 attribution named (throttling -> the limit, interrupts -> the IRQ, a
 neighbour -> move it), with the serving group's pids and the pod."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """streams/rules/runq.py and rules/requests.py: run-queue starvation and
 request-SLO alerts, and the cpulist formatter."""
 

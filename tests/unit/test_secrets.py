@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Secrets masked wherever they would be shown (common/masking.py): URLs'
 passwords, webhook tokens, secret settings; in `jitterscope config`,
 `doctor`, error messages and log lines."""

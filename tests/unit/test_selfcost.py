@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Self-cost: the overhead share, fdinfo parsing, the running totals and the
 lines `up` and `doctor` print -- without the kernel."""
 
@@ -114,7 +115,7 @@ def test_program_names_from_probes():
 
 
 def test_the_lines_up_and_doctor_print(tmp_path):
-    from jitterscope.stack import self_cost_line
+    from jitterscope.up import self_cost_line
 
     line = format_cost({"overhead_share": 0.003, "bpf_share": 0.001, "collector_share": 0.002,
                         "rss_bytes": 180_000_000})

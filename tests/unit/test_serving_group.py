@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """collector/serving_group.py: which processes serve a span process's
 requests, read from a captured-style /proc tree (descendants by ppid, the
 container's cgroup, never the host's root cgroup)."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """common/settings.py: flags > env > TOML file > defaults, and readable errors."""
 
 import os

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """deploy/jitterscope.example.toml is generated from the settings model
 (`jitterscope config --example`): it lists every setting, with defaults that
 load, and stays current as settings are added."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The Prometheus histograms built from the collectors' log2 histograms, and
 the consumer lag arithmetic (pure logic; the scrape of a running worker is
 tests/integration/test_metrics.py)."""

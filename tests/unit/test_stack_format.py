@@ -1,9 +1,10 @@
-"""jitterscope/stack.py format_alert: the one line `jitterscope up` prints per alert."""
+# SPDX-License-Identifier: Apache-2.0
+"""cli/up.py format_alert: the one line `jitterscope up` prints per alert."""
 
 from datetime import datetime
 
 from jitterscope.schemas.events import Alert
-from jitterscope.stack import format_alert
+from jitterscope.up import format_alert
 
 TS = 1_700_000_000_123_456_789
 
@@ -62,7 +63,7 @@ def test_group_announcements_say_how_many_and_resolutions_say_quiet():
 
 def test_request_alerts_print_their_summary():
     from jitterscope.schemas.events import Alert
-    from jitterscope.stack import format_alert
+    from jitterscope.up import format_alert
 
     alert = Alert(host="gpu-a1", boot_id="b", seq=1, ts_ns=1_700_000_000_000_000_000, raised_ns=0,
                   kind="request_slo", severity="critical", pid=1, tid=0, comm="vllm", cpu=0, wait_ns=0,
@@ -96,7 +97,7 @@ def test_printable_passes_ordinary_text_unchanged():
 
 # -- drain on stop: the comparison `up` waits on ------------------------------
 
-from jitterscope.stack import Quiet, parse_accounted, read_final, unstored  # noqa: E402
+from jitterscope.up import Quiet, parse_accounted, read_final, unstored  # noqa: E402
 
 METRICS = """# HELP jitterscope_streams_records_accounted_total records stored or dead-lettered
 # TYPE jitterscope_streams_records_accounted_total counter

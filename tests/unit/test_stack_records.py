@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """collector/stacks.py and the runq signal's use of it, as pure logic (a
 fake symbolizer stands in for BCC's symbol tables): a StackTrace goes out
 once per distinct stack, before the first event naming it."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The pieces that issue record keys and remember hosts: Stamp (host,
 boot_id, seq never repeat across collector restarts), HostState (the
 per-host look-ups the rules use) and the sink's retry policy."""

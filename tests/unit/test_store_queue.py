@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The queue between an agent's judge and its store (streams/store_queue.py)."""
 
 import asyncio

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """collector/topology.py (and the pure questions in schemas/topology.py) against a built 2-socket, 8-GPU sysfs/procfs
 (tests/fixtures/sysfs_builder.py) and against this machine's own /sys and /proc."""
 

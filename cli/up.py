@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`jitterscope up`: the whole single-host stack, supervised.
 
 Starts the embedded broker (unless a Kafka is given), a streams worker and the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """jitterscope: find the kernel-level causes of tail-latency spikes.
 
 Typer CLI. Commands raise typed errors (jitterscope.common.errors); only main() turns
@@ -84,7 +85,7 @@ def up(
     duration: Annotated[Optional[float], typer.Option(help="stop by itself after this many seconds")] = None,
 ) -> None:
     """Watch this host: embedded broker, collector, streams worker and ClickHouse; print alerts as they happen."""
-    from jitterscope.stack import Stack
+    from jitterscope.up import Stack
 
     s = _settings(config, sets, bootstrap_servers=bootstrap_servers, clickhouse_url=clickhouse_url, data_dir=data_dir,
                   host=host, target_pids=pid, target_comms=comm, runq_threshold_ms=threshold_ms,

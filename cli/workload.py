@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A reproducible run-queue starvation: a latency-sensitive "victim" thread
 doing short CPU bursts and sleeps, pinned to one CPU with CPU hogs.
 

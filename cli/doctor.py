@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`jitterscope doctor`: every check the stack needs, each with its fix."""
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def check_clickhouse(s: Settings) -> Check:
 
 def check_self_cost(s: Settings) -> Check:
     """Informational: what the last collector run cost this host."""
-    from jitterscope.stack import FINAL_FILE, self_cost_line
+    from jitterscope.up import FINAL_FILE, self_cost_line
 
     path = s.data_dir / FINAL_FILE
     line = self_cost_line(path)

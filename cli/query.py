@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Running read-only SQL for `jitterscope query`.
 
 chDB allows one process per data directory, so while a streams worker runs it
