@@ -22,6 +22,7 @@ flat, so a field's name is its TOML key, its variable and its --set NAME:
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import tomllib
@@ -33,12 +34,14 @@ from pydantic_settings import BaseSettings, SettingsError, PydanticBaseSettingsS
 
 from jitterscope.common import errors
 
+# the probe names are the signal catalogue's (settings may read schemas: records and facts, no I/O)
+from jitterscope.schemas.signals import HARDWARE_PROBES, PROBE_ALIASES
 
-#: sources the collector can run besides the run-queue probe
+log = logging.getLogger(__name__)
+
 #: the collector's last counts, written as it exits, read by `up` (to compare
 #: with what was stored) and by `doctor`: in the data directory
 FINAL_FILE = "collector-final.json"
-HARDWARE_PROBES = ("gpu_ioctl", "migrate", "pages", "blockio", "netdev", "irq", "cfs", "blocked")
 
 
 def default_data_dir() -> Path:
@@ -157,8 +160,7 @@ class CollectorSettings(BaseModel):
                           "stack walks in the kernel, no symbolization; alerts name no stacks)")
     hardware_probes: list[str] = Field(
         default_factory=lambda: list(HARDWARE_PROBES),
-        description="hardware sources besides the run-queue probe (any of gpu_ioctl, migrate, pages, blockio, netdev, irq, cfs, "
-                    "blocked)")
+        description=f"hardware sources besides the run-queue probe (any of {', '.join(HARDWARE_PROBES)})")
     gpu_ioctl_threshold_ms: float = Field(
         5.0, gt=0, description="GPU driver calls at or above this leave the kernel as events")
     blocked_threshold_ms: float = Field(
@@ -233,6 +235,10 @@ class CollectorSettings(BaseModel):
     @field_validator("hardware_probes")
     @classmethod
     def _known_probes(cls, value: list[str]) -> list[str]:
+        for old in set(value) & set(PROBE_ALIASES):
+            log.warning("hardware_probes: %r is now called %r; the old name goes in the next release",
+                        old, PROBE_ALIASES[old])
+        value = list(dict.fromkeys(PROBE_ALIASES.get(p, p) for p in value))
         unknown = [p for p in value if p not in HARDWARE_PROBES]
         if unknown:
             raise ValueError(f"unknown probe(s) {unknown}; known: {', '.join(HARDWARE_PROBES)}")

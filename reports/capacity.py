@@ -19,7 +19,7 @@ from typing import Callable
 from jitterscope.common.settings import Settings
 from jitterscope.reports import charts
 from jitterscope.schemas.events import OWN_SUSPECT_PREFIX
-from jitterscope.streams.clickhouse import DATABASE as DB
+from jitterscope.schemas.signals import DATABASE as DB
 
 HOST_CLASS = "replaceRegexpOne(host, '-?[0-9]+$', '')"
 

@@ -41,7 +41,7 @@ Parameters are bound by ClickHouse, never pasted into the SQL.
 from __future__ import annotations
 
 from jitterscope.schemas import topics
-from jitterscope.streams.clickhouse import DATABASE as DB, TABLE_OF
+from jitterscope.schemas.signals import DATABASE as DB, TABLE_OF
 
 QUESTION = "What did each host lose, per boot: kernel drops, producer and spool failures, dead letters, seq gaps, unstored?"
 PARAMS = {"host": ("String", "")}  # '' = every host

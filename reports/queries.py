@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from jitterscope.common import errors
 from jitterscope.reports import ledger
-from jitterscope.streams.clickhouse import DATABASE as DB
+from jitterscope.schemas.signals import DATABASE as DB
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from html import escape
 from typing import Callable
 
-from jitterscope.streams.clickhouse import DATABASE as DB
+from jitterscope.schemas.signals import DATABASE as DB
 
 ROLES = {"suspect": "suspect_stack", "victim": "victim_stack"}  # role -> runq_events column
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 
-from jitterscope.streams.clickhouse import DATABASE as DB
+from jitterscope.schemas.signals import DATABASE as DB
 
 # The injected answers.
 # Host names are <class>-<number>: hosts 1-200 are class h100, the rest a100.

@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Kafka topic names, their record types and the one partition count.
+"""Kafka topic names, their record types and the one partition count
+(the input topics come from the signal catalogue, schemas/signals.py).
 
 All topics share one partition count and every message is keyed by host, so
 one streams worker owns all of a host's records and joins stay local.
@@ -7,45 +8,31 @@ one streams worker owns all of a host's records and joins stay local.
 
 from __future__ import annotations
 
-from jitterscope.schemas import events
+from jitterscope.schemas import events, signals
 
 PARTITIONS = 4
 
-RUNQ = "jitterscope.runq"
-HISTOGRAMS = "jitterscope.histograms"
-TOPOLOGY = "jitterscope.topology"
-PROCESSES = "jitterscope.processes"
-COLLECTOR_STATS = "jitterscope.collector_stats"
-REQUESTS = "jitterscope.requests"
-GPU_IOCTL = "jitterscope.gpu_ioctl"
-MIGRATIONS = "jitterscope.migrations"
-PAGES = "jitterscope.pages"
-DEVICE_IO = "jitterscope.device_io"
-IRQ = "jitterscope.irq"
-CGROUP_THROTTLE = "jitterscope.cgroup_throttle"
-STACKS = "jitterscope.stacks"
-BLOCKED = "jitterscope.blocked"
+_topic = {name: signal.topic for name, signal in signals.BY_NAME.items()}
+RUNQ = _topic["runq"]
+HISTOGRAMS = _topic["histograms"]
+TOPOLOGY = _topic["topology"]
+PROCESSES = _topic["processes"]
+COLLECTOR_STATS = _topic["collector_stats"]
+REQUESTS = _topic["requests"]
+GPU_IOCTL = _topic["gpu_ioctl"]
+MIGRATIONS = _topic["migrate"]
+PAGES = _topic["pages"]
+DEVICE_IO = _topic["device_io"]
+IRQ = _topic["irq"]
+CGROUP_THROTTLE = _topic["throttle"]
+STACKS = _topic["stacks"]
+BLOCKED = _topic["blocked"]
 ATTRIBUTION = "jitterscope.attribution"
 ALERTS = "jitterscope.alerts"
 DEADLETTER = "jitterscope.deadletter"
 
-#: Raw topics the collector writes and streams reads, with their record type.
-INPUT_TOPICS: dict[str, type[events.Record]] = {
-    RUNQ: events.RunqEvent,
-    HISTOGRAMS: events.LatencyHistogram,
-    TOPOLOGY: events.Topology,
-    PROCESSES: events.ProcessInfo,
-    COLLECTOR_STATS: events.CollectorStats,
-    REQUESTS: events.RequestSpan,
-    GPU_IOCTL: events.GpuIoctl,
-    MIGRATIONS: events.Migrations,
-    PAGES: events.PagePlacement,
-    DEVICE_IO: events.DeviceIo,
-    IRQ: events.IrqTime,
-    CGROUP_THROTTLE: events.CgroupThrottle,
-    STACKS: events.StackTrace,
-    BLOCKED: events.BlockedWait,
-}
+#: Raw topics the collector writes and streams reads, with their record type (schemas/signals.py).
+INPUT_TOPICS: dict[str, type[events.Record]] = {s.topic: s.record for s in signals.SIGNALS}
 
 OUTPUT_TOPICS = (ALERTS, ATTRIBUTION, DEADLETTER)
 

@@ -20,29 +20,11 @@ import msgspec
 
 from jitterscope.common import errors
 from jitterscope.common.private import private_dir
-from jitterscope.schemas import events
+from jitterscope.schemas import events, signals
 
-DATABASE = "jitterscope"
-
-#: record type -> table
-TABLE_OF: dict[type[events.Record], str] = {
-    events.RunqEvent: "runq_events",
-    events.LatencyHistogram: "latency_histograms",
-    events.Topology: "topology",
-    events.ProcessInfo: "processes",
-    events.CollectorStats: "collector_stats",
-    events.Alert: "alerts",
-    events.RequestSpan: "requests",
-    events.RequestAttribution: "request_attribution",
-    events.GpuIoctl: "gpu_ioctls",
-    events.Migrations: "migrations",
-    events.PagePlacement: "page_placement",
-    events.DeviceIo: "device_io",
-    events.IrqTime: "irq_time",
-    events.CgroupThrottle: "cgroup_throttle",
-    events.StackTrace: "stacks",
-    events.BlockedWait: "blocked_waits",
-}
+#: the database and each record type's table: the signal catalogue's (schemas/signals.py)
+DATABASE = signals.DATABASE
+TABLE_OF = signals.TABLE_OF
 
 # Limits for untrusted, user-typed SQL; `readonly` must come last (it forbids
 # changing settings after it).

@@ -3,9 +3,12 @@
 their signal (streams/rules/<signal>.py), with the host state those rules
 need, and repeated findings are kept from flooding the alert topic.
 
-A topic without a handler (topology, device traffic) only feeds the host
-state and the store; histograms only feed /metrics. Handlers hold no I/O and
-never wait.
+The table comes from the signal catalogue (schemas/signals.py): a signal's
+handler is the method named after it, else the generic one over its rule
+module's ``judge`` (``_rule_handler``: what a new signal needs). A topic
+without either (topology, device traffic, stacks) only feeds the host state
+and the store; histograms only feed /metrics. Handlers hold no I/O and never
+wait.
 
 A run-queue wait is judged with its process record, its host's topology and,
 when a quota cgroup is known above it, the throttling record that covers its
@@ -32,16 +35,18 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 import heapq
+import importlib
 import itertools
 import time
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Iterable
 
 from prometheus_client import Counter
 
-from jitterscope.schemas import events, topics
-from jitterscope.streams.rules import blockio, gpu_ioctl, migrate, pages, processes, runq
+from jitterscope.schemas import events, signals, topics
+from jitterscope.streams.rules import blockio, gpu_ioctl, migrate, pages, runq
+from jitterscope.streams.rules import processes as process_rules
 from jitterscope.streams.rules import irq as irq_rules
-from jitterscope.streams.rules import throttle
+from jitterscope.streams.rules import throttle as throttle_rules
 from jitterscope.streams.rules.base import Thresholds
 from jitterscope.streams.rules.losses import LossWatch
 from jitterscope.streams import signal_metrics
@@ -113,20 +118,13 @@ class Handlers:
         self._parked_by_host: dict[str, dict[int, _Parked]] = defaultdict(dict)
         self._deadlines: list[tuple[float, int]] = []
         self._ids = itertools.count()
-        #: input topic -> its signal's handler
-        self.table: dict[str, Handler] = {
-            topics.RUNQ: self.runq,
-            topics.REQUESTS: self.requests,
-            topics.COLLECTOR_STATS: self.collector_stats,
-            topics.GPU_IOCTL: self.gpu_ioctl,
-            topics.PROCESSES: self.processes,
-            topics.MIGRATIONS: self.migrations,
-            topics.PAGES: self.pages,
-            topics.IRQ: self.irq,
-            topics.CGROUP_THROTTLE: self.cgroup_throttle,
-            topics.HISTOGRAMS: self.histograms,
-            topics.BLOCKED: self.blocked,
-        }
+        #: input topic -> its signal's handler (schemas/signals.py)
+        self.table: dict[str, Handler] = {}
+        for signal in signals.SIGNALS:
+            method = getattr(self, signal.name, None)
+            handler = method if callable(method) else self._rule_handler(signal.name)
+            if handler is not None:
+                self.table[signal.topic] = handler
 
     async def handle(self, topic: str, records: list, now_ns: int) -> list[events.Alert]:
         handler = self.table.get(topic)
@@ -145,6 +143,38 @@ class Handlers:
             return False
         self._last[ident] = alert.raised_ns
         return True
+
+    def _judged(self, items: Iterable, judge: Callable, key: Callable[..., tuple]) -> list[events.Alert]:
+        """The loop most signals share: each item's finding (``judge(item)``,
+        with the look-ups it needs), kept unless it repeats one raised within
+        its quiet period for the same ``key(item)``."""
+        out = []
+        for item in items:
+            alert = judge(item)
+            if self._fresh(alert, *key(item)):
+                out.append(alert)
+        return out
+
+    def _rule_handler(self, name: str) -> Handler | None:
+        """For a signal without a method here: its rule module's
+        ``judge(record, state, thresholds, now_ns) -> Alert | None`` on each
+        record, repeats kept apart by its ``repeat_key(record) -> tuple``
+        (default: one per host and alert kind). None: no such module."""
+        module_name = f"{__package__}.rules.{name}"
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:
+                raise  # the module is there, and something it imports is not
+            return None
+        judge = getattr(module, "judge", None)
+        if judge is None:
+            return None
+        key = getattr(module, "repeat_key", lambda record: ())
+
+        async def handle(records: list, now_ns: int) -> list[events.Alert]:
+            return self._judged(records, lambda r: judge(r, self.state, self.t, now_ns), key)
+        return handle
 
     async def runq(self, records: list[events.RunqEvent], now_ns: int) -> list[events.Alert]:
         """Judge every alert-worthy wait whose records are known; park the
@@ -300,36 +330,33 @@ class Handlers:
         if self.attributor is not None:
             for record in records:
                 self.attributor.add_evidence(record)
-        out = []
-        for r in records:
-            if r.time_ns < self.t.irq_share * r.interval_ns:
-                continue  # most records: spare them the look-up below
+        def judge(r: events.IrqTime) -> events.Alert | None:
             serving = {c for (host, _), p in self.state.processes.items()
                        if host == r.host and (p.serving_group or p.gpus) for c in p.cpus_allowed}
-            alert = irq_rules.irq_time(r, serving, self.state.host_cpus(r.host), self.t, now_ns)
-            if self._fresh(alert, r.cpu, r.source):
-                out.append(alert)
-        return out
+            return irq_rules.irq_time(r, serving, self.state.host_cpus(r.host), self.t, now_ns)
 
-    async def cgroup_throttle(self, records: list[events.CgroupThrottle], now_ns: int) -> list[events.Alert]:
+        # most records are under the share: spare them the look-up
+        heavy = (r for r in records if r.time_ns >= self.t.irq_share * r.interval_ns)
+        return self._judged(heavy, judge, lambda r: (r.cpu, r.source))
+
+    async def throttle(self, records: list[events.CgroupThrottle], now_ns: int) -> list[events.Alert]:
         """CFS throttling per cgroup: charged to the request waits of its
         processes, kept for the run-queue rule, and an alert when a cgroup
         holding a watched process was throttled."""
         if self.attributor is not None:
             for record in records:
                 self.attributor.add_evidence(record)
-        out = []
         for r in records:
             self.throttles.add(r)
-            if r.throttled_ns < self.t.cfs_throttle_ns:
-                continue
+
+        def judge(r: events.CgroupThrottle) -> events.Alert | None:
             holders = sorted((p for (host, _), p in self.state.processes.items()
                               if host == r.host and p.cgroup and contains(r.cgroup, p.cgroup)),
                              key=lambda p: (not p.serving_group, p.pid))  # a serving process first
-            alert = throttle.cfs_throttling(r, holders[0] if holders else None, self.t, now_ns)
-            if self._fresh(alert, r.cgroup):
-                out.append(alert)
-        return out
+            return throttle_rules.cfs_throttling(r, holders[0] if holders else None, self.t, now_ns)
+
+        throttled = (r for r in records if r.throttled_ns >= self.t.cfs_throttle_ns)
+        return self._judged(throttled, judge, lambda r: (r.cgroup,))
 
     async def histograms(self, records: list[events.LatencyHistogram], now_ns: int) -> list[events.Alert]:
         """Every latency the collectors measured: onto /metrics (streams/signal_metrics.py); no rule."""
@@ -370,22 +397,16 @@ class Handlers:
         return []
 
     async def processes(self, records: list[events.ProcessInfo], now_ns: int) -> list[events.Alert]:
-        out = []
-        for process in records:
+        def judge(process: events.ProcessInfo) -> events.Alert | None:
             topo = self.state.topology.get(process.host)
-            alert = processes.cpu_off_gpu_node(process, topo, now_ns) if topo and process.gpus else None
-            if self._fresh(alert, process.pid):
-                out.append(alert)
-        return out
+            return process_rules.cpu_off_gpu_node(process, topo, now_ns) if topo and process.gpus else None
 
-    async def migrations(self, records: list[events.Migrations], now_ns: int) -> list[events.Alert]:
-        out = []
-        for m in records:
-            alert = migrate.migration_storm(m, self.state.processes.get((m.host, m.pid)),
-                                            self.state.topology.get(m.host), self.t, now_ns)
-            if self._fresh(alert, m.tid):
-                out.append(alert)
-        return out
+        return self._judged(records, judge, lambda p: (p.pid,))
+
+    async def migrate(self, records: list[events.Migrations], now_ns: int) -> list[events.Alert]:
+        return self._judged(records, lambda m: migrate.migration_storm(
+            m, self.state.processes.get((m.host, m.pid)), self.state.topology.get(m.host), self.t, now_ns),
+            lambda m: (m.tid,))
 
     async def pages(self, placements: list[events.PagePlacement], now_ns: int) -> list[events.Alert]:
         """One collector interval's placements arrive together: judge each

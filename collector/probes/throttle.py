@@ -125,11 +125,11 @@ def quota_cgroups(sys: Path = Path("/sys")) -> list[CpuCgroup]:
     return out
 
 
-class CfsSignal(SampledSignal):
+class ThrottleSignal(SampledSignal):
     """CFS throttling deltas of the quota cgroups above the watched
     processes (every quota cgroup when all are watched)."""
 
-    name = "cfs"
+    name = "throttle"
     publishes = (events.CgroupThrottle,)
 
     def open(self, context: ProbeContext) -> None:

@@ -66,7 +66,7 @@ def test_quota_cgroups_found_when_every_process_is_watched(tmp_path):
 
 
 def sampler(tmp_path, targets):
-    signal = throttle.CfsSignal()
+    signal = throttle.ThrottleSignal()
     records = []
     # a sampling interval longer than the test: only periodic() reads
     context = ProbeContext(settings=Settings.model_construct(cfs_interval_s=3600), stamp=Stamp(),
@@ -111,7 +111,7 @@ def test_the_sampler_thread_keeps_its_own_clock_and_poll_publishes(tmp_path):
     group = v1_group(sys, "/limited", periods=1, mount="cpu")
     (tmp_path / "proc/7").mkdir(parents=True)
     (tmp_path / "proc/7/cgroup").write_text("1:cpu:/limited\n")
-    signal = throttle.CfsSignal()
+    signal = throttle.ThrottleSignal()
     published = []
     signal.open(ProbeContext(settings=Settings.model_construct(cfs_interval_s=0.05), stamp=Stamp(),
                              publish=published.append, describe_process=lambda pid: None, comm_of=lambda pid: "",

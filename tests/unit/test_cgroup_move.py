@@ -121,7 +121,7 @@ def test_the_cfs_sampler_follows_a_target_into_its_new_quota_cgroup(tmp_path):
     v1_group(sys, QUOTA, 10_000, periods=100, throttled=50)  # its history before the move is not ours
     (tmp_path / "proc" / str(pid)).mkdir(parents=True)
     (tmp_path / "proc" / str(pid) / "cgroup").write_text("4:cpu,cpuacct:/\n0::/\n")
-    signal = throttle.CfsSignal()
+    signal = throttle.ThrottleSignal()
     # a sampling interval longer than the test: only periodic() reads
     signal.open(ProbeContext(settings=Settings.model_construct(cfs_interval_s=3600), stamp=Stamp(),
                              publish=lambda r: None, describe_process=lambda pid: None, comm_of=lambda pid: "",
