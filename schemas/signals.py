@@ -83,7 +83,7 @@ SIGNALS: tuple[Signal, ...] = (
            "blocked_waits", "011_time_budget.sql", ("collector/probes/blocked.py", "collector/pyruntime.py"),
            probes=("blocked",), kernel=("bpf/blocked.bpf.c",), rules=("streams/attribution.py",)),
     Signal("requests", "request spans, over OTLP", events.RequestSpan, "jitterscope.requests", "requests",
-           "002_requests.sql", ("collector/otlp.py",), rules=("streams/rules/requests.py", "streams/attribution.py"),
+           "002_requests.sql", ("collector/otlp/",), rules=("streams/rules/requests.py", "streams/attribution.py"),
            switch="otlp_port"),
     Signal("processes", "the processes watched: cgroup, CPUs, GPUs, serving group", events.ProcessInfo,
            "jitterscope.processes", "processes", "001_init.sql", ("collector/agent.py", "collector/hostinfo.py"),

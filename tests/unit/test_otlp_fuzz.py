@@ -15,6 +15,7 @@ phases U64), and afterwards the receiver still serves a valid export.
 
 from __future__ import annotations
 
+import base64
 import copy
 import gzip
 import http.client
@@ -27,14 +28,18 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from google.protobuf import json_format
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
 from prometheus_client import REGISTRY
 
-from jitterscope.collector import otlp
-from jitterscope.collector.otlp import OtlpReceiver
+from jitterscope.collector.otlp.convert import JSON, MAX_FUTURE_NS, PHASE_ATTRIBUTES, PROTOBUF
+from jitterscope.collector.otlp.server import OtlpReceiver
 from jitterscope.schemas.events import MAX_EPOCH_NS, RequestSpan
 
 SEED = 20240611
@@ -71,7 +76,7 @@ def random_span(rng: random.Random, i: int) -> Span:
     start = rng.choice(EDGE_TIMES + [NOW_NS - rng.randrange(10**12)] * 5)
     end = rng.choice([start, start + rng.randrange(10**10), rng.choice(EDGE_TIMES), max(start - 1, 0)])
     end = min(end, 2**64 - 1)
-    keys = list(otlp.PHASE_ATTRIBUTES.values()) + ["gen_ai.request.id", "other"]
+    keys = list(PHASE_ATTRIBUTES.values()) + ["gen_ai.request.id", "other"]
     return Span(
         trace_id=rng.choice([rng.randbytes(16)] * 6 + [b"", b"\0" * 16, rng.randbytes(17)]),
         span_id=rng.choice([rng.randbytes(8)] * 6 + [b"", rng.randbytes(7)]),
@@ -98,13 +103,13 @@ def random_export(rng: random.Random) -> ExportTraceServiceRequest:
 
 def as_otlp_json(request: ExportTraceServiceRequest) -> dict:
     """OTLP JSON: protobuf's JSON mapping, but ids in hex."""
-    document = json.loads(otlp.json_format.MessageToJson(request))
+    document = json.loads(json_format.MessageToJson(request))
     for resource_spans in document.get("resourceSpans", []):
         for scope_spans in resource_spans.get("scopeSpans", []):
             for span in scope_spans.get("spans", []):
                 for key in ("traceId", "spanId", "parentSpanId"):
                     if key in span:
-                        span[key] = otlp.base64.b64decode(span[key]).hex()
+                        span[key] = base64.b64decode(span[key]).hex()
     return document
 
 
@@ -187,10 +192,10 @@ def fuzz_case(rng: random.Random, base_json: dict) -> tuple[bytes, dict]:
     if is_json:
         document = as_otlp_json(request) if rng.random() < 0.7 else copy.deepcopy(base_json)
         body = json.dumps(mutate_json(rng, document) if rng.random() < 0.6 else document).encode()
-        content_type = otlp.JSON
+        content_type = JSON
     else:
         body = request.SerializeToString()
-        content_type = otlp.PROTOBUF
+        content_type = PROTOBUF
     kind = rng.randrange(10)
     if kind <= 3:
         body = mutate_bytes(rng, body)
@@ -199,7 +204,7 @@ def fuzz_case(rng: random.Random, base_json: dict) -> tuple[bytes, dict]:
     headers = {"Content-Type": content_type}
     roll = rng.random()
     if roll < 0.1:  # the other, or a wrong, content type
-        headers["Content-Type"] = rng.choice([otlp.JSON if not is_json else otlp.PROTOBUF, "text/plain", "",
+        headers["Content-Type"] = rng.choice([JSON if not is_json else PROTOBUF, "text/plain", "",
                                               "application/x-protobuf; charset=\x7f", "application/grpc"])
     elif roll < 0.25:  # compressed, maybe broken
         encoding = rng.choice(["gzip", "deflate"])
@@ -242,8 +247,8 @@ def test_fuzzed_bodies_never_break_the_receiver(caplog):
                 pytest.fail(f"case {case}: the connection broke ({exc!r}) on {headers} {body[:80]!r}")
             statuses[response.status] = statuses.get(response.status, 0) + 1
             assert response.status in ANSWERS, (case, response.status, answer[:200], headers, body[:200])
-            if response.status == 200 and headers["Content-Type"] == otlp.PROTOBUF:
-                rejected += otlp.ExportTraceServiceResponse.FromString(answer).partial_success.rejected_spans
+            if response.status == 200 and headers["Content-Type"] == PROTOBUF:
+                rejected += ExportTraceServiceResponse.FromString(answer).partial_success.rejected_spans
             if response.getheader("Connection") == "close":
                 conn.close()
                 conn = http.client.HTTPConnection("127.0.0.1", r.port, timeout=10)
@@ -254,7 +259,7 @@ def test_fuzzed_bodies_never_break_the_receiver(caplog):
 
         # Every record that got through fits the store's columns.
         decode = msgspec.json.Decoder(RequestSpan)
-        latest = time.time_ns() + otlp.MAX_FUTURE_NS
+        latest = time.time_ns() + MAX_FUTURE_NS
         for record in got:
             decode.decode(msgspec.json.encode(dict(host="h", boot_id="b", seq=1, ts_ns=record["end_ns"], **record)))
             assert 0 < record["start_ns"] <= record["end_ns"] <= min(latest, MAX_EPOCH_NS)
@@ -264,7 +269,7 @@ def test_fuzzed_bodies_never_break_the_receiver(caplog):
             trace_id=b"\1" * 16, span_id=b"\2" * 8, name="after", kind=Span.SPAN_KIND_SERVER,
             start_time_unix_nano=NOW_NS, end_time_unix_nano=NOW_NS + 1)])])])
         conn = http.client.HTTPConnection("127.0.0.1", r.port, timeout=10)
-        conn.request("POST", "/v1/traces", body=valid.SerializeToString(), headers={"Content-Type": otlp.PROTOBUF})
+        conn.request("POST", "/v1/traces", body=valid.SerializeToString(), headers={"Content-Type": PROTOBUF})
         assert conn.getresponse().status == 200
         conn.close()
         assert got[-1]["name"] == "after"
