@@ -121,7 +121,7 @@ def test_report_refuses_an_out_that_is_a_symlink(monkeypatch, tmp_path):
 
 
 def test_report_does_not_follow_a_symlink_planted_after_the_check(monkeypatch, tmp_path):
-    from jitterscope import cli
+    from jitterscope import reporting
     from jitterscope.reports import capacity
 
     target = tmp_path / "victim"
@@ -135,6 +135,6 @@ def test_report_does_not_follow_a_symlink_planted_after_the_check(monkeypatch, t
     monkeypatch.setattr(capacity, "build", build)
     monkeypatch.delenv("JITTERSCOPE_CONFIG", raising=False)
     with pytest.raises(errors.BadConfig, match=f"cannot write --out {out}: it is a symbolic link"):
-        cli.report(out=out, since="7d", remediation_date=None, sets=None, config=None, clickhouse_url=None,
-                   data_dir=tmp_path / "data")
+        reporting.report(out=out, since="7d", remediation_date=None, sets=None, config=None, clickhouse_url=None,
+                         data_dir=tmp_path / "data")
     assert target.read_text() == "keep"
