@@ -84,6 +84,8 @@ def _read(path: Path) -> str:
 def read_stat(group: CpuCgroup) -> CpuStat | None:
     """The cgroup's limit and cumulative throttling counters (None if it is gone)."""
     stat = dict(line.split(maxsplit=1) for line in _read(group.dir / "cpu.stat").splitlines() if " " in line)
+    if "nr_periods" not in stat:  # gone, or read while its file was empty: no reading (never a reset to 0)
+        return None
     try:
         if group.v2:
             limit = _read(group.dir / "cpu.max").split()
