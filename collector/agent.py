@@ -392,7 +392,8 @@ class Collector:
     def stop(self, *_args) -> None:
         self._stop.set()
 
-    def run(self, duration_s: float | None = None) -> None:
+    def start(self, duration_s: float | None = None) -> None:
+        """Before the loop: ports checked, Kafka reached, the metrics server, probes and OTLP receiver started."""
         s = self.settings
         metrics, otlp = ports.collector_listeners(s)
         ports.require_free(metrics, otlp)  # a port taken: one line now, not a traceback after the BPF compile
@@ -421,12 +422,13 @@ class Collector:
             log.info("OTLP receiver listening", extra=fields(
                 endpoint=f"http://{s.otlp_bind}:{self.otlp.port}/v1/traces"))
 
+    def run(self, duration_s: float | None = None) -> None:
+        self.start(duration_s)
+        s = self.settings
         started = time.monotonic()
-        next_hist = started + s.histogram_interval_s
-        next_topology = started + s.topology_interval_s
-        next_rescan = started + s.target_rescan_s
+        next_hist, next_topology = started + s.histogram_interval_s, started + s.topology_interval_s
+        next_rescan, next_metrics = started + s.target_rescan_s, started + 1.0
         last_hist_ns = time.monotonic_ns()
-        next_metrics = started + 1.0
         try:
             while not self._stop.is_set():
                 now = time.monotonic()

@@ -394,19 +394,11 @@ class FrameCheck:
         return None
 
 
-def replay(path: Path | str, bootstrap_servers: str, *, host: str,
-           progress: Callable[[ReplayResult], None] | None = None, timeout_s: float = 60.0,
-           extra_config: dict | None = None) -> ReplayResult:
-    """Produce the frames of a recording that are ``host``'s (see
-    FrameCheck), with their key, and wait for all acknowledgements; the
-    others are counted in ``refused``, never produced. Raises
-    BrokerUnavailable when the broker does not answer, BadConfig when the
-    file holds nothing of ``host`` or a topic is missing (and not created)."""
+def _producer(summary: Summary, bootstrap_servers: str, timeout_s: float, extra_config: dict | None):
+    """A producer for replay, once the broker answered and has every topic
+    of the recording; raises BrokerUnavailable or BadConfig (see replay)."""
     from confluent_kafka import KafkaException, Producer
 
-    summary = summarize(path)  # also validates the file before anything is sent
-    check_host(summary, host, path)
-    check = FrameCheck(host)
     config = {"bootstrap.servers": bootstrap_servers, "acks": "all", "enable.idempotence": False,
               "compression.type": "lz4", "linger.ms": 5, "message.timeout.ms": int(timeout_s * 1000),
               "message.max.bytes": 2_000_000, "client.id": "jitterscope-replay",
@@ -420,13 +412,27 @@ def replay(path: Path | str, bootstrap_servers: str, *, host: str,
         raise errors.BrokerUnavailable(
             f"Kafka at {bootstrap_servers} did not answer ({exc}); start it, or pass the right "
             "--bootstrap-servers") from exc
-    # only topics replay may produce to: a hostile name is refused below, not asked for
+    # only topics replay may produce to: a hostile name is refused (FrameCheck), not asked for
     missing = sorted(t for t in summary.by_topic if t in topics.INPUT_TOPICS and t not in metadata.topics)
     if missing:
         raise errors.BadConfig(
             f"topics missing on {bootstrap_servers}: {', '.join(missing)}; create them "
             f"({topics.PARTITIONS} partitions each) or rerun with --create-topics")
+    return producer
 
+
+def replay(path: Path | str, bootstrap_servers: str, *, host: str,
+           progress: Callable[[ReplayResult], None] | None = None, timeout_s: float = 60.0,
+           extra_config: dict | None = None) -> ReplayResult:
+    """Produce the frames of a recording that are ``host``'s (see
+    FrameCheck), with their key, and wait for all acknowledgements; the
+    others are counted in ``refused``, never produced. Raises
+    BrokerUnavailable when the broker does not answer, BadConfig when the
+    file holds nothing of ``host`` or a topic is missing (and not created)."""
+    summary = summarize(path)  # also validates the file before anything is sent
+    check_host(summary, host, path)
+    check = FrameCheck(host)
+    producer = _producer(summary, bootstrap_servers, timeout_s, extra_config)
     result = ReplayResult(truncated=summary.truncated, error=summary.error)
     failures: list[str] = []
 

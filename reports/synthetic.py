@@ -65,35 +65,40 @@ SELECT {_host('number', hosts)} AS host, 'boot-1', intDiv(number, {hosts}) AS se
 FROM numbers({start}, {min(RUNQ_CHUNK, runq_events - start)})""" for start in range(0, runq_events, RUNQ_CHUNK)]
 
 
-def statements(hosts: int = 300, runq_events: int = 2_000_000, hours: int = 24) -> list[str]:
-    span = hours * 3600
+def _hashed(n: str) -> str:
+    return f"cityHash64({n}, 1)"
+
+
+def _recurring_statement(span: int) -> str:
+    """The recurring archiver: 40 waits of 20 ms in its minute, every period, on its own boot's seqs."""
     period = RECURRING_PERIOD_MIN * 60
-    h = lambda n: f"cityHash64({n}, 1)"  # noqa: E731
-    minutes = hours * 60
-    return [
-        *runq_statements(hosts, runq_events, span, time.time_ns()),
-        # the recurring archiver: 40 waits of 20 ms in its minute, every period, on its own boot's seqs
-        f"""INSERT INTO {DB}.runq_events (host, boot_id, seq, ts, pid, tid, comm, cpu, wait_ns, suspect_pid,
+    return f"""INSERT INTO {DB}.runq_events (host, boot_id, seq, ts, pid, tid, comm, cpu, wait_ns, suspect_pid,
                                   suspect_tid, suspect_comm)
 SELECT {{recurring_host:String}}, 'boot-recurring', number,
        fromUnixTimestamp64Nano(toInt64((intDiv(toUInt64(now()) - {span}, {period}) * {period}
                                         + {period} * (1 + intDiv(number, 40)) + {RECURRING_PHASE_MIN * 60}
                                         + number % 40) * 1000000000)),
        1000, 2001, 'vllm', 3, 20000000, 31000, 31000, {{recurring_culprit:String}}
-FROM numbers({40 * (span // (RECURRING_PERIOD_MIN * 60) - 2)})""",
-        # every minute, per host, a runq histogram; one host has a heavy tail
-        f"""INSERT INTO {DB}.latency_histograms
+FROM numbers({40 * (span // (RECURRING_PERIOD_MIN * 60) - 2)})"""
+
+
+def _histogram_statement(hosts: int, minutes: int) -> str:
+    """Every minute, per host, a runq histogram; one host has a heavy tail."""
+    return f"""INSERT INTO {DB}.latency_histograms
 SELECT host, 'boot-1', number AS seq, toDateTime64(now64(9) - toIntervalMinute(number % {minutes}), 9),
        'runq', 60000000000, 1000, 'vllm',
        if(host = {{worst:String}}, [3, 6, 9, 12, 16], [3, 6, 9, 12]),
        if(host = {{worst:String}}, [5000, 2000, 200, 40, 30], [5000, 2000, 200, 1 + cityHash64(number) % 3])
 FROM (SELECT number, {_host('intDiv(number, ' + str(minutes) + ')', hosts)} AS host
-      FROM numbers({hosts * minutes}))""",
-        # request attributions: most fine; breaches by cause in a known order
-        f"""INSERT INTO {DB}.request_attribution (host, boot_id, seq, ts, request_id, trace_id, name, pid, start_ns,
+      FROM numbers({hosts * minutes}))"""
+
+
+def _attribution_statement(hosts: int, span: int) -> str:
+    """Request attributions: most fine; breaches by cause in a known order."""
+    return f"""INSERT INTO {DB}.request_attribution (host, boot_id, seq, ts, request_id, trace_id, name, pid, start_ns,
        end_ns, duration_ns, baseline_ns, excess_ns, status, runq_wait_ns, runq_wait_max_ns, runq_waits, suspects,
        cause, explained, slo_ns, slo_breached, gpu_ioctl_ns, gpu_ioctl_max_ns, gpu_ioctls)
-SELECT {_host(h('number'), hosts)} AS host, 'boot-1', number,
+SELECT {_host(_hashed('number'), hosts)} AS host, 'boot-1', number,
        toDateTime64(now64(9) - toIntervalSecond(if(r < 4500, {span // 2} + number % {span // 2}, number % {span})), 9),
        concat('req-', toString(number)), hex(cityHash64(number)), 'llm_request', 1000, 0, 0,
        multiIf(r < 3000, 900000000, r < 4200, 400000000, r < 4500, 300000000, 70000000 + r % 10000000) AS duration_ns,
@@ -102,8 +107,13 @@ SELECT {_host(h('number'), hosts)} AS host, 'boot-1', number,
        if(r < 3000, [(30000, {{noisy:String}}, 600000000)], []),
        multiIf(r < 3000, 'runq_starvation', r < 4200, 'gpu_ioctl_stall', r < 4500, 'unexplained', 'none'),
        if(r < 4500, 0.9, 0), 375000000, r < 4500, if(r >= 3000 AND r < 4200, 300000000, 0), 0, 0
-FROM (SELECT number, cityHash64(number, 9) % 200000 AS r FROM numbers(200000))""",
-        # standing placement problems, migration storms and PCIe incidents
+FROM (SELECT number, cityHash64(number, 9) % 200000 AS r FROM numbers(200000))"""
+
+
+def _placement_statements(hosts: int, span: int) -> list[str]:
+    """Standing placement problems, migration storms and PCIe incidents,
+    and every host's inference process with the GPU it uses."""
+    return [
         f"""INSERT INTO {DB}.alerts (host, boot_id, seq, ts, raised, kind, severity, pid, tid, comm, cpu, wait_ns,
     suspect_pid, suspect_comm, cpus_allowed, summary, remedy, request_id, evidence)
 SELECT host, 'boot-1', number, now64(9) - toIntervalMinute(number), now64(9), 'numa_cpu_mismatch', 'warning',
@@ -126,13 +136,25 @@ SELECT {_host('number', hosts)}, 'boot-1', number, now64(9), 1000, 'vllm', 'vllm
        range(64), ['0000:83:00.0'], '4'
 FROM numbers({hosts})""",
         f"""INSERT INTO {DB}.migrations
-SELECT {_host(h('number'), hosts)}, 'boot-1', number, now64(9) - toIntervalSecond(number % {span}),
+SELECT {_host(_hashed('number'), hosts)}, 'boot-1', number, now64(9) - toIntervalSecond(number % {span}),
        1000, 3000 + number % 50, 'vllm', 10000000000, cityHash64(number) % 100, 0, number % 64
 FROM numbers(100000)""",
         f"""INSERT INTO {DB}.migrations
 SELECT {{storm_host:String}}, 'boot-1', 200000 + number, now64(9) - toIntervalSecond(number * 10), 1000, {STORM_TID},
        'vllm', 10000000000, 5000, 900, number % 64
 FROM numbers(60)""",
+    ]
+
+
+def statements(hosts: int = 300, runq_events: int = 2_000_000, hours: int = 24) -> list[str]:
+    """The statements that load the fleet, in order."""
+    span = hours * 3600
+    return [
+        *runq_statements(hosts, runq_events, span, time.time_ns()),
+        _recurring_statement(span),
+        _histogram_statement(hosts, hours * 60),
+        _attribution_statement(hosts, span),
+        *_placement_statements(hosts, span),
     ]
 
 

@@ -48,6 +48,88 @@ def _irq_remedy(a: RequestAttribution, irq: IrqTime | None, others: list[int]) -
     return f"softirq {irq.source} ran on CPU {irq.cpu}, which pid {a.pid} serves on: {fix} (to {move_to})"
 
 
+def _ms(ns: int) -> str:
+    return f"{ns / 1e6:.0f} ms"
+
+
+def _summary(a: RequestAttribution, irq: IrqTime | None) -> str:
+    """How long the request took, against what normal, and what the kernel
+    evidence of its cause explains."""
+    top = a.suspects[0] if a.suspects else None
+    summary = (f"request {a.request_id} ({a.name}) took {_ms(a.duration_ns)}, SLO {_ms(a.slo_ns)}, "
+               f"normal {_ms(a.baseline_ns)}; ")
+    processes = f" across pids {','.join(map(str, a.pids))}" if len(a.pids) > 1 else ""
+    if a.cause == "runq_starvation":
+        summary += (f"its threads{processes} waited {_ms(a.runq_wait_ns)} for a CPU "
+                    f"({a.explained:.0%} of the excess)")
+        if top:
+            summary += f"; top suspect {top.comm} (pid {top.pid}) {_ms(top.wait_ns)}"
+    elif a.cause == "self_contention":
+        summary += (f"its threads{processes} waited {_ms(a.self_wait_ns)} for CPUs held by {a.self_threads} "
+                    f"thread(s) of its own serving group ({a.explained:.0%} of the excess): more runnable "
+                    f"threads than CPUs, no neighbour")
+    elif a.cause == "cfs_throttling":
+        summary += (f"its threads{processes} were CPU-throttled by their cgroup for {_ms(a.throttled_ns)} "
+                    f"({a.explained:.0%} of the excess)")
+    elif a.cause == "irq":
+        summary += f"interrupts held its CPUs for {_ms(a.irq_ns)} of its threads' waits ({a.explained:.0%} of the excess)"
+        if irq:
+            summary += f"; top source {irq.kind} {irq.source} on CPU {irq.cpu}"
+    elif a.cause == "gpu_ioctl_stall":
+        summary += f"GPU driver calls took {_ms(a.gpu_ioctl_ns)} ({a.explained:.0%} of the excess)"
+        if a.gpu_ioctl_call:
+            summary += f"; longest {a.gpu_ioctl_call} {_ms(a.gpu_ioctl_max_ns)}"
+    elif a.cause == "gil_contention":
+        summary += (f"its thread {a.thread_tid} waited {_ms(a.gil_wait_ns)} for the Python interpreter lock "
+                    f"({a.explained:.0%} of the excess), held by {a.culprit or 'another thread'}")
+    elif a.cause == "memory_stall":
+        summary += (f"its thread {a.thread_tid} was blocked {_ms(a.memory_wait_ns)} on memory: page-cache "
+                    f"faults read back from disk, or reclaim ({a.explained:.0%} of the excess)")
+    elif a.cause == "io_wait":
+        summary += (f"its thread {a.thread_tid} was blocked {_ms(a.io_wait_ns)} in uninterruptible I/O "
+                    f"({a.explained:.0%} of the excess)")
+    else:
+        summary += f"cause {a.cause}: run-queue waits explain {a.explained:.0%} of the excess"
+    return summary
+
+
+def _remedy(a: RequestAttribution, cpus_allowed: list[int], others: list[int], throttle: CgroupThrottle | None,
+            irq: IrqTime | None) -> str:
+    """What to change for the cause: the neighbour to move (to ``others``:
+    the host's CPUs the process may not use), the limit to raise, the
+    interrupt to move, the threads or the work to take off the process."""
+    top = a.suspects[0] if a.suspects else None
+    if a.cause == "cfs_throttling":
+        return _throttle_remedy(a, throttle)
+    if a.cause == "irq":
+        return _irq_remedy(a, irq, others)
+    if a.cause == "runq_starvation" and top and top.pid and top.pid != a.pid:
+        return (f"move {top.comm} (pid {top.pid}) off the CPUs of pid {a.pid}: "
+                + (f"taskset -apc {cpu_list(others)} {top.pid}" if others
+                   else f"renice 19 -p {top.pid}, or give pid {a.pid} dedicated CPUs"))
+    if a.cause in ("runq_starvation", "self_contention"):
+        cpus = f"its {len(cpus_allowed)} CPU(s) ({cpu_list(cpus_allowed)})" if cpus_allowed else "its CPUs"
+        return (f"{a.self_threads or 'several'} busy thread(s) of pid {a.pid}'s serving group compete for {cpus}: "
+                f"run fewer (OMP_NUM_THREADS, torch.set_num_threads, fewer tokenizer/detokenizer workers) "
+                f"or give it more CPUs")
+    if a.cause == "gpu_ioctl_stall":
+        return (f"the GPU driver was slow{' in ' + a.gpu_ioctl_call if a.gpu_ioctl_call else ''}: "
+                f"see the gpu_ioctl_stall / pcie_contention alerts of these pids")
+    if a.cause == "gil_contention":
+        return (f"{a.culprit or 'another thread'} holds pid {a.pid}'s GIL while it serves: move that work out of "
+                f"the serving process (a worker process, or a C extension that releases the GIL), or lower "
+                f"sys.setswitchinterval so the lock changes hands sooner")
+    if a.cause == "memory_stall":
+        return (f"pid {a.pid}'s pages (weights, page cache) were evicted and read back: protect them "
+                f"(memory.low/memory.min of its cgroup, mlock or pre-fault the weights), or raise the memory "
+                f"limit it shares, or move the process that fills it (see the page-cache producers in the pages "
+                f"table)")
+    if a.cause == "io_wait":
+        return (f"pid {a.pid} read or wrote storage on the request's path: keep it off the path (preload, "
+                f"asynchronous I/O), or find the device's other users (the device_io table)")
+    return "no kernel evidence explains it yet: check the model/batch size and GPU-side timings"
+
+
 def request_slo(attribution: RequestAttribution, comm: str, cpus_allowed: list[int],
                 host_cpus: list[int] | None, now_ns: int, throttle: CgroupThrottle | None = None,
                 irq: IrqTime | None = None) -> Alert | None:
@@ -59,80 +141,15 @@ def request_slo(attribution: RequestAttribution, comm: str, cpus_allowed: list[i
     a = attribution
     if not a.slo_breached:
         return None
-    ms = lambda ns: f"{ns / 1e6:.0f} ms"  # noqa: E731
     top = a.suspects[0] if a.suspects else None
-    summary = (f"request {a.request_id} ({a.name}) took {ms(a.duration_ns)}, SLO {ms(a.slo_ns)}, "
-               f"normal {ms(a.baseline_ns)}; ")
     others = [c for c in (host_cpus or []) if c not in cpus_allowed] if cpus_allowed else []
     pids = ",".join(map(str, a.pids))
-    processes = f" across pids {pids}" if len(a.pids) > 1 else ""
-    if a.cause == "runq_starvation":
-        summary += (f"its threads{processes} waited {ms(a.runq_wait_ns)} for a CPU "
-                    f"({a.explained:.0%} of the excess)")
-        if top:
-            summary += f"; top suspect {top.comm} (pid {top.pid}) {ms(top.wait_ns)}"
-    elif a.cause == "self_contention":
-        summary += (f"its threads{processes} waited {ms(a.self_wait_ns)} for CPUs held by {a.self_threads} "
-                    f"thread(s) of its own serving group ({a.explained:.0%} of the excess): more runnable "
-                    f"threads than CPUs, no neighbour")
-    elif a.cause == "cfs_throttling":
-        summary += (f"its threads{processes} were CPU-throttled by their cgroup for {ms(a.throttled_ns)} "
-                    f"({a.explained:.0%} of the excess)")
-    elif a.cause == "irq":
-        summary += f"interrupts held its CPUs for {ms(a.irq_ns)} of its threads' waits ({a.explained:.0%} of the excess)"
-        if irq:
-            summary += f"; top source {irq.kind} {irq.source} on CPU {irq.cpu}"
-    elif a.cause == "gpu_ioctl_stall":
-        summary += f"GPU driver calls took {ms(a.gpu_ioctl_ns)} ({a.explained:.0%} of the excess)"
-        if a.gpu_ioctl_call:
-            summary += f"; longest {a.gpu_ioctl_call} {ms(a.gpu_ioctl_max_ns)}"
-    elif a.cause == "gil_contention":
-        summary += (f"its thread {a.thread_tid} waited {ms(a.gil_wait_ns)} for the Python interpreter lock "
-                    f"({a.explained:.0%} of the excess), held by {a.culprit or 'another thread'}")
-    elif a.cause == "memory_stall":
-        summary += (f"its thread {a.thread_tid} was blocked {ms(a.memory_wait_ns)} on memory: page-cache "
-                    f"faults read back from disk, or reclaim ({a.explained:.0%} of the excess)")
-    elif a.cause == "io_wait":
-        summary += (f"its thread {a.thread_tid} was blocked {ms(a.io_wait_ns)} in uninterruptible I/O "
-                    f"({a.explained:.0%} of the excess)")
-    else:
-        summary += f"cause {a.cause}: run-queue waits explain {a.explained:.0%} of the excess"
-    if a.cause == "cfs_throttling":
-        remedy = _throttle_remedy(a, throttle)
-    elif a.cause == "irq":
-        remedy = _irq_remedy(a, irq, others)
-    elif a.cause == "runq_starvation" and top and top.pid and top.pid != a.pid:
-        remedy = (f"move {top.comm} (pid {top.pid}) off the CPUs of pid {a.pid}: "
-                  + (f"taskset -apc {cpu_list(others)} {top.pid}" if others
-                     else f"renice 19 -p {top.pid}, or give pid {a.pid} dedicated CPUs"))
-    elif a.cause in ("runq_starvation", "self_contention"):
-        cpus = f"its {len(cpus_allowed)} CPU(s) ({cpu_list(cpus_allowed)})" if cpus_allowed else "its CPUs"
-        remedy = (f"{a.self_threads or 'several'} busy thread(s) of pid {a.pid}'s serving group compete for {cpus}: "
-                  f"run fewer (OMP_NUM_THREADS, torch.set_num_threads, fewer tokenizer/detokenizer workers) "
-                  f"or give it more CPUs")
-    elif a.cause == "gpu_ioctl_stall":
-        remedy = (f"the GPU driver was slow{' in ' + a.gpu_ioctl_call if a.gpu_ioctl_call else ''}: "
-                  f"see the gpu_ioctl_stall / pcie_contention alerts of these pids")
-    elif a.cause == "gil_contention":
-        remedy = (f"{a.culprit or 'another thread'} holds pid {a.pid}'s GIL while it serves: move that work out of "
-                  f"the serving process (a worker process, or a C extension that releases the GIL), or lower "
-                  f"sys.setswitchinterval so the lock changes hands sooner")
-    elif a.cause == "memory_stall":
-        remedy = (f"pid {a.pid}'s pages (weights, page cache) were evicted and read back: protect them "
-                  f"(memory.low/memory.min of its cgroup, mlock or pre-fault the weights), or raise the memory "
-                  f"limit it shares, or move the process that fills it (see the page-cache producers in the pages "
-                  f"table)")
-    elif a.cause == "io_wait":
-        remedy = (f"pid {a.pid} read or wrote storage on the request's path: keep it off the path (preload, "
-                  f"asynchronous I/O), or find the device's other users (the device_io table)")
-    else:
-        remedy = "no kernel evidence explains it yet: check the model/batch size and GPU-side timings"
     return Alert(
         host=a.host, boot_id=a.boot_id, seq=a.seq, ts_ns=a.end_ns, raised_ns=now_ns, kind="request_slo",
         severity="critical" if a.duration_ns >= 2 * a.slo_ns else "warning", pid=a.pid, tid=0, comm=comm,
         cpu=0, wait_ns=a.runq_wait_ns, suspect_pid=top.pid if top else 0, suspect_comm=top.comm if top else "",
-        cpus_allowed=cpus_allowed, summary=summary, remedy=remedy, request_id=a.request_id,
-        pod=a.pod, namespace=a.namespace, container=a.container,
+        cpus_allowed=cpus_allowed, summary=_summary(a, irq), remedy=_remedy(a, cpus_allowed, others, throttle, irq),
+        request_id=a.request_id, pod=a.pod, namespace=a.namespace, container=a.container,
         evidence={k: str(v) for k, v in (("pids", pids), ("throttled_ms", a.throttled_ns / 1e6),
                                          ("irq_ms", a.irq_ns / 1e6), ("self_wait_ms", a.self_wait_ns / 1e6),
                                          ("gil_wait_ms", a.gil_wait_ns / 1e6), ("memory_wait_ms", a.memory_wait_ns / 1e6),

@@ -1,0 +1,177 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Whom and what a request's lost time is charged to, searched in one host's
+evidence (streams/evidence.py). Pure logic, no I/O; streams/attribution.py
+asks, per request:
+
+- ``split_wait``: a run-queue wait split by what kept the CPU away: the
+  throttled part and its cgroup (``throttled``), interrupt time per source
+  (``irq_by_source``); the rest is the suspects';
+- ``latest_throttle``: the throttled interval a remedy names (``Culprits``);
+- ``gil_taker``: the GIL holder behind a GIL wait that ended by its timeout;
+- ``evictor``: who filled memory before a memory stall, among the processes
+  under the stalled one's memory limit (``memory_limit``, ``shares_limit``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Callable
+
+from jitterscope.schemas.events import (BlockedWait, CgroupThrottle, IrqTime, PagePlacement, ProcessInfo, RequestSpan,
+                                        RunqEvent)
+from jitterscope.streams.evidence import HOST_PAGES, HostEvidence, overlap_ns
+
+#: how far before a memory stall to look for who filled memory: an archiver
+#: that buffered its logs a while ago still holds what it took
+EVICTOR_LOOKBACK_NS = 60_000_000_000
+# A GIL wait woken by its timeout is charged to the thread that took the GIL
+# from the waiter at most this long before the wait began (a switch interval:
+# a thread asked to drop the GIL asks for it back at once) ...
+GIL_HANDOFF_NS = 5_000_000
+# ... or this long after (a merged wait's start, ts - blocked_ns, is late by
+# the moments on the CPU between its parts)
+GIL_HANDOFF_SLACK_NS = 1_000_000
+
+
+@dataclass(frozen=True)
+class Culprits:
+    """The records behind a request's throttling and interrupt charges, for
+    a remedy that names the limit or the interrupt (None: none charged)."""
+
+    throttle: CgroupThrottle | None = None  # the latest interval of the cgroup charged most
+    irq: IrqTime | None = None  # the interrupt source charged most, with its CPU
+
+
+@functools.lru_cache(maxsize=65536)  # asked for every wait a request overlaps; a host has few cgroups
+def cgroup_ancestors(cgroup: str) -> tuple[str, ...]:
+    """The cgroup and the ones above it (not the root: it has no limit)."""
+    parts = [p for p in cgroup.split("/") if p]
+    return tuple("/" + "/".join(parts[:i]) for i in range(len(parts), 0, -1))
+
+
+def shares_limit(limit: str, other: str) -> bool:
+    """Whether a process in memory cgroup ``other`` is charged under
+    ``limit`` (a memory cgroup below the root): one is the other or below it."""
+    if not other:
+        return False
+    a, b = limit.rstrip("/") + "/", other.rstrip("/") + "/"
+    return a.startswith(b) and b != "/" or b.startswith(a)
+
+
+def split_wait(evidence: HostEvidence, info: ProcessInfo | None, event: RunqEvent, lo: int,
+               hi: int) -> tuple[int, str, list[tuple[tuple, int, IrqTime]], int]:
+    """A wait's part [lo, hi] split by what kept the CPU away: (throttled
+    ns, the cgroup charged, interrupt ns per source with its latest
+    record, interrupt ns in all); the rest was the suspects'. ``info``:
+    the waiting process's record."""
+    cut, cgroup = throttled(evidence, info, event, lo, hi)
+    on_cpu = irq_by_source(evidence, event.cpu, lo, hi)
+    spent = sum(ns for ns, _ in on_cpu.values())
+    scale = min(1.0, (hi - lo - cut) / spent) if spent else 0.0  # at most what the wait has left
+    return (cut, cgroup, [(key, int(ns * scale), record) for key, (ns, record) in on_cpu.items()],
+            int(spent * scale))
+
+
+def throttled(evidence: HostEvidence, info: ProcessInfo | None, event: RunqEvent, lo: int, hi: int) -> tuple[int, str]:
+    """How much of a wait's part [lo, hi] its cgroup (or an ancestor) was
+    throttled, and which cgroup: the one that explains the most. ``info``:
+    the waiting process's record."""
+    if not info or not info.cgroup:
+        return 0, ""
+    best, which = 0, ""
+    for path in cgroup_ancestors(info.cgroup):
+        found = evidence.get((path, CgroupThrottle))
+        if found is None:
+            continue
+        ns = 0
+        for record in found.overlapping(lo, hi):
+            part = overlap_ns(record, lo, hi)
+            ns += part if event.suspect_pid == 0 else min(part, record.throttled_ns * part // record.interval_ns)
+        if ns > best:
+            best, which = ns, path
+    return min(best, hi - lo), which
+
+
+def irq_by_source(evidence: HostEvidence, cpu: int, lo: int,
+                  hi: int) -> dict[tuple[int, str, str], tuple[int, IrqTime]]:
+    """Interrupt time on ``cpu`` during [lo, hi] per source, prorated
+    from the overlapping intervals: (cpu, kind, source) -> (ns, the
+    latest record of that source)."""
+    found = evidence.get((cpu, IrqTime))
+    out: dict[tuple[int, str, str], tuple[int, IrqTime]] = {}
+    for record in found.overlapping(lo, hi) if found else ():
+        part = overlap_ns(record, lo, hi)
+        if part > 0:
+            key = (record.cpu, record.kind, record.source)
+            before = out.get(key, (0, record))[0]
+            out[key] = (before + record.time_ns * part // record.interval_ns, record)
+    return out
+
+
+def latest_throttle(evidence: HostEvidence, cgroup: str, before_ns: int) -> CgroupThrottle | None:
+    """The cgroup's latest throttled interval up to the request's end (its limit as it was)."""
+    found = evidence.get((cgroup, CgroupThrottle))
+    if not found:
+        return None
+    earlier = [r for r in found.events if r.ts_ns - r.interval_ns <= before_ns]
+    return max(earlier or found.events, key=lambda r: r.ts_ns)
+
+
+def gil_taker(evidence: HostEvidence, wait: BlockedWait) -> BlockedWait | None:
+    """The GIL wait of the thread that last took the GIL from ``wait``'s
+    thread, just before ``wait`` began: the holder during a GIL wait
+    that ended by its timeout. (The holder's drop can beat the waiter
+    back to sleep: its signal then wakes no one, and the waiter takes
+    the GIL without another wait -- ~10% of the waits beside a hog on
+    another CPU.) The hand-off is seen as the taker's own GIL wait,
+    woken by ``wait``'s thread; None when the taker did not wait long
+    enough to be recorded, or the hand-off was too long before."""
+    found = evidence.get((wait.pid, BlockedWait))
+    if found is None:
+        return None
+    began = wait.ts_ns - wait.blocked_ns
+    first, last = found.overlapping_range(began - GIL_HANDOFF_NS, began + GIL_HANDOFF_SLACK_NS)
+    taken = [event for event in found.events[first:last]
+             if event.kind == "gil" and event.tid != wait.tid and event.waker_pid == wait.pid
+             and event.waker_tid == wait.tid and began - GIL_HANDOFF_NS <= event.ts_ns <= began + GIL_HANDOFF_SLACK_NS]
+    return max(taken, key=lambda event: event.ts_ns, default=None)
+
+
+def memory_limit(record: ProcessInfo | None) -> str:
+    """The memory cgroup the process is limited by, "" when none is known (the root is no limit)."""
+    return record.memory_cgroup if record and record.memory_cgroup not in ("", "/") else ""
+
+
+def evictor(evidence: HostEvidence, span: RequestSpan, group: set[int] | None,
+            record_of: Callable[[int], ProcessInfo | None]) -> str:
+    """Who filled memory before a memory stall: the process outside the
+    serving group that added the most pages (page cache and allocations,
+    the pages probe's counts) from EVICTOR_LOOKBACK_NS before the request
+    to its end, as "comm (pid N)"; "" when none is known. Among the
+    processes under the same memory limit when any is (their process
+    records' memory cgroups), else host-wide: the pages probe does not
+    say which cgroup a page was charged to. ``record_of``: a pid's
+    process record on the span's host, None where none has come (yet)."""
+    found = evidence.get((HOST_PAGES, PagePlacement))
+    added: dict[int, int] = defaultdict(int)
+    names: dict[int, str] = {}
+    for record in found.overlapping(span.start_ns - EVICTOR_LOOKBACK_NS, span.end_ns) if found else ():
+        if record.pid and (group is None or record.pid not in group):
+            added[record.pid] += record.page_cache_pages + record.alloc_pages
+            names[record.pid] = record.comm
+    limit = memory_limit(record_of(span.pid))
+    if limit:
+        # under a limit: those sharing it, else those not known to be charged elsewhere -- a
+        # process whose record puts it outside the stalled one's limit did not fill it (the disk
+        # reader of an earlier pod, say)
+        records = {pid: record_of(pid) for pid in added}
+        sharing = [pid for pid, record in records.items() if record and shares_limit(limit, record.memory_cgroup)]
+        candidates = sharing or [pid for pid, record in records.items() if record is None]
+        if candidates:
+            added = {pid: added[pid] for pid in candidates}
+    if not added:
+        return ""
+    pid = max(added, key=added.get)
+    return f"{names[pid]} (pid {pid})"
