@@ -257,6 +257,7 @@ class PagePlacement(Record, frozen=True):
     interval_ns: U64
     page_cache_pages: U64  # file pages it added to the page cache
     alloc_pages: U64  # pages allocated in its context
+    memory_cgroup: str = ""  # its memory cgroup when counted: whose limit it filled ("" = unknown)
 
 
 class DeviceIo(Record, frozen=True):

@@ -150,25 +150,30 @@ def evictor(evidence: HostEvidence, span: RequestSpan, group: set[int] | None,
     serving group that added the most pages (page cache and allocations,
     the pages probe's counts) from EVICTOR_LOOKBACK_NS before the request
     to its end, as "comm (pid N)"; "" when none is known. Among the
-    processes under the same memory limit when any is (their process
-    records' memory cgroups), else host-wide: the pages probe does not
-    say which cgroup a page was charged to. ``record_of``: a pid's
-    process record on the span's host, None where none has come (yet)."""
+    processes under the same memory limit when any is, else host-wide.
+    A process's memory cgroup is the one its page counts carry (the
+    collector reads it with them), else its process record's: that travels
+    on another topic and may come late, or never for a short-lived process.
+    ``record_of``: a pid's process record on the span's host, None where
+    none has come (yet)."""
     found = evidence.get((HOST_PAGES, PagePlacement))
     added: dict[int, int] = defaultdict(int)
     names: dict[int, str] = {}
+    cgroups: dict[int, str] = {}
     for record in found.overlapping(span.start_ns - EVICTOR_LOOKBACK_NS, span.end_ns) if found else ():
         if record.pid and (group is None or record.pid not in group):
             added[record.pid] += record.page_cache_pages + record.alloc_pages
             names[record.pid] = record.comm
+            cgroups[record.pid] = record.memory_cgroup or cgroups.get(record.pid, "")
     limit = memory_limit(record_of(span.pid))
     if limit:
-        # under a limit: those sharing it, else those not known to be charged elsewhere -- a
-        # process whose record puts it outside the stalled one's limit did not fill it (the disk
-        # reader of an earlier pod, say)
-        records = {pid: record_of(pid) for pid in added}
-        sharing = [pid for pid, record in records.items() if record and shares_limit(limit, record.memory_cgroup)]
-        candidates = sharing or [pid for pid, record in records.items() if record is None]
+        for pid in added:
+            if not cgroups[pid]:
+                cgroups[pid] = getattr(record_of(pid), "memory_cgroup", None) or ""
+        # under a limit: those sharing it, else those whose cgroup is not known -- a process
+        # known to be charged elsewhere did not fill it (the disk reader of an earlier pod, say)
+        sharing = [pid for pid in added if shares_limit(limit, cgroups[pid])]
+        candidates = sharing or [pid for pid in added if not cgroups[pid]]
         if candidates:
             added = {pid: added[pid] for pid in candidates}
     if not added:

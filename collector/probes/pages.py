@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
+from jitterscope.collector import hostinfo
 from jitterscope.collector.probes import base
 from jitterscope.collector.probes.base import UNKNOWN_NODE
 from jitterscope.collector.probes.interface import BccSignal, ProbeContext
@@ -34,6 +35,7 @@ class RawPagePlacement:
     comm: str
     page_cache_pages: int  # file pages it added to the page cache
     alloc_pages: int       # pages allocated in its context
+    memory_cgroup: str = ""  # its memory cgroup when read ("" = gone)
 
 
 def merge_ranges(pfn_ranges: Iterable[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
@@ -87,7 +89,7 @@ class PageProbe(base.BccProbe):
         counts = self._bpf[b"counts"]
         exited = self._bpf[b"exited"]
         gone = {k.value for k in exited.keys()}  # before the counts: their last pages are in
-        result, self._seen, stale = diff_counts(counts.items(), self._seen, gone, self._comm)
+        result, self._seen, stale = diff_counts(counts.items(), self._seen, gone, self._comm, self._memory_cgroup)
         for key in stale:
             try:
                 del counts[key]
@@ -109,6 +111,14 @@ class PageProbe(base.BccProbe):
         except OSError:
             return ""
 
+    def _memory_cgroup(self, pid: int) -> str:
+        """The process's memory cgroup, when it is still there: read with its
+        counts, so the evictor search need not wait for its process record."""
+        try:
+            return hostinfo.cpu_cgroup_path((self._proc / str(pid) / "cgroup").read_text(), "memory") if pid else ""
+        except OSError:
+            return ""
+
     def forget(self, pids: set[int]) -> None:
         """Drop kernel counters of processes (for exits the probe missed)."""
         counts = self._bpf[b"counts"]
@@ -119,18 +129,18 @@ class PageProbe(base.BccProbe):
 
 
 def diff_counts(entries, seen: dict[tuple[int, int], tuple[int, int]], gone: set[int],
-                comm_of: Callable[[int], str]):
+                comm_of: Callable[[int], str], memory_cgroup_of: Callable[[int], str] = lambda pid: ""):
     """The kernel's cumulative ``counts`` entries ((struct page_key, struct
     page_counts) pairs, bpf/pages.h) as deltas against ``seen`` ((pid, node)
     -> (page_cache, alloc) already reported). ``gone``: pids that exited
     (their entries are reported one last time and returned for deletion);
     ``comm_of``: a live process's name, "" when unknown (the kernel's comm,
-    the thread that created the entry, stands in). Returns (deltas, new
-    seen, keys to delete)."""
+    the thread that created the entry, stands in); ``memory_cgroup_of``: its
+    memory cgroup, "" when unknown. Returns (deltas, new seen, keys to delete)."""
     result: dict[tuple[int, int], RawPagePlacement] = {}
     now_seen: dict[tuple[int, int], tuple[int, int]] = {}
     stale = []
-    comms: dict[int, str] = {}
+    comms: dict[int, tuple[str, str]] = {}
     for key, c in entries:
         ident = (key.pid, key.node)
         cache, alloc = c.page_cache_pages, c.alloc_pages
@@ -143,9 +153,10 @@ def diff_counts(entries, seen: dict[tuple[int, int], tuple[int, int]], gone: set
             now_seen[ident] = (cache, alloc)
         if cache > before_cache or alloc > before_alloc:
             if key.pid not in comms:
-                comms[key.pid] = comm_of(key.pid) or base.c_string(bytes(c.comm))
-            result[ident] = RawPagePlacement(key.pid, key.node, comms[key.pid],
-                                             cache - before_cache, alloc - before_alloc)
+                comms[key.pid] = (comm_of(key.pid) or base.c_string(bytes(c.comm)), memory_cgroup_of(key.pid))
+            comm, memory_cgroup = comms[key.pid]
+            result[ident] = RawPagePlacement(key.pid, key.node, comm, cache - before_cache, alloc - before_alloc,
+                                             memory_cgroup)
     return result, now_seen, stale
 
 
@@ -171,7 +182,8 @@ class PagesSignal(BccSignal):
             self.ctx.describe_process(pid)
             records.append(self.ctx.record(
                 events.PagePlacement, now_ns, pid=pid, comm=p.comm, node=node if node != UNKNOWN_NODE else -1,
-                interval_ns=interval_ns, page_cache_pages=p.page_cache_pages, alloc_pages=p.alloc_pages))
+                interval_ns=interval_ns, page_cache_pages=p.page_cache_pages, alloc_pages=p.alloc_pages,
+                memory_cgroup=p.memory_cgroup))
         return records
 
     def forget(self, pids: set[int]) -> None:

@@ -655,3 +655,7 @@ ALTER TABLE jitterscope.requests ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS
 ALTER TABLE jitterscope.processes_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS memory_cgroup String DEFAULT '';
 
 ALTER TABLE jitterscope.processes ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS memory_cgroup String DEFAULT '';
+
+ALTER TABLE jitterscope.page_placement_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS memory_cgroup LowCardinality(String) DEFAULT '';
+
+ALTER TABLE jitterscope.page_placement ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS memory_cgroup LowCardinality(String) DEFAULT '';

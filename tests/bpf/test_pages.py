@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from jitterscope.collector import hostinfo
 from jitterscope.collector.probes.pages import UNKNOWN_NODE, PageProbe, merge_ranges
 
 pytestmark = pytest.mark.bpf
@@ -96,6 +97,8 @@ def test_page_cache_pages_of_a_reader_land_on_its_node(tmp_path):
 
     mine = placed[(reader.pid, 0)]
     assert mine.comm == READER
+    # its memory cgroup, read with its counts (whose limit it filled: the evictor search)
+    assert mine.memory_cgroup == hostinfo.cpu_cgroup_path(Path("/proc/self/cgroup").read_text(), "memory")
     assert mine.page_cache_pages >= 0.8 * FILE_PAGES
     assert mine.alloc_pages >= 0.8 * FILE_PAGES, "the cache pages were allocated in its context"
     assert {node for pid, node in placed if pid == reader.pid} == {0}

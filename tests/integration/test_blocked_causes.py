@@ -262,9 +262,6 @@ def test_weights_evicted_under_a_shared_memory_limit_are_a_memory_stall_and_the_
           f"{statistics.median(stalls):.1f} ms; {len(named)} of {len(quiet)} quiet requests named a cause")
 
 
-# After the memory test: the disk reader's 64 MiB scratch file is a large page-cache
-# addition, and an exited process's memory cgroup is no longer known -- the
-# evictor search would weigh it beside the archiver (see streams/attribution.py _evictor).
 def on_disk(path: Path) -> Path:
     """``path``, or the checkout's directory where ``path`` is in memory (a
     tmpfs /tmp cannot be read past the page cache: O_DIRECT fails there)."""

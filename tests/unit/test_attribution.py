@@ -645,9 +645,11 @@ def test_a_named_thread_that_mostly_waited_on_its_group_leaves_the_group_s_evide
     assert (r.cause, r.thread_tid, r.throttled_ns) == ("cfs_throttling", 101, 33 * MS)
 
 
-def placement(end_ms: float, pid: int, comm: str, cache: int = 0, alloc: int = 0) -> PagePlacement:
+def placement(end_ms: float, pid: int, comm: str, cache: int = 0, alloc: int = 0,
+              memory_cgroup: str = "") -> PagePlacement:
     return PagePlacement(host="h1", boot_id="b", seq=0, ts_ns=T0 + int(end_ms * MS), pid=pid, comm=comm, node=0,
-                         interval_ns=1_000 * MS, page_cache_pages=cache, alloc_pages=alloc)
+                         interval_ns=1_000 * MS, page_cache_pages=cache, alloc_pages=alloc,
+                         memory_cgroup=memory_cgroup)
 
 
 def test_a_memory_stall_names_who_filled_memory_before_it_not_the_group_itself():
@@ -663,17 +665,23 @@ def test_a_memory_stall_names_who_filled_memory_before_it_not_the_group_itself()
     assert (r.cause, r.culprit, r.memory_wait_ns) == ("memory_stall", "log-archiver (pid 700)", 30 * MS)
 
 
-@pytest.mark.parametrize("archiver_known", [True, False], ids=["archiver-known", "archiver-record-not-in-yet"])
-def test_the_evictor_is_looked_for_under_the_stalled_process_s_memory_limit_first(archiver_known):
+@pytest.mark.parametrize("known", ["records", "archiver-record-not-in-yet", "cgroups-on-the-page-counts"])
+def test_the_evictor_is_looked_for_under_the_stalled_process_s_memory_limit_first(known):
     # the busiest allocator on the host (a database) does not share the server's limit; the archiver
-    # does -- and with the archiver's record not in yet, a process known to be charged elsewhere is
-    # still not named
-    archiver = [process(700, memory_cgroup="/serving/sidecar")] if archiver_known else []
-    a = Attributor(grace_ns=GRACE, processes=book(
-        process(100, group=100, memory_cgroup="/serving"), *archiver, process(900, memory_cgroup="/system.slice/db")))
+    # does. With the archiver's record not in yet, a process known to be charged elsewhere is still
+    # not named; with the cgroups on the page counts themselves, no record is needed, and a big
+    # allocator whose cgroup is not known at all (a build on the same host) is not named either
+    records = {"records": [process(700, memory_cgroup="/serving/sidecar"), process(900, memory_cgroup="/system.slice/db")],
+               "archiver-record-not-in-yet": [process(900, memory_cgroup="/system.slice/db")],
+               "cgroups-on-the-page-counts": []}[known]
+    on_pages = known == "cgroups-on-the-page-counts"
+    a = Attributor(grace_ns=GRACE, processes=book(process(100, group=100, memory_cgroup="/serving"), *records))
     baseline(a)
-    a.add_evidence(placement(-10_000, 900, "clickhouse", alloc=500_000))
-    a.add_evidence(placement(-10_000, 700, "log-archiver", alloc=9_000))
+    a.add_evidence(placement(-10_000, 900, "clickhouse", alloc=500_000,
+                             memory_cgroup="/system.slice/db" if on_pages else ""))
+    a.add_evidence(placement(-10_000, 700, "log-archiver", alloc=9_000, memory_cgroup="/serving/sidecar" if on_pages else ""))
+    if on_pages:
+        a.add_evidence(placement(-5_000, 800, "python", alloc=900_000))
     a.add_evidence(blocked(40, 30, kind="memory", waker=(0, 0, "swapper/0")))
     a.add_request(span("mem-2", 0, 40))
     [r] = due_after(a, 40)
