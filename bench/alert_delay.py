@@ -210,7 +210,7 @@ NEW_EVERY_S, RECORD_AFTER_S, GONE_EVERY_S = 1.0, 0.15, 2.0
 
 def _synthetic_messages(seconds: float, t0_ns: int) -> tuple[list[tuple[float, str, bytes]], dict[int, str]]:
     """(send at, s after start; topic; NDJSON) and pid -> its class (known, new, gone)."""
-    from jitterscope.schemas import events, topics
+    from jitterscope.schemas import batches, events, topics
 
     per_tick, seq, out, classes = int(RATE * TICK_S), 0, [], {pid: "known" for pid in KNOWN}
     ticks = int(seconds / TICK_S)
@@ -223,7 +223,7 @@ def _synthetic_messages(seconds: float, t0_ns: int) -> tuple[list[tuple[float, s
             pids[0] = new
             info = events.ProcessInfo(host=SYNTH_HOST, boot_id="syn", seq=100_000 + tick, ts_ns=ts, pid=new,
                                       comm="fresh", cmdline="fresh", cgroup="/system.slice/fresh", cpus_allowed=[2, 3])
-            out.append((at + RECORD_AFTER_S, topics.PROCESSES, events.encode_batch([info])))
+            out.append((at + RECORD_AFTER_S, topics.PROCESSES, batches.encode_batch([info])))
         if tick % round(GONE_EVERY_S / TICK_S) == 5:
             classes[7000 + tick] = "gone"
             pids[1] = 7000 + tick
@@ -234,21 +234,21 @@ def _synthetic_messages(seconds: float, t0_ns: int) -> tuple[list[tuple[float, s
             batch.append(events.RunqEvent(host=SYNTH_HOST, boot_id="syn", seq=seq, ts_ns=ts, pid=pid, tid=pid * 10 + i % 8,
                                           comm="w", cpu=i % 8, wait_ns=(12 if worthy else 6) * 1_000_000,
                                           suspect_pid=300, suspect_tid=300, suspect_comm="batch"))
-        out.append((at, topics.RUNQ, events.encode_batch(batch)))
+        out.append((at, topics.RUNQ, batches.encode_batch(batch)))
     return sorted(out, key=lambda m: m[0]), classes
 
 
 def synthetic_storm(tree: Path | None, seconds: float = 10.0) -> dict[str, list[float]]:
     """Alert delays (s) per class of process of one replayed storm."""
     from jitterscope.query import query_worker
-    from jitterscope.schemas import events, topics
+    from jitterscope.schemas import batches, events, topics
 
     with StreamsWorker(tree=tree, runq_alert_ms="10") as worker:
         sql = lambda q: query_worker(worker._running_worker(worker._settings), q, {})[1]  # noqa: E731
         now, key = time.time_ns(), SYNTH_HOST.encode()
-        worker.producer.produce(topics.TOPOLOGY, events.encode_batch([events.Topology(
+        worker.producer.produce(topics.TOPOLOGY, batches.encode_batch([events.Topology(
             host=SYNTH_HOST, boot_id="syn", seq=0, ts_ns=now, cpus=list(range(8)), numa_nodes=[])]), key=key)
-        worker.producer.produce(topics.PROCESSES, events.encode_batch([events.ProcessInfo(
+        worker.producer.produce(topics.PROCESSES, batches.encode_batch([events.ProcessInfo(
             host=SYNTH_HOST, boot_id="syn", seq=i, ts_ns=now, pid=pid, comm="w", cmdline="w",
             cgroup="/system.slice/w", cpus_allowed=[0, 1]) for i, pid in enumerate(KNOWN)]), key=key)
         worker.producer.flush(30)
@@ -259,7 +259,7 @@ def synthetic_storm(tree: Path | None, seconds: float = 10.0) -> dict[str, list[
         t_start = time.time() + 2
         messages, classes = _synthetic_messages(seconds, int(t_start * 1e9))
         worthy = sum(e.wait_ns >= 10_000_000 for _, topic, payload in messages if topic == topics.RUNQ
-                     for e in events.BatchDecoder(events.RunqEvent).decode(payload)[0])
+                     for e in batches.BatchDecoder(events.RunqEvent).decode(payload)[0])
         for at, topic, payload in messages:
             if (wait := t_start + at - time.time()) > 0:
                 time.sleep(wait)

@@ -43,7 +43,7 @@ from pathlib import Path
 
 from run import REPO, StreamsWorker, _git_show, _module_at  # noqa: E402  (bench/ is on sys.path when run.py runs)
 
-from jitterscope.schemas import events, topics
+from jitterscope.schemas import batches, events, topics
 
 #: records per second of one busy 64-CPU inference host
 BUSY_HOST = {"runq": 20_000, "spans": 200, "irq": 64 * 2 * 4, "cfs": 32 * 4, "histograms": 200 * 2 / 10}
@@ -162,7 +162,7 @@ def schedule(hosts: int, seconds: float, t0_ns: int) -> list[tuple[float, str, b
         at = tick * TICK_S
         for mix in mixes:
             for topic, records in mix.tick(tick, t0_ns + int(at * 1e9)):
-                out.append((at, topic, mix.host.encode(), events.encode_batch(records), len(records)))
+                out.append((at, topic, mix.host.encode(), batches.encode_batch(records), len(records)))
     return out
 
 
@@ -208,7 +208,7 @@ class MixWorker(StreamsWorker):
         now = time.time_ns()
         for h in range(hosts):
             for topic, records in setup_records(f"mix{h}", now):
-                self.producer.produce(topic, events.encode_batch(records), key=f"mix{h}".encode())
+                self.producer.produce(topic, batches.encode_batch(records), key=f"mix{h}".encode())
         self.producer.flush(30)
         deadline = time.monotonic() + 60
         while self.sql("SELECT count() FROM jitterscope.processes WHERE host LIKE 'mix%'")[0][0] < hosts * (len(SERVING) + len(SUSPECTS) + len(OTHERS)):

@@ -22,7 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from jitterscope.schemas import events, topics  # noqa: E402
+from jitterscope.schemas import batches, events, topics  # noqa: E402
 
 
 def synthetic_runq(host: str, n: int, start_seq: int = 0) -> list[events.RunqEvent]:
@@ -44,9 +44,9 @@ def best_of(fn, repeat: int = 5) -> float:
 def bench_decode() -> str:
     """Batch decode (one msgspec call) vs the naive per-line json.loads."""
     records = synthetic_runq("bench", 500)
-    payload = events.encode_batch(records)
+    payload = batches.encode_batch(records)
     messages = [payload] * 200  # 100k events
-    decoder = events.BatchDecoder(events.RunqEvent)
+    decoder = batches.BatchDecoder(events.RunqEvent)
     ours = best_of(lambda: [decoder.decode(m) for m in messages])
     naive = best_of(lambda: [[json.loads(l) for l in m.splitlines()] for m in messages])
     n = 500 * len(messages)
@@ -94,7 +94,7 @@ class StreamsWorker:
         self.producer = Producer({"bootstrap.servers": self._broker.bootstrap_servers, "compression.type": "lz4",
                                   "linger.ms": 5, "acks": "all"})
         # warm-up: one batch through, so the group has joined
-        self.producer.produce(topics.RUNQ, events.encode_batch(synthetic_runq("warm", 10)), key=b"warm")
+        self.producer.produce(topics.RUNQ, batches.encode_batch(synthetic_runq("warm", 10)), key=b"warm")
         self.producer.flush(10)
         while self.count() < 10:
             time.sleep(0.2)
@@ -112,7 +112,7 @@ class StreamsWorker:
     def send_and_wait(self, hosts: int, n: int) -> tuple[float, float]:
         """Produce n runq events over ``hosts`` hosts; (seconds to produce, seconds until stored)."""
         before = self.count()
-        batches = [events.encode_batch(synthetic_runq(f"h{h}", 500, start_seq=s))
+        batches = [batches.encode_batch(synthetic_runq(f"h{h}", 500, start_seq=s))
                    for h in range(hosts) for s in range(0, n // hosts, 500)]
         t0 = time.perf_counter()
         for i, payload in enumerate(batches):

@@ -34,7 +34,7 @@ from jitterscope.common import kafka_auth, ports
 from jitterscope.common.logs import printable
 from jitterscope.common.private import open_private, private_dir
 from jitterscope.query import dial_host
-from jitterscope.schemas import events, topics
+from jitterscope.schemas import batches, events, topics
 from jitterscope.common.settings import FINAL_FILE, Settings, default_data_dir, to_env
 
 #: the worker's counter of records stored or dead-lettered, per input topic
@@ -273,7 +273,7 @@ class Stack:
         # ignored when the parent ignored it, as a shell does for a background job
         # (`jitterscope up &`, nohup); `kill -INT` then did nothing at all.
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        decoder = events.BatchDecoder(events.Alert)
+        decoder = batches.BatchDecoder(events.Alert)
         alerts = 0
         try:
             bootstrap = self.start()

@@ -22,7 +22,8 @@ from confluent_kafka import KafkaException, Producer
 from jitterscope.common import errors
 from jitterscope.collector.spool import Batch, Spool
 from jitterscope.common.logs import fields
-from jitterscope.schemas.events import Record, encode_batch, split_lines
+from jitterscope.schemas.events import Record
+from jitterscope.schemas.batches import encode_batch, split_lines
 from jitterscope.schemas.topics import TOPIC_OF
 
 log = logging.getLogger("jitterscope.collector.publish")

@@ -51,8 +51,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from jitterscope.schemas import events, topics
-from jitterscope.schemas.events import Record, encode_batch, split_lines
+from jitterscope.schemas import batches, topics
+from jitterscope.schemas.events import Record
+from jitterscope.schemas.batches import encode_batch, split_lines
 
 from jitterscope.common import errors
 from jitterscope.common.private import open_private, private_dir
@@ -377,7 +378,7 @@ class FrameCheck:
 
     def __init__(self, host: str):
         self.host, self.key = host, host.encode()
-        self._decoders = {t: events.BatchDecoder(rt) for t, rt in topics.INPUT_TOPICS.items()}
+        self._decoders = {t: batches.BatchDecoder(rt) for t, rt in topics.INPUT_TOPICS.items()}
 
     def refusal(self, frame: Frame) -> str | None:
         """Why ``frame`` must not be produced, or None."""

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from jitterscope.common.private import open_private, private_dir
-from jitterscope.schemas.events import split_lines
+from jitterscope.schemas.batches import split_lines
 
 SEGMENT_BYTES = 4 << 20  # granularity of deletion and of one replay step
 SUFFIX = ".spool"

@@ -32,7 +32,7 @@ import msgspec
 from prometheus_client import Counter, Gauge, Histogram
 
 from jitterscope.common import kafka_auth, logs, ports
-from jitterscope.schemas import events, topics
+from jitterscope.schemas import batches, events, topics
 from jitterscope.common.settings import Settings
 from jitterscope.common import buildinfo  # noqa: F401  (registers jitterscope_build_info)
 from jitterscope.streams import clickhouse, kafka_patches, notify, signal_metrics, web
@@ -256,7 +256,7 @@ class StreamsWorker:
         return app
 
     def _add_agent(self, app: faust.App, topic, name: str, record_type: type[events.Record]) -> None:
-        decoder = events.BatchDecoder(record_type)
+        decoder = batches.BatchDecoder(record_type)
         table = clickhouse.TABLE_OF[record_type]
         batch = self.settings.sink_batch_rows
 
@@ -297,7 +297,7 @@ class StreamsWorker:
             for _, event in current:
                 await stream.ack(event)
 
-    async def receive(self, topic: str, decoder: events.BatchDecoder, value, message) -> "Decoded":
+    async def receive(self, topic: str, decoder: batches.BatchDecoder, value, message) -> "Decoded":
         host = message.key.decode(errors="replace") if isinstance(message.key, bytes) else ""
         good, bad = decoder.decode(value if isinstance(value, bytes) else b"")
         dead = [events.DeadLetter(
@@ -433,7 +433,7 @@ class StreamsWorker:
             by_host.setdefault(record.host, []).append(record)
         for host, group in by_host.items():
             limit = self.settings.kafka_max_message_bytes
-            for payload, _count in events.split_lines(events.encode_batch(group), limit):
+            for payload, _count in batches.split_lines(batches.encode_batch(group), limit):
                 await self.outbox.send(topic, host.encode(), payload)
 
     async def dead_letter(self, dead: list[events.DeadLetter]) -> None:

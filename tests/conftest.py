@@ -343,14 +343,14 @@ def records_on_topic(bootstrap_servers: str, topic: str, record_type: type) -> l
 
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-    from jitterscope.schemas import events
+    from jitterscope.schemas import batches
 
     consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": f"t-{uuid.uuid4()}",
                          "enable.auto.commit": False})
     try:
         partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
-        decoder, out, idle_until = events.BatchDecoder(record_type), [], time.monotonic() + 5
+        decoder, out, idle_until = batches.BatchDecoder(record_type), [], time.monotonic() + 5
         while time.monotonic() < idle_until:
             message = consumer.poll(0.5)
             if message is None or message.error():

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from jitterscope.collector.recording import RecordingReader, summarize
-from jitterscope.schemas import events, topics
+from jitterscope.schemas import batches, events, topics
 
 pytestmark = pytest.mark.bpf
 
@@ -30,8 +30,8 @@ def test_record_writes_topology_and_stats(tmp_path):
     assert f"recorded {summary.records:,} records" in " ".join(done.stdout.split())
 
     frames = {f.topic: f for f in RecordingReader(out)}
-    topology, _bad = events.BatchDecoder(events.Topology).decode(frames[topics.TOPOLOGY].payload)
+    topology, _bad = batches.BatchDecoder(events.Topology).decode(frames[topics.TOPOLOGY].payload)
     assert topology[0].cpus == sorted(os.sched_getaffinity(0) | set(topology[0].cpus))  # every CPU of the host
-    stats, _bad = events.BatchDecoder(events.CollectorStats).decode(frames[topics.COLLECTOR_STATS].payload)
+    stats, _bad = batches.BatchDecoder(events.CollectorStats).decode(frames[topics.COLLECTOR_STATS].payload)
     # the last stats record counts what was written before it, as with Kafka
     assert stats[-1].delivery_errors == 0 and stats[-1].records_sent == sum(stats[-1].sent_by_topic.values())

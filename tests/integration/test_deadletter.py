@@ -11,7 +11,7 @@ import msgspec
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from jitterscope.schemas import events, topics
+from jitterscope.schemas import batches, events, topics
 from tests.conftest import json_lines, wait_until
 
 pytestmark = pytest.mark.integration
@@ -55,8 +55,8 @@ def test_garbage_goes_to_deadletter_and_valid_records_still_arrive(stack, worker
     missing = msgspec.json.encode({"v": 1, "host": host, "boot_id": "b", "seq": 98, "ts_ns": 1})
     produce(stack.broker, host,
             b"\xff\xfe this is not json at all",
-            events.encode_batch(good[:2]) + v2 + b"\n" + missing + b"\n" + events.encode_batch(good[2:3]),
-            events.encode_batch(good[3:]))
+            batches.encode_batch(good[:2]) + v2 + b"\n" + missing + b"\n" + batches.encode_batch(good[2:3]),
+            batches.encode_batch(good[3:]))
 
     stored = wait_until(
         lambda: (rows := stack.query("SELECT seq FROM jitterscope.runq_events WHERE host = {h:String} ORDER BY seq",
@@ -83,8 +83,8 @@ def test_garbage_goes_to_deadletter_and_valid_records_still_arrive(stack, worker
 
 def test_redelivered_records_are_stored_once(stack, worker):
     host = f"dup-{uuid.uuid4().hex[:8]}"
-    batch = events.encode_batch([runq(host, seq) for seq in range(10)])
-    sentinel = events.encode_batch([runq(host, 1000)])
+    batch = batches.encode_batch([runq(host, seq) for seq in range(10)])
+    sentinel = batches.encode_batch([runq(host, 1000)])
     # at-least-once delivery: the same batch twice; the sentinel (same key, so
     # same partition, so after both) shows when both have been stored
     produce(stack.broker, host, batch, batch, sentinel)

@@ -15,7 +15,7 @@ import msgspec
 import pytest
 from confluent_kafka import Producer
 
-from jitterscope.schemas import events, topics
+from jitterscope.schemas import batches, events, topics
 from tests.conftest import wait_until
 
 pytestmark = pytest.mark.integration
@@ -64,9 +64,9 @@ def test_ledger_accounts_for_every_loss_exactly(stack):
 
     producer = Producer({"bootstrap.servers": stack.broker.bootstrap_servers})
     key = host.encode()
-    producer.produce(topics.COLLECTOR_STATS, events.encode_batch(run1 + run2), key=key)
-    producer.produce(topics.RUNQ, events.encode_batch(data[:4]) + poison + b"\n", key=key)
-    producer.produce(topics.RUNQ, events.encode_batch(data[4:]), key=key)
+    producer.produce(topics.COLLECTOR_STATS, batches.encode_batch(run1 + run2), key=key)
+    producer.produce(topics.RUNQ, batches.encode_batch(data[:4]) + poison + b"\n", key=key)
+    producer.produce(topics.RUNQ, batches.encode_batch(data[4:]), key=key)
     assert producer.flush(10) == 0
 
     def all_stored():
@@ -117,9 +117,9 @@ def test_ledger_holes_inside_and_across_blocks(stack):
     kept = [edge - 3, edge - 2, edge + 1, edge + 2, edge + 5, edge + 6]  # holes: edge-1..edge, edge+3..edge+4
     producer = Producer({"bootstrap.servers": stack.broker.bootstrap_servers})
     key = host.encode()
-    producer.produce(topics.COLLECTOR_STATS, events.encode_batch(
+    producer.produce(topics.COLLECTOR_STATS, batches.encode_batch(
         [stats(host, edge - 10, time.time_ns(), 0, 0, 0, 0, 0, {topics.RUNQ: 10})]), key=key)
-    producer.produce(topics.RUNQ, events.encode_batch([runq(host, s) for s in kept]), key=key)
+    producer.produce(topics.RUNQ, batches.encode_batch([runq(host, s) for s in kept]), key=key)
     assert producer.flush(10) == 0
     wait_until(lambda: stack.query("SELECT count() FROM jitterscope.runq_events WHERE host = {h:String}",
                                    h=host) == [[len(kept)]], 90, "all runq records stored", worker)

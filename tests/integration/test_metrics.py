@@ -18,7 +18,7 @@ from confluent_kafka import Producer
 
 from jitterscope.broker import free_port
 from jitterscope.common.settings import load
-from jitterscope.schemas import events, topics
+from jitterscope.schemas import batches, events, topics
 from jitterscope.streams.worker_state import state_file
 from jitterscope.workload import VICTIM_COMM, starvation
 from tests.conftest import wait_until
@@ -126,7 +126,7 @@ def test_process_names_are_capped_and_gpu_latency_is_exposed(scraped):
     records.append(histogram("cudaworker", "gpu_ioctl", [16], [7], 50))  # 65-131 ms
     for record in records:
         topic = topics.HISTOGRAMS
-        producer.produce(topic, events.encode_batch([record]), key=b"metrics-test")
+        producer.produce(topic, batches.encode_batch([record]), key=b"metrics-test")
     assert producer.flush(10) == 0
 
     def done():

@@ -10,7 +10,7 @@ import random
 import msgspec
 import pytest
 
-from jitterscope.schemas import events, topics
+from jitterscope.schemas import batches, topics
 from jitterscope.streams import clickhouse
 from tests.integration.test_streams_faults import example
 
@@ -50,7 +50,7 @@ def store(tmp_path_factory):
 def test_what_decodes_from_fuzzed_records_always_fits_its_table(store, topic):
     record_type = topics.INPUT_TOPICS[topic]
     rng = random.Random(f"fuzz-{topic}")
-    decoder = events.BatchDecoder(record_type)
+    decoder = batches.BatchDecoder(record_type)
     accepted = 0
     for batch in range(20):
         lines = [mutate(example(record_type, "fuzz", batch * 100 + i), rng) for i in range(50)]

@@ -15,7 +15,7 @@ import uuid
 import pytest
 
 from jitterscope.collector.recording import RecordingPublisher, summarize
-from jitterscope.schemas import events, topics
+from jitterscope.schemas import batches, events, topics
 from tests.conftest import wait_until
 
 pytestmark = pytest.mark.integration
@@ -141,8 +141,8 @@ def test_a_hostile_recording_cannot_write_other_topics_or_other_hosts_records(st
     path = tmp_path / "hostile.jsrec.gz"
     writer = RecordingWriter(path)
     writer.write([(foreign, attacker.encode(), 1, b'{"amount": 1000000, "to": "attacker"}\n'),
-                  (topics.PROCESSES, attacker.encode(), 1, events.encode_batch([forged])),
-                  (topics.RUNQ, attacker.encode(), 1, events.encode_batch([own]))])
+                  (topics.PROCESSES, attacker.encode(), 1, batches.encode_batch([forged])),
+                  (topics.RUNQ, attacker.encode(), 1, batches.encode_batch([own]))])
     writer.close()
 
     done = run_replay(stack.env, path, "--host", attacker)

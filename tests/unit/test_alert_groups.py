@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import msgspec
 
-from jitterscope.schemas.events import Alert, BatchDecoder, encode_batch
+from jitterscope.schemas.events import Alert
+from jitterscope.schemas.batches import BatchDecoder, encode_batch
 from jitterscope.streams.alert_groups import (FIRING, FOLDED, RESOLVED, RESOLVED_SEQ_BIT, AlertGroups, announced,
                                               group_id, group_key)
 

@@ -1,9 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
-"""schemas/events.py: NDJSON batches and the decoder that keeps bad lines apart."""
+"""schemas/events.py's records in schemas/batches.py's NDJSON batches, and
+the decoder that keeps bad lines apart."""
 
-from jitterscope.schemas.events import (
-    SCHEMA_VERSION, BadLine, BatchDecoder, NumaNode, RunqEvent, Topology, encode_batch,
-)
+from jitterscope.schemas.batches import BadLine, BatchDecoder, encode_batch
+from jitterscope.schemas.events import SCHEMA_VERSION, NumaNode, RunqEvent, Topology
 
 
 def runq(seq: int, **kw) -> RunqEvent:

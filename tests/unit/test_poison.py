@@ -8,7 +8,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from jitterscope.schemas import events, topics
+from jitterscope.schemas import batches, events, topics
 from jitterscope.streams.rules.losses import LossWatch, event_loss
 from jitterscope.streams.sink import unseen
 
@@ -24,7 +24,7 @@ def runq(**changes) -> dict:
     ("wait_ns", -1),
 ])
 def test_values_that_do_not_fit_their_column_are_bad_lines(field, value):
-    decoder = events.BatchDecoder(events.RunqEvent)
+    decoder = batches.BatchDecoder(events.RunqEvent)
     payload = b"\n".join(msgspec.json.encode(r) for r in (runq(seq=1), runq(**{field: value}), runq(seq=3)))
     good, bad = decoder.decode(payload)
     assert [r.seq for r in good] == [1, 3]
@@ -40,12 +40,12 @@ def test_every_input_record_type_bounds_its_times():
 def test_messages_are_split_below_the_byte_limit():
     records = [events.RunqEvent(**{k: v for k, v in runq(seq=i, comm="c" * 100).items() if k != "v"})
                for i in range(1000)]
-    messages = [m for m, _ in events.split_lines(events.encode_batch(records), 10_000)]
+    messages = [m for m, _ in batches.split_lines(batches.encode_batch(records), 10_000)]
     assert len(messages) > 10 and all(len(m) <= 10_000 for m in messages)
-    decoded = [r for m in messages for r in events.BatchDecoder(events.RunqEvent).decode(m)[0]]
+    decoded = [r for m in messages for r in batches.BatchDecoder(events.RunqEvent).decode(m)[0]]
     assert decoded == records
-    assert [m for m, _ in events.split_lines(events.encode_batch(records[:1]), 10)] == \
-        [events.encode_batch(records[:1])]  # one record always goes
+    assert [m for m, _ in batches.split_lines(batches.encode_batch(records[:1]), 10)] == \
+        [batches.encode_batch(records[:1])]  # one record always goes
 
 
 def test_unseen_drops_stored_keys_and_repeats_within_the_batch():

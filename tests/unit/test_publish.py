@@ -10,8 +10,9 @@ import pytest
 
 from jitterscope.collector.publish import KafkaPublisher, RateLimitedLog, StallWatch, is_embedded_broker
 from jitterscope.collector.spool import Spool, SpoolBusy
-from jitterscope.schemas.events import split_lines
-from jitterscope.schemas.events import BatchDecoder, RunqEvent, encode_batch
+from jitterscope.schemas.batches import split_lines
+from jitterscope.schemas.events import RunqEvent
+from jitterscope.schemas.batches import BatchDecoder, encode_batch
 from jitterscope.schemas.topics import PROCESSES, RUNQ
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from jitterscope.collector.recording import (MAGIC, Frame, RecordingPublisher, RecordingReader, RecordingWriter,
                                              summarize)
-from jitterscope.schemas import events, topics
+from jitterscope.schemas import batches, events, topics
 
 
 def runq(seq: int, host: str = "h1") -> events.RunqEvent:
@@ -22,7 +22,7 @@ def runq(seq: int, host: str = "h1") -> events.RunqEvent:
 def test_round_trip_keeps_topic_key_count_and_payload(tmp_path):
     path = tmp_path / "r.jsrec.gz"
     writer = RecordingWriter(path)
-    frames = [(topics.RUNQ, b"h1", 2, events.encode_batch([runq(1), runq(2)])),
+    frames = [(topics.RUNQ, b"h1", 2, batches.encode_batch([runq(1), runq(2)])),
               (topics.TOPOLOGY, b"h2", 1, b'{"x":1}\n'),
               (topics.RUNQ, b"h1", 0, b"")]
     writer.write(frames[:2])
@@ -45,7 +45,7 @@ def test_publisher_splits_like_kafka_and_counts(tmp_path):
     assert pub.records_sent == 7 and pub.sent_by_topic == {topics.RUNQ: 7} and pub.undelivered == 0
     frames = list(RecordingReader(path))
     assert [f.records for f in frames] == [3, 3, 1] and {f.key for f in frames} == {b"h1"}
-    decoder = events.BatchDecoder(events.RunqEvent)
+    decoder = batches.BatchDecoder(events.RunqEvent)
     seqs = [r.seq for f in frames for r in decoder.decode(f.payload)[0]]
     assert seqs == list(range(7))
     s = summarize(path)
@@ -57,7 +57,7 @@ def test_truncated_file_reads_the_complete_prefix(tmp_path):
     writer = RecordingWriter(path)
     sizes = []
     for i in range(20):
-        writer.write([(topics.RUNQ, b"h1", 1, events.encode_batch([runq(i)]))])
+        writer.write([(topics.RUNQ, b"h1", 1, batches.encode_batch([runq(i)]))])
         sizes.append(writer.bytes_written)
     writer.close()
     data = path.read_bytes()
@@ -217,7 +217,7 @@ def test_the_publisher_never_writes_a_frame_a_reader_refuses(tmp_path):
 
 
 def processes(host: str, comm: str = "vllm") -> bytes:
-    return events.encode_batch([events.ProcessInfo(host=host, boot_id="b", seq=1, ts_ns=1_700_000_000_000_000_000,
+    return batches.encode_batch([events.ProcessInfo(host=host, boot_id="b", seq=1, ts_ns=1_700_000_000_000_000_000,
                                                    pid=4242, comm=comm, cmdline="python -m vllm serve",
                                                    cgroup="/", cpus_allowed=[0, 1])])
 
@@ -225,13 +225,13 @@ def processes(host: str, comm: str = "vllm") -> bytes:
 def test_replay_checks_topic_key_and_every_records_host():
     check = FrameCheck("attacker-host")
     frame = lambda topic, key, payload: Frame(topic, key, payload.count(b"\n"), payload)  # noqa: E731
-    assert check.refusal(frame(topics.RUNQ, b"attacker-host", events.encode_batch([runq(1, "attacker-host")]))) is None
+    assert check.refusal(frame(topics.RUNQ, b"attacker-host", batches.encode_batch([runq(1, "attacker-host")]))) is None
     assert "'payments.transactions' is not one of jitterscope's input topics" in check.refusal(
         frame("payments.transactions", b"attacker-host", b'{"amount": 100}\n'))
     assert "not one of jitterscope's input topics" in check.refusal(frame(topics.ALERTS, b"attacker-host", b"{}\n"))
     forged = check.refusal(frame(topics.PROCESSES, b"attacker-host", processes("victim-host", "evil")))
     assert forged == "keyed for host 'attacker-host' but holding records of host 'victim-host'"
-    mixed = events.encode_batch([runq(1, "attacker-host"), runq(2, "victim-host")])
+    mixed = batches.encode_batch([runq(1, "attacker-host"), runq(2, "victim-host")])
     assert "'victim-host'" in check.refusal(frame(topics.RUNQ, b"attacker-host", mixed))
     assert check.refusal(frame(topics.PROCESSES, b"victim-host", processes("victim-host"))) == \
         "keyed for host 'victim-host', not 'attacker-host'"
@@ -293,7 +293,7 @@ def test_replay_produces_nothing_for_refused_frames(tmp_path, monkeypatch):
     monkeypatch.setattr(confluent_kafka, "Producer", FakeProducer)
     path = tmp_path / "hostile.jsrec.gz"
     writer = RecordingWriter(path)
-    legit = events.encode_batch([runq(1, "attacker-host")])
+    legit = batches.encode_batch([runq(1, "attacker-host")])
     writer.write([(topics.RUNQ, b"attacker-host", 1, legit),
                   ("payments.transactions", b"attacker-host", 1, b'{"amount": 100}\n'),
                   (topics.PROCESSES, b"attacker-host", 1, processes("victim-host", "evil")),
