@@ -32,7 +32,7 @@ up: setup
 
 # Debian packages the tests use: headless Chromium renders the HTML report;
 # kubectl (kubernetes-client) renders the kustomize manifests, openssl makes
-# test certificates, systemd-analyze verifies the units (tests/unit/test_deploy.py);
+# test certificates, systemd-analyze verifies the units (tests/unit/deploy/test_deploy.py);
 # gcc builds the frame-pointer hog of the stack tests; ip/nsenter/unshare make
 # the network and PID namespaces of the container and many-host tests.
 TEST_APT := chromium:chromium kubectl:kubernetes-client openssl:openssl systemd-analyze:systemd gcc:gcc \

@@ -10,7 +10,7 @@
  * spliced_source).
  *
  * The Python side mirrors these two values in collector/probes/base.py
- * (tests/unit/test_probe_decoding.py checks they agree).
+ * (tests/unit/collector/probes/test_probe_decoding.py checks they agree).
  */
 #ifndef JITTERSCOPE_COMMON_H
 #define JITTERSCOPE_COMMON_H

@@ -435,7 +435,7 @@ def toml_value(value: Any) -> str:
 def example_toml() -> str:
     """Every setting with its description and default, section by section,
     commented out: deploy/jitterscope.example.toml is this text
-    (`jitterscope config --example`; tests/unit/test_settings_example.py
+    (`jitterscope config --example`; tests/unit/common/test_settings_example.py
     keeps the file current)."""
     import textwrap
 

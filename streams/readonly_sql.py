@@ -3,7 +3,7 @@
 it may only read the store.
 
 Why a guard when the client already runs with ``readonly=1``: in embedded
-chDB 26.9 (checked by hand, see tests/unit/test_readonly_sql.py)
+chDB 26.9 (checked by hand, see tests/unit/streams/test_readonly_sql.py)
 ``readonly=1`` refuses DDL, INSERT, SET and table functions such as
 ``file()``/``url()``/``remote()``, but it does NOT refuse
 

@@ -171,7 +171,7 @@ def c_string(raw: bytes) -> str:
 DROP_RINGBUF, DROP_MAP_FULL = 0, 1  # slots of every program's `drops` array (bpf/drops.h)
 # bpf/common.h: a kernel task name's size (NUL included), and the node of a
 # page or CPU outside the ranges and maps the collector gave (NUMA nodes are
-# < UNKNOWN_NODE). tests/unit/test_probe_decoding.py checks they match.
+# < UNKNOWN_NODE). tests/unit/collector/probes/test_probe_decoding.py checks they match.
 TASK_COMM_LEN = 16
 UNKNOWN_NODE = 255
 

@@ -22,7 +22,7 @@ from jitterscope.collector.probes import blocked
 from jitterscope.collector.probes.blocked import BlockedProbe, BlockedSignal
 from jitterscope.schemas import events
 from tests.conftest import wait_until
-from tests.unit.test_probe_decoding import fake_context
+from tests.unit.collector.probes.test_probe_decoding import fake_context
 
 pytestmark = pytest.mark.bpf
 

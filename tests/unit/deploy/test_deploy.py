@@ -26,7 +26,7 @@ import yaml
 
 from jitterscope.common.settings import Settings
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 K8S = ROOT / "deploy/kubernetes"
 BIN = Path(sys.executable).parent
 #: oldest Kubernetes still in support when this was written, and the newest the validator knows

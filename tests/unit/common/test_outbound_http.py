@@ -23,7 +23,7 @@ from jitterscope.common import outbound
 from jitterscope.common.settings import load
 from jitterscope.streams import notify
 from jitterscope.streams.worker_state import state_file
-from tests.unit.test_alert_groups import alert
+from tests.unit.streams.test_alert_groups import alert
 
 TOKEN = "tok-0123456789abcdef"
 PROXY_VARS = ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "no_proxy", "NO_PROXY", "all_proxy",

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from jitterscope.common import settings
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "jitterscope.example.toml"
+EXAMPLE = Path(__file__).resolve().parents[3] / "deploy" / "jitterscope.example.toml"
 REGENERATE = ".venv/bin/jitterscope config --example > deploy/jitterscope.example.toml"
 
 

@@ -17,7 +17,7 @@ from jitterscope.common import errors
 from jitterscope.common.settings import load
 from jitterscope.streams import notify
 from jitterscope.streams.alert_groups import AlertGroups
-from tests.unit.test_alert_groups import S, T0, alert
+from tests.unit.streams.test_alert_groups import S, T0, alert
 
 POSTABLE_KEYS = {"labels", "annotations", "startsAt", "endsAt", "generatorURL"}  # API v2 PostableAlert
 

@@ -169,8 +169,8 @@ def test_missing_file_named_by_env_is_bad_config(monkeypatch, tmp_path):
 
 
 def test_the_shipped_example_config_loads():
-    example = Path(__file__).resolve().parents[2] / "deploy/jitterscope.example.toml"
-    s = load(config_file=example)  # every key commented out (tests/unit/test_settings_example.py)
+    example = Path(__file__).resolve().parents[3] / "deploy/jitterscope.example.toml"
+    s = load(config_file=example)  # every key commented out (tests/unit/common/test_settings_example.py)
     assert s.bootstrap_servers is None and s.runq_alert_ms == Settings.model_fields["runq_alert_ms"].default
 
 
@@ -194,5 +194,5 @@ def test_section_names_are_the_documented_ones():
     names = [section.__name__ for section in settings_mod.SECTIONS]
     assert names == ["KafkaSettings", "StoreSettings", "CollectorSettings", "StreamsSettings", "UpSettings"]
     assert re.findall(r"^- ``(\w+Settings)``", settings_mod.__doc__, re.M) == names
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
     assert all(f"`{name}`" in readme for name in names)

@@ -9,7 +9,7 @@ from jitterscope.collector import hostinfo
 from jitterscope.collector.hostinfo import ProcessGone
 from jitterscope.schemas.topology import parse_cpu_list
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 PROC = FIXTURES / "host-2node" / "proc"
 SYS = FIXTURES / "host-2node" / "sys"
 SYS_NONUMA = FIXTURES / "host-nonuma" / "sys"

@@ -19,7 +19,7 @@ from jitterscope.collector.probes.interface import ProbeContext
 from jitterscope.common.settings import Settings
 from jitterscope.schemas import events
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "host-2node"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "host-2node"
 SERVICE = "/system.slice/vllm.service"
 QUOTA = "/limited"
 

@@ -20,7 +20,7 @@ from jitterscope.collector.probes.interface import ProbeContext
 from jitterscope.common.settings import HARDWARE_PROBES, Settings
 from jitterscope.schemas import events
 
-BPF = Path(__file__).resolve().parents[2] / "bpf"
+BPF = Path(__file__).resolve().parents[4] / "bpf"
 COMM = ctypes.c_char * base.TASK_COMM_LEN
 
 

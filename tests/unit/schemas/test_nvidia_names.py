@@ -16,7 +16,7 @@ from jitterscope.schemas.nvidia import ioctl_name, ioctl_request, iowr
 from jitterscope.streams.rules.base import Thresholds
 from jitterscope.streams.rules.gpu_ioctl import gpu_ioctl_stall
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 MS = 1_000_000
 
 
