@@ -349,7 +349,7 @@ def bench_collector_footprint(seconds: float = 20.0, wakeups_per_s: int = 10_000
 
             text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
             return sum(float(line.split()[-1]) for line in text.splitlines()
-                       if line.startswith("jitterscope_collector_events_read_total{") and 'probe="runqlat"' in line)
+                       if line.startswith("jitterscope_collector_events_read_total{") and 'probe="runq"' in line)
 
         try:
             deadline = time.monotonic() + 120
@@ -442,12 +442,12 @@ def _head_runq_probe(directory: Path, rev: str = PROBE_BEFORE):
     from jitterscope.collector.probes import base
     from jitterscope.collector.probes.runq import RunqProbe
 
-    for name in ("runqlat.bpf.c", "runqlat.h"):
+    for name in ("runq.bpf.c", "runq.h"):
         (directory / name).write_bytes(_git_show(rev, f"bpf/{name}"))
     for name in ("common.h", "drops.h", "drops.bpf.inc"):
         (directory / name).write_bytes((REPO / "bpf" / name).read_bytes())
     probe = RunqProbe.__new__(RunqProbe)
-    probe._bpf = BPF(text=base.spliced_source(directory / "runqlat.bpf.c").encode(), cflags=[f"-I{directory}"])
+    probe._bpf = BPF(text=base.spliced_source(directory / "runq.bpf.c").encode(), cflags=[f"-I{directory}"])
     probe.threshold_ns, probe.filtering, probe.stacks = 5_000_000, False, False
     probe.set_targets(set())  # an older config struct simply lacks the newer fields
     return probe

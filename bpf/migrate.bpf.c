@@ -15,7 +15,7 @@
  *   - for threads older than the probe, the collector seeds the target
  *     processes' threads from /proc (set_targets), and resolves any thread the
  *     kernel does not know (pid 0) from /proc when it reads the counts.
- * Learning from sched_switch instead (as runqlat does) would add a second
+ * Learning from sched_switch instead (as runq.bpf.c does) would add a second
  * program to the hottest tracepoint for a value needed only on migration.
  *
  * Counts are kept per thread in the kernel (`counts`); a move between CPUs of

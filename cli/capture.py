@@ -86,7 +86,7 @@ def replay(
         err_console.print(f"[yellow]note:[/] {escape(str(file))} is truncated ({escape(summary.error)}); replaying "
                           f"its {summary.records:,} complete records", soft_wrap=True)
     if create_topics:
-        from jitterscope.topics import create
+        from jitterscope.topic_admin import create
 
         create(s)
     result = replay_file(file, s.bootstrap_servers, host=host, extra_config=kafka_auth.librdkafka_config(s),

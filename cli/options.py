@@ -65,7 +65,7 @@ def require_broker(s) -> None:
 
 
 def require_topics(s, duration_s: float | None = None) -> None:
-    from jitterscope import topics
+    from jitterscope import topic_admin as topics
 
     # a --duration bounds the wait for an unreachable broker too (at least 1 s to hear back)
     topics.require(s, timeout_s=15.0 if duration_s is None else min(15.0, max(duration_s, 1.0)))

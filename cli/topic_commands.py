@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""`jitterscope topics create|check`: the commands over topics.py, which
+"""`jitterscope topics create|check`: the commands over topic_admin.py, which
 knows the topics and what they should look like.
 """
 
@@ -29,7 +29,7 @@ def topics_create(
     replication_factor: ReplicationOpt = None,
 ) -> None:
     """Create every missing jitterscope topic, then check them all."""
-    from jitterscope import topics
+    from jitterscope import topic_admin as topics
 
     s = load_settings(config, sets, bootstrap_servers=bootstrap_servers, kafka_partitions=partitions,
                       kafka_replication_factor=replication_factor)
@@ -56,7 +56,7 @@ def topics_check(
 
 
 def _topics_report(s) -> None:
-    from jitterscope import topics
+    from jitterscope import topic_admin as topics
 
     states = topics.describe(s)
     bad = topics.problems(s, states)

@@ -28,7 +28,7 @@ from pathlib import Path
 from rich.console import Console
 
 from jitterscope.common import errors
-from jitterscope import topics as topic_admin
+from jitterscope import topic_admin
 from jitterscope.broker import EmbeddedBroker, wait_for_port
 from jitterscope.common import kafka_auth, ports
 from jitterscope.common.logs import printable

@@ -233,10 +233,10 @@ class Collector:
 
     def export_metrics(self) -> None:
         p = self.publisher
-        self._export(RINGBUF_DROPS, self.ringbuf_drops(), "runqlat")  # every probe's, one label as before
+        self._export(RINGBUF_DROPS, self.ringbuf_drops(), "runq")  # every probe's, under one label
         for probe in self.probes:
             if probe.events_read:
-                self._export(EVENTS_READ, probe.events_read, probe.metric_label or probe.name)
+                self._export(EVENTS_READ, probe.events_read, probe.name)
         self._export(MAP_FULL_DROPS, self.map_full_drops())
         self._export(OWN_WAITS_SKIPPED, sum(getattr(probe, "own_skipped", 0) for probe in self.probes))
         for topic, sent in p.sent_by_topic.items():

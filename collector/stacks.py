@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Stacks at alarm: addresses from the kernel -> symbolized frames -> StackTrace records.
 
-The run-queue probe (bpf/runqlat.bpf.c) sends the victim's and the suspect's
+The run-queue probe (bpf/runq.bpf.c) sends the victim's and the suspect's
 kernel and user stacks inside its event (raw addresses, innermost first; why
 not BPF_STACK_TRACE ids is said there). The id a record carries is a 64-bit
 hash of the process name and the symbolized frames, so the same code path

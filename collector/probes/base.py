@@ -208,7 +208,7 @@ class BccProbe:
     def poll(self, timeout_ms: int) -> None:
         """Read what the ring buffers hold, waiting up to ``timeout_ms`` for a
         wakeup. A probe may wake the reader only once a batch is waiting
-        (bpf/runqlat.bpf.c): what it holds is read when the wait times out."""
+        (bpf/runq.bpf.c): what it holds is read when the wait times out."""
         self._bpf.ring_buffer_poll(timeout_ms)
         self._bpf.ring_buffer_consume()
 

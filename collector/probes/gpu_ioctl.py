@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The "gpu_ioctl" signal and its loader for bpf/gpuioctl.bpf.c: GPU driver
+"""The "gpu_ioctl" signal and its loader for bpf/gpu_ioctl.bpf.c: GPU driver
 ioctl latency.
 
 The kernel times only ioctls on (pid, fd) pairs the collector watches; find
@@ -82,13 +82,13 @@ def gpu_fds(patterns: Iterable[str] = DEFAULT_PATTERNS, proc: Path = Path("/proc
 
 
 def decode_event(e) -> RawGpuIoctl:
-    """A ``struct gpu_ioctl_event`` (bpf/gpuioctl.h) as BCC's ctypes view gives it."""
+    """A ``struct gpu_ioctl_event`` (bpf/gpu_ioctl.h) as BCC's ctypes view gives it."""
     return RawGpuIoctl(e.ts_ns, e.latency_ns, e.pid, e.tid, base.c_string(bytes(e.comm)),
                        e.fd, e.request, e.ret)
 
 
 class GpuIoctlProbe(base.LatencyProbe):
-    source = "gpuioctl.bpf.c"
+    source = "gpu_ioctl.bpf.c"
     decode = staticmethod(decode_event)
 
     def __init__(self, threshold_ns: int, watched: Iterable[tuple[int, int]] = ()):

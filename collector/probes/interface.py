@@ -82,7 +82,6 @@ class Probe(ABC):
 
     name: ClassVar[str]
     publishes: ClassVar[tuple[type[events.Record], ...]]
-    metric_label: ClassVar[str] = ""   # the events_read label on /metrics ("" = the name)
 
     def __init__(self):
         self.events_read = 0           # kernel events taken one by one (ring buffer)

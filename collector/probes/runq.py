@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The "runq" signal (always on) and its loader for bpf/runqlat.bpf.c:
+"""The "runq" signal (always on) and its loader for bpf/runq.bpf.c:
 run-queue latency with the first suspect, and the stacks at alarm (the
 victim's where it was preempted, the suspect's where it gave up the CPU;
 collector/stacks.py turns them into StackTrace records).
@@ -50,7 +50,7 @@ def _addrs(frames, size: int) -> tuple[int, ...]:
 
 
 def decode_event(e) -> RawRunqEvent:
-    """A ``struct runq_event`` (bpf/runqlat.h) as BCC's ctypes view gives it."""
+    """A ``struct runq_event`` (bpf/runq.h) as BCC's ctypes view gives it."""
     return RawRunqEvent(e.ts_ns, e.wait_ns, e.pid, e.tid, e.cpu, e.suspect_pid, e.suspect_tid,
                         base.c_string(bytes(e.comm)), base.c_string(bytes(e.suspect_comm)),
                         _addrs(e.victim_kernel, e.victim_kernel_bytes), _addrs(e.victim_user, e.victim_user_bytes),
@@ -59,7 +59,7 @@ def decode_event(e) -> RawRunqEvent:
 
 
 class RunqProbe(base.LatencyProbe):
-    source = "runqlat.bpf.c"
+    source = "runq.bpf.c"
     decode = staticmethod(decode_event)
 
     def __init__(self, threshold_ns: int, target_pids: set[int] | None = None,
@@ -111,7 +111,6 @@ class RunqSignal(LatencySignal):
 
     name = "runq"
     publishes = (events.RunqEvent, events.LatencyHistogram, events.StackTrace)
-    metric_label = "runqlat"
 
     def __init__(self):
         super().__init__()

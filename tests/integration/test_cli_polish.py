@@ -30,7 +30,7 @@ import os, pwd, sys
 import csv, encodings.idna, json, queue, unicodedata
 import rich.markup, rich.table, rich.progress
 import clickhouse_connect, chdb, bcc
-import jitterscope.cli, jitterscope.doctor, jitterscope.query, jitterscope.topics, jitterscope.reports.capacity
+import jitterscope.cli, jitterscope.doctor, jitterscope.query, jitterscope.topic_admin, jitterscope.reports.capacity
 import jitterscope.collector.agent, jitterscope.collector.probes.base, jitterscope.streams.clickhouse
 user = pwd.getpwnam(sys.argv[1])
 os.setgroups([])

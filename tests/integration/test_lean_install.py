@@ -27,7 +27,7 @@ MAX_COLLECTOR_MB = 150
 IMPORTS = f"""
 import importlib.util, sys
 import bcc  # Debian's python3-bpfcc, through --system-site-packages
-import jitterscope.cli, jitterscope.topics, jitterscope.collector.agent, jitterscope.collector.probes.registry
+import jitterscope.cli, jitterscope.topic_admin, jitterscope.collector.agent, jitterscope.collector.probes.registry
 loaded = {sorted(FOREIGN)!r}
 assert not set(loaded) & {{m.split('.')[0] for m in sys.modules}}, set(loaded) & set(sys.modules)
 installed = [m for m in loaded if importlib.util.find_spec(m) is not None]

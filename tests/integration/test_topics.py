@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from jitterscope import broker as broker_mod
-from jitterscope import topics
+from jitterscope import topic_admin as topics
 from jitterscope.common import errors
 from jitterscope.common.settings import load
 from jitterscope.schemas.topics import ALL_TOPICS

@@ -66,7 +66,7 @@ def test_collector_producer_gets_exactly_the_security_keys(sasl_ssl, tls_files):
 
 
 def test_topics_admin_client_is_built_with_them(sasl_ssl):
-    from jitterscope import topics
+    from jitterscope import topic_admin as topics
 
     topics.admin(sasl_ssl)  # librdkafka refuses a bad combination (or unreadable files) here
 

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: GPL-2.0-only OR Apache-2.0
-/* gpuioctl.bpf.c — latency of GPU driver ioctls, by the portable path.
+/* gpu_ioctl.bpf.c — latency of GPU driver ioctls, by the portable path.
  *
  * syscalls:sys_enter_ioctl / sys_exit_ioctl exist on every kernel with
  * tracepoints (the NVIDIA driver's own functions need kprobes, which some
@@ -12,7 +12,7 @@
  * Every watched call goes into a per-process log2 histogram; calls at or
  * above config.threshold_ns also leave as one ring-buffer event each.
  */
-#include "gpuioctl.h"
+#include "gpu_ioctl.h"
 #include "drops.bpf.inc"  /* spliced in by the loader, see drops.h */
 
 #ifndef MAX_WATCHED  /* -DMAX_WATCHED=... shrinks it (tests) */
@@ -29,7 +29,7 @@ BPF_HASH(watched, struct gpu_fd, u8, MAX_WATCHED);
 /* tid -> the call it is in. LRU: a thread killed in the middle of a call
  * still passes sys_exit, but nothing here may grow without bound. */
 BPF_TABLE("lru_hash", u32, struct ioctl_start, in_flight, MAX_IN_FLIGHT);
-BPF_ARRAY(config, struct gpuioctl_config, 1);
+BPF_ARRAY(config, struct gpu_ioctl_config, 1);
 BPF_HASH(hist, struct gpu_hist_key, u64, MAX_HIST_KEYS);
 BPF_RINGBUF_OUTPUT(events, 16);                     /* 16 pages = 64 KiB */
 
@@ -71,13 +71,13 @@ TRACEPOINT_PROBE(syscalls, sys_exit_ioctl)
     in_flight.delete(&tid);
 
     int zero = 0;
-    struct gpuioctl_config *cfg = config.lookup(&zero);
+    struct gpu_ioctl_config *cfg = config.lookup(&zero);
     if (!cfg || cfg->threshold_ns == 0)  /* not configured yet, or being torn down */
         return 0;
 
     u32 tgid = pid_tgid >> 32;
     /* BCC's bpf_log2l(v) is floor(log2(v)) + 1 for v >= 1 (0 for 0): one
-     * less is the bucket [2^slot, 2^(slot+1)) us that gpuioctl.h and the
+     * less is the bucket [2^slot, 2^(slot+1)) us that gpu_ioctl.h and the
      * LatencyHistogram record promise (< 1 us in slot 0 too). */
     u64 us = latency_ns / 1000;
     struct gpu_hist_key hkey = {.pid = tgid, .slot = us ? bpf_log2l(us) - 1 : 0};

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: GPL-2.0-only OR Apache-2.0
-/* runqlat.bpf.c — run-queue latency per thread: wakeup (or preemption) to on-CPU.
+/* runq.bpf.c — run-queue latency per thread: wakeup (or preemption) to on-CPU.
  *
  * Reads only tracepoint arguments and BPF helpers, never kernel structs: BCC
  * takes tracepoint layouts from tracefs at run time, so this stays correct
@@ -41,7 +41,7 @@
  * switch into the thread reads and clears it; a slot is inserted only for a
  * thread not seen before and deleted when the thread exits.
  */
-#include "runqlat.h"
+#include "runq.h"
 #include "drops.bpf.inc"  /* spliced in by the loader, see drops.h */
 
 /* sched_switch reports a preempted, still-runnable task with this bit
@@ -234,7 +234,7 @@ TRACEPOINT_PROBE(sched, sched_switch)
     if (!is_target(tgid))   /* targets may have changed since it was queued */
         return 0;
     /* BCC's bpf_log2l(v) is floor(log2(v)) + 1 for v >= 1 (0 for 0): one
-     * less is the bucket [2^slot, 2^(slot+1)) us that runqlat.h and the
+     * less is the bucket [2^slot, 2^(slot+1)) us that runq.h and the
      * LatencyHistogram record promise (libbpf-tools runqlat's convention;
      * < 1 us in slot 0 too). */
     u64 wait_us = wait_ns / 1000;

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: GPL-2.0-only OR Apache-2.0
-/* gpuioctl.h — the one record the GPU-ioctl probe emits, and its tunables.
+/* gpu_ioctl.h — the one record the GPU-ioctl probe emits, and its tunables.
  *
  * BCC reads these layouts from the compiled program, so the Python side
  * never restates them (see collector/probes/gpu_ioctl.py).
@@ -10,7 +10,7 @@
 #include "common.h"  /* TASK_COMM_LEN, UNKNOWN_NODE */
 
 /* Settings written by the collector into the `config` array map. */
-struct gpuioctl_config {
+struct gpu_ioctl_config {
     u64 threshold_ns;   /* calls at or above this leave the kernel one by one; 0 = not configured */
 };
 
@@ -43,7 +43,7 @@ struct gpu_ioctl_event {
 
 /* Per-process log2 histogram of every watched call, in microseconds
  * (floor(log2): libbpf-tools runqlat's convention; BCC's bpf_log2l is one
- * more, see gpuioctl.bpf.c). */
+ * more, see gpu_ioctl.bpf.c). */
 struct gpu_hist_key {
     u32 pid;
     u32 slot;           /* latency in [2^slot, 2^(slot+1)) us; slot 0 also holds < 1 us */

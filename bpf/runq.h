@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: GPL-2.0-only OR Apache-2.0
-/* runqlat.h — the one record the run-queue probe emits, and its tunables.
+/* runq.h — the one record the run-queue probe emits, and its tunables.
  *
  * BCC reads this struct's layout from the compiled program, so the Python
  * side never restates it (see collector/probes/runq.py).
@@ -20,7 +20,7 @@ struct runq_config {
 
 /* One thread's slot (`threads`): its tgid (0 = not learned yet), when it
  * became runnable (0 = not waiting), and whether its stacks were saved then
- * (in `victim_stacks`, see runqlat.bpf.c). */
+ * (in `victim_stacks`, see runq.bpf.c). */
 struct thread_state {
     u64 enqueued_ns;
     u32 tgid;
