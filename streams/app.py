@@ -6,7 +6,10 @@ record types and judges it as it arrives, then queues it for the store,
 which writes batches to ClickHouse and only then lets Faust commit their
 offsets (at-least-once; the sink's keys make it exact).
 Undecodable input goes to the dead-letter topic with its reason and the agent
-carries on.
+carries on. The store path (batches written, refused records isolated and
+dead-lettered) is streams/store_path.py; the attribution tick, which
+attributes the requests whose grace period is over and publishes them, is
+streams/attribution_tick.py.
 
 Records go to their signal's rules through the topic -> handler table
 (streams/handlers.py); what the rules know about each host is in
@@ -20,16 +23,13 @@ broker refuses to take is sent again (streams/outbox.py).
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import logging
 import os
 import time
-from typing import NamedTuple
 
 import faust
-import msgspec
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Counter
 
 from jitterscope.common import kafka_auth, logs, ports
 from jitterscope.schemas import batches, events, topics
@@ -37,34 +37,21 @@ from jitterscope.common.settings import Settings
 from jitterscope.common import buildinfo  # noqa: F401  (registers jitterscope_build_info)
 from jitterscope.streams import clickhouse, kafka_patches, notify, signal_metrics, web
 from jitterscope.streams.alert_groups import AlertGroups, announced
+from jitterscope.streams.alert_metrics import count_raised
 from jitterscope.streams.attribution import Attributor
+from jitterscope.streams.attribution_tick import AttributionTick
 from jitterscope.streams.handlers import Handlers
 from jitterscope.streams.outbox import Outbox
 from jitterscope.streams.host_state import HostState
 from jitterscope.streams.rules.base import Thresholds
-from jitterscope.streams.rules.requests import request_slo
 from jitterscope.streams.sink import ClickHouseSink
+from jitterscope.streams.store_path import Decoded, StorePath
 from jitterscope.streams.store_queue import StoreQueue
 from jitterscope.streams.worker_state import state_file
 
 log = logging.getLogger("jitterscope.streams")
 
 RECORDS_IN = Counter("jitterscope_streams_records_total", "records decoded", ["topic"])
-RECORDS_ACCOUNTED = Counter(
-    "jitterscope_streams_records_accounted_total",
-    "records of an input topic that are safe: stored in ClickHouse or dead-lettered", ["topic"])
-DEAD_LETTERS = Counter("jitterscope_streams_deadletters_total", "input lines sent to the dead-letter topic", ["topic"])
-ALERTS = Counter("jitterscope_streams_alerts_total", "alerts raised", ["kind"])
-#: kernel event (or request end) to alert raised: what an operator waits for an alert
-ALERT_DELAY = Histogram(
-    "jitterscope_streams_alert_delay_seconds", "alert raised minus the time of the event it is about (its ts)",
-    ["kind"], buckets=(0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0,
-                       7.5, 10.0))
-
-ATTRIBUTIONS = Counter("jitterscope_streams_attributions_total", "requests attributed")
-PENDING_REQUESTS = Gauge("jitterscope_streams_pending_requests", "requests waiting for their grace period")
-LATE_EVIDENCE = Counter("jitterscope_streams_late_evidence_total",
-                        "kernel evidence that arrived after requests it overlapped were attributed")
 
 ATTRIBUTION_TICK_S = 0.25
 #: how often run-queue waits parked for a record are checked for a deadline passed (streams/handlers.py)
@@ -74,27 +61,6 @@ ALERT_GROUP_TICK_S = 0.5
 LEARNED = (events.Topology, events.ProcessInfo, events.DeviceIo)
 #: records that may wait for the store per topic, in batches of sink_batch_rows (streams/store_queue.py)
 STORE_AHEAD_BATCHES = 2
-
-
-class Decoded(NamedTuple):
-    """One Kafka message after decoding: what flows from the per-message
-    processor to the batched store step. ``partition``/``offset`` travel with
-    it so that a record ClickHouse refuses is dead-lettered with its origin."""
-
-    records: list[events.Record]
-    dead: list[events.DeadLetter]
-    alerts: list[events.Alert]
-    partition: int = 0
-    offset: int = 0
-    host: str = ""
-
-
-def count_raised(alerts: list[events.Alert]) -> None:
-    """Count new alerts, and how long after their event each was raised (a
-    clock behind the collector's counts as 0)."""
-    for alert in alerts:
-        ALERTS.labels(alert.kind).inc()
-        ALERT_DELAY.labels(alert.kind).observe(max(0, alert.raised_ns - alert.ts_ns) / 1e9)
 
 
 def faust_credentials(s: Settings) -> "faust.types.auth.CredentialsT | None":
@@ -108,7 +74,39 @@ def faust_credentials(s: Settings) -> "faust.types.auth.CredentialsT | None":
     return faust.SSLCredentials(context) if context is not None else None
 
 
-class StreamsWorker:
+def faust_app(s: Settings, bootstrap_servers: str) -> faust.App:
+    """The Faust app, configured from the settings: its topics, consumer,
+    producer and web server."""
+    return faust.App(
+        "jitterscope-streams",
+        broker=f"kafka://{bootstrap_servers}",
+        broker_credentials=faust_credentials(s),
+        store="memory://",
+        # what `jitterscope topics` made, and the front door checked before start
+        topic_partitions=s.kafka_partitions,
+        topic_replication_factor=s.kafka_replication_factor,
+        topic_disable_leader=True,
+        topic_allow_declare=False,  # topics are created up front with the shared partition count
+        broker_session_timeout=s.kafka_session_timeout_s,
+        broker_rebalance_timeout=s.kafka_session_timeout_s,
+        broker_heartbeat_interval=1.0,
+        broker_commit_interval=1.0,
+        consumer_auto_offset_reset="earliest",
+        producer_acks=-1,
+        stream_wait_empty=False,
+        web_enabled=bool(s.streams_web_port),
+        web_host=s.streams_web_bind,
+        web_bind=s.streams_web_bind,
+        web_port=s.streams_web_port or 6066,
+        datadir=str(s.data_dir / "faust"),
+    )
+
+
+class StreamsWorker(StorePath, AttributionTick):
+    """The worker: its Faust app, agents and timers, and the judging they
+    call. The store path (StorePath, streams/store_path.py) and the
+    attribution tick (AttributionTick, streams/attribution_tick.py) are mixed in."""
+
     def __init__(self, settings: Settings, bootstrap_servers: str):
         # Faust binds the web port only once it runs, and a port taken ends it
         # with a traceback: say it in one line, before the store is opened
@@ -156,29 +154,7 @@ class StreamsWorker:
     def _build_app(self, bootstrap_servers: str) -> faust.App:
         s = self.settings
         kafka_patches.apply(s.kafka_fetch_max_wait_ms)
-        app = faust.App(
-            "jitterscope-streams",
-            broker=f"kafka://{bootstrap_servers}",
-            broker_credentials=faust_credentials(s),
-            store="memory://",
-            # what `jitterscope topics` made, and the front door checked before start
-            topic_partitions=s.kafka_partitions,
-            topic_replication_factor=s.kafka_replication_factor,
-            topic_disable_leader=True,
-            topic_allow_declare=False,  # topics are created up front with the shared partition count
-            broker_session_timeout=s.kafka_session_timeout_s,
-            broker_rebalance_timeout=s.kafka_session_timeout_s,
-            broker_heartbeat_interval=1.0,
-            broker_commit_interval=1.0,
-            consumer_auto_offset_reset="earliest",
-            producer_acks=-1,
-            stream_wait_empty=False,
-            web_enabled=bool(s.streams_web_port),
-            web_host=s.streams_web_bind,
-            web_bind=s.streams_web_bind,
-            web_port=s.streams_web_port or 6066,
-            datadir=str(s.data_dir / "faust"),
-        )
+        app = faust_app(s, bootstrap_servers)
 
         def raw_topic(name: str):
             return app.topic(name, key_type=bytes, key_serializer="raw", value_type=bytes,
@@ -191,6 +167,13 @@ class StreamsWorker:
         web.add_routes(app, self)
 
         self.attribution_topic = raw_topic(topics.ATTRIBUTION)
+        self._add_hand_over_hooks(app)
+        self._add_timers(app)
+        self._add_announce(app)
+        return app
+
+    def _add_hand_over_hooks(self, app: faust.App) -> None:
+        """What the worker does when partitions come and go, and before it stops."""
         held: set = set()
 
         @app.on_partitions_assigned.connect
@@ -202,6 +185,18 @@ class StreamsWorker:
             if gained:
                 await self.sink.run(self.sink.forget_hosts)
 
+        # a parked wait's message is stored and committed: judge it before another worker takes its host, or none will
+        @app.on_partitions_revoked.connect
+        async def judge_parked_on_hand_over(_app, revoked, **_kwargs) -> None:
+            if revoked:
+                await self.judge_all_parked()
+
+        @app.on_before_shutdown.connect
+        async def judge_parked_on_stop(_app, **_kwargs) -> None:
+            await self.judge_all_parked()
+
+    def _add_timers(self, app: faust.App) -> None:
+        """The attribution tick, the parked run-queue waits' tick and the alert groups' tick."""
         @app.timer(interval=ATTRIBUTION_TICK_S)
         async def attribute() -> None:
             try:
@@ -216,22 +211,15 @@ class StreamsWorker:
             except Exception:  # the timer must keep running: the next tick judges what is due
                 log.exception("parked run-queue waits tick failed")
 
-        # a parked wait's message is stored and committed: judge it before another worker takes its host, or none will
-        @app.on_partitions_revoked.connect
-        async def judge_parked_on_hand_over(_app, revoked, **_kwargs) -> None:
-            if revoked:
-                await self.judge_all_parked()
-
-        @app.on_before_shutdown.connect
-        async def judge_parked_on_stop(_app, **_kwargs) -> None:
-            await self.judge_all_parked()
-
         @app.timer(interval=ALERT_GROUP_TICK_S)
         async def resolve_alert_groups() -> None:
             try:
                 await self.alert_groups_due(time.time_ns())
             except Exception:  # the timer must keep running: groups stay open until the next tick
                 log.exception("alert group tick failed")
+
+    def _add_announce(self, app: faust.App) -> None:
+        s = self.settings
 
         @app.task
         async def announce() -> None:
@@ -252,8 +240,6 @@ class StreamsWorker:
                                "token": self.query_token}, out)
                 os.replace(tmp, path)
             log.info("streams worker ready")
-
-        return app
 
     def _add_agent(self, app: faust.App, topic, name: str, record_type: type[events.Record]) -> None:
         decoder = batches.BatchDecoder(record_type)
@@ -356,76 +342,6 @@ class StreamsWorker:
             self.notifier.offer(alerts)
             await self.store(topics.ALERTS, "alerts", [Decoded([], [], alerts)])
 
-    async def store(self, topic: str, table: str, batch: list["Decoded"]) -> None:
-        """Write a batch; returns only when every record is stored or
-        dead-lettered, after which Faust may commit its offsets. It never
-        raises: a record ClickHouse refuses is found by bisecting the batch
-        and dead-lettered with its partition and offset; an unreachable
-        ClickHouse is waited for (the offsets stay uncommitted meanwhile)."""
-        dead = [letter for d in batch for letter in d.dead]
-        step = self.settings.sink_batch_rows
-        for name, part in ((table, lambda d: d.records), ("alerts", lambda d: d.alerts)):
-            records = list(itertools.chain.from_iterable(map(part, batch)))
-            for start in range(0, len(records), step):
-                chunk = records[start:start + step]
-                try:  # the common case: no per-record bookkeeping unless ClickHouse refuses
-                    await self.sink.write(name, chunk)
-                except Exception as exc:
-                    rows = [(d, record) for d in batch for record in part(d)][start:start + step]
-                    dead.extend(await self._store_isolating(topic, name, rows, refused=exc))
-        if dead:
-            await self.dead_letter(dead)
-        if topic in topics.INPUT_TOPICS:
-            RECORDS_ACCOUNTED.labels(topic).inc(sum(len(d.records) for d in batch))
-
-    async def _store_isolating(self, topic: str, table: str, rows: list[tuple["Decoded", events.Record]],
-                               refused: Exception | None = None) -> list[events.DeadLetter]:
-        """Insert records (each with the message it came in); when ClickHouse
-        refuses, insert each half on its own, down to the single records it
-        refuses, and return those as dead letters: a few bad records cost
-        O(bad x log n) inserts and the good ones around them are stored.
-        ``refused``: these rows were just refused (by store()), don't retry them whole."""
-        try:
-            if refused is not None:
-                raise refused
-            await self.sink.write(table, [record for _, record in rows])
-            return []
-        except Exception as exc:
-            if len(rows) == 1:
-                origin, record = rows[0]
-                return [events.DeadLetter(
-                    host=origin.host or getattr(record, "host", ""), topic=topic, partition=origin.partition,
-                    offset=origin.offset, line=0, reason=f"ClickHouse refused the record for {table}: {exc}"[:2000],
-                    payload=msgspec.json.encode(record).decode(), ts_ns=time.time_ns())]
-            log.warning("ClickHouse refused %d rows for %s (%s); isolating the bad ones", len(rows), table,
-                        str(exc)[:200])
-        half = len(rows) // 2
-        return [*await self._store_isolating(topic, table, rows[:half]),
-                *await self._store_isolating(topic, table, rows[half:])]
-
-    async def attribute_due(self, now_ns: int) -> None:
-        """Attribute the requests whose grace period is over; publish, store
-        and alert on them."""
-        done = self.attributor.due(now_ns)
-        PENDING_REQUESTS.set(self.attributor.pending)
-        LATE_EVIDENCE.inc(self.attributor.late_evidence - self._late_counted)  # its running total, as a Counter
-        self._late_counted = self.attributor.late_evidence
-        if not done:
-            return
-        ATTRIBUTIONS.inc(len(done))
-        alerts = []
-        for a in done:
-            process = self.state.processes.get((a.host, a.pid))
-            culprits = self.attributor.culprits(a)
-            alert = request_slo(a, process.comm if process else "", process.cpus_allowed if process else [],
-                                self.state.host_cpus(a.host), time.time_ns(), culprits.throttle, culprits.irq)
-            if alert:
-                alerts.append(alert)
-        count_raised(alerts)
-        await self.publish(self.attribution_topic, done)
-        alerts = await self.announce_alerts(alerts)
-        await self.store(topics.ATTRIBUTION, "request_attribution", [Decoded(done, [], alerts)])
-
     async def publish(self, topic, records: list[events.Record]) -> None:
         """NDJSON messages keyed by host, each below the broker's size limit."""
         by_host: dict[str, list[events.Record]] = {}
@@ -435,18 +351,6 @@ class StreamsWorker:
             limit = self.settings.kafka_max_message_bytes
             for payload, _count in batches.split_lines(batches.encode_batch(group), limit):
                 await self.outbox.send(topic, host.encode(), payload)
-
-    async def dead_letter(self, dead: list[events.DeadLetter]) -> None:
-        for letter in dead:
-            DEAD_LETTERS.labels(letter.topic).inc()
-            log.warning("dead-lettered %s[%d]@%d line %d: %s", letter.topic, letter.partition,
-                        letter.offset, letter.line, letter.reason[:300])
-            await self.outbox.send(self.deadletter_topic, letter.topic.encode(), msgspec.json.encode(letter))
-        try:
-            await self.sink.write("deadletter", dead)
-        except Exception:  # they are on the dead-letter topic already
-            log.exception("could not store %d dead letters in ClickHouse; they are on %s",
-                          len(dead), topics.DEADLETTER)
 
     def run(self) -> None:
         """Run the worker until SIGINT/SIGTERM."""

@@ -1,0 +1,63 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The streams worker's attribution tick: every ATTRIBUTION_TICK_S
+(streams/app.py) the requests whose grace period is over are attributed
+(streams/attribution.py), those over their SLO raise request_slo alerts
+(streams/rules/requests.py), and the attributions are published to the
+attribution topic, then stored with their alerts (streams/store_path.py).
+
+``AttributionTick`` is mixed into the worker (streams/app.py), which gives it
+its attributor, its host state, the attribution topic, ``publish`` and
+``announce_alerts`` (streams/app.py) and ``store`` (streams/store_path.py).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from prometheus_client import Counter, Gauge
+
+from jitterscope.schemas import topics
+from jitterscope.streams.alert_metrics import count_raised
+from jitterscope.streams.attribution import Attributor
+from jitterscope.streams.host_state import HostState
+from jitterscope.streams.rules.requests import request_slo
+from jitterscope.streams.store_path import Decoded
+
+ATTRIBUTIONS = Counter("jitterscope_streams_attributions_total", "requests attributed")
+PENDING_REQUESTS = Gauge("jitterscope_streams_pending_requests", "requests waiting for their grace period")
+LATE_EVIDENCE = Counter("jitterscope_streams_late_evidence_total",
+                        "kernel evidence that arrived after requests it overlapped were attributed")
+
+
+class AttributionTick:
+    """The worker's attribution step (mixed into StreamsWorker)."""
+
+    attributor: Attributor
+    state: HostState
+    attribution_topic: Any  # a Faust topic
+    _late_counted: int  # the attributor's late evidence already counted in LATE_EVIDENCE
+
+    async def attribute_due(self, now_ns: int) -> None:
+        """Attribute the requests whose grace period is over; publish, store
+        and alert on them."""
+        done = self.attributor.due(now_ns)
+        PENDING_REQUESTS.set(self.attributor.pending)
+        LATE_EVIDENCE.inc(self.attributor.late_evidence - self._late_counted)  # its running total, as a Counter
+        self._late_counted = self.attributor.late_evidence
+        if not done:
+            return
+        ATTRIBUTIONS.inc(len(done))
+        alerts = []
+        for a in done:
+            process = self.state.processes.get((a.host, a.pid))
+            culprits = self.attributor.culprits(a)
+            alert = request_slo(a, process.comm if process else "", process.cpus_allowed if process else [],
+                                self.state.host_cpus(a.host), time.time_ns(), culprits.throttle, culprits.irq)
+            if alert:
+                alerts.append(alert)
+        count_raised(alerts)
+        await self.publish(self.attribution_topic, done)
+        alerts = await self.announce_alerts(alerts)
+        await self.store(topics.ATTRIBUTION, "request_attribution", [Decoded(done, [], alerts)])
+
