@@ -52,13 +52,13 @@ def overhead(text: str) -> str:
 
 
 def test_there_are_programs_to_check():
-    assert "runqlat" in PROGRAMS and len(PROGRAMS) >= 7, PROGRAMS
+    assert "runq" in PROGRAMS and len(PROGRAMS) >= 7, PROGRAMS
 
 
 @pytest.mark.parametrize("name", PROGRAMS)
 def test_each_program_has_an_example_from_a_real_run(name):
     path = example(name)
-    assert path.is_file(), f"bpf/{name}.bpf.c has no bpf/{name}_example.txt (see bpf/runqlat_example.txt)"
+    assert path.is_file(), f"bpf/{name}.bpf.c has no bpf/{name}_example.txt (see bpf/runq_example.txt)"
     text = path.read_text()
     assert f"bpf/{name}.bpf.c" in text.split("\n\n", 1)[0], "the first paragraph names the program it demonstrates"
     runs = commands_and_output(text)
