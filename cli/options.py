@@ -43,6 +43,9 @@ SetOpt = Annotated[Optional[list[str]], typer.Option(
 
 def load_settings(config: Path | None, sets: list[str] | None = None, **flags):
     """Settings from flags (named ones and --set NAME=VALUE), env and file."""
+    # a named list flag not given is [] (Typer's default), not "make it empty"; a --set
+    # value is always given, [] included (--set hardware_probes='[]': no hardware probes)
+    given = {k: v for k, v in flags.items() if v is not None and v != []}
     for item in sets or []:
         name, sep, value = item.partition("=")
         if not sep or not name:
@@ -51,10 +54,8 @@ def load_settings(config: Path | None, sets: list[str] | None = None, **flags):
             parsed = json.loads(value)
         except ValueError:
             parsed = value  # a plain string
-        key = name.strip().replace("-", "_")
-        if flags.get(key) in (None, []):  # a named flag, when given, wins
-            flags[key] = parsed
-    return settings_mod.load(config, **flags)
+        given.setdefault(name.strip().replace("-", "_"), parsed)  # a named flag, when given, wins
+    return settings_mod.load(config, **given)
 
 
 def require_broker(s) -> None:

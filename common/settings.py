@@ -352,13 +352,14 @@ class Settings(UpSettings, StreamsSettings, CollectorSettings, StoreSettings, Ka
 
 
 def load(config_file: Path | None = None, **overrides: Any) -> Settings:
-    """Settings from flags (``overrides``, None = not given), env and file."""
+    """Settings from flags (``overrides``, None = not given: an empty list is
+    given, and empties the setting), env and file."""
     if config_file is not None:
         _check_config_file(Path(config_file), "config file")
         os.environ["JITTERSCOPE_CONFIG"] = str(config_file)
     elif env_file := os.environ.get("JITTERSCOPE_CONFIG"):
         _check_config_file(Path(env_file), "JITTERSCOPE_CONFIG file")
-    given = {k: v for k, v in overrides.items() if v is not None and v != []}
+    given = {k: v for k, v in overrides.items() if v is not None}
     try:
         return Settings(**given)
     except ValidationError as exc:

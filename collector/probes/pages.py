@@ -70,6 +70,7 @@ class PageProbe(base.BccProbe):
         super().__init__()
         self._proc = proc
         self._seen: dict[tuple[int, int], tuple[int, int]] = {}
+        self._names: dict[int, str] = {}  # pid -> its name when last read
         self.set_ranges(ranges)
 
     def set_ranges(self, pfn_ranges: list[tuple[int, int, int]]) -> None:
@@ -90,6 +91,8 @@ class PageProbe(base.BccProbe):
         exited = self._bpf[b"exited"]
         gone = {k.value for k in exited.keys()}  # before the counts: their last pages are in
         result, self._seen, stale = diff_counts(counts.items(), self._seen, gone, self._comm, self._memory_cgroup)
+        for pid in gone:
+            self._names.pop(pid, None)
         for key in stale:
             try:
                 del counts[key]
@@ -103,13 +106,16 @@ class PageProbe(base.BccProbe):
         return result
 
     def _comm(self, pid: int) -> str:
-        """The process's name (its main thread's), when it is still there."""
+        """The process's name (its main thread's); for one that has exited,
+        the name last read (its final counts come after its exit, and the
+        kernel's entry names the thread that created it, before any exec)."""
         if pid == 0:
             return ""
         try:
-            return (self._proc / str(pid) / "comm").read_text().rstrip("\n")
+            self._names[pid] = (self._proc / str(pid) / "comm").read_text().rstrip("\n")
         except OSError:
-            return ""
+            return self._names.pop(pid, "")  # its last interval: not asked again
+        return self._names[pid]
 
     def _memory_cgroup(self, pid: int) -> str:
         """The process's memory cgroup, when it is still there: read with its
@@ -126,6 +132,8 @@ class PageProbe(base.BccProbe):
             if key.pid in pids:
                 del counts[key]
                 self._seen.pop((key.pid, key.node), None)
+        for pid in pids:
+            self._names.pop(pid, None)
 
 
 def diff_counts(entries, seen: dict[tuple[int, int], tuple[int, int]], gone: set[int],

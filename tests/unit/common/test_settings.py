@@ -196,3 +196,23 @@ def test_section_names_are_the_documented_ones():
     assert re.findall(r"^- ``(\w+Settings)``", settings_mod.__doc__, re.M) == names
     readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
     assert all(f"`{name}`" in readme for name in names)
+
+
+def test_set_gives_an_empty_list_and_an_unset_list_flag_gives_nothing():
+    from jitterscope.options import load_settings
+
+    # --set hardware_probes='[]': no hardware probes (it used to load every one)
+    assert load_settings(None, ["hardware_probes=[]"]).hardware_probes == []
+    # a list flag not given reaches load_settings as [] and leaves the setting alone
+    assert load_settings(None, [], target_pids=[]).hardware_probes == Settings().hardware_probes
+    assert load_settings(None, ["target_pids=[7]"], target_pids=[]).target_pids == [7]
+    assert load_settings(None, ["target_pids=[7]"], target_pids=[8]).target_pids == [8]  # the named flag wins
+
+
+def test_the_old_probe_name_cfs_is_throttle_with_a_warning(caplog):
+    with caplog.at_level("WARNING"):
+        s = load(hardware_probes=["cfs", "irq", "throttle"])
+    assert s.hardware_probes == ["throttle", "irq"]
+    assert "'cfs' is now called 'throttle'" in caplog.text
+    with pytest.raises(errors.BadConfig, match="unknown probe"):
+        load(hardware_probes=["runqlat"])

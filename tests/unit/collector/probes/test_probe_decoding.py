@@ -321,3 +321,16 @@ def test_jitterscopes_own_waits_are_dropped_and_its_processes_labelled_as_suspec
     signal.on_event(runq.RawRunqEvent(300, 9_000_000, 40, 40, 1, 77, 78, "jsvictim", "jshog"))
     assert [r.suspect_comm for r in signal.ctx.published] == ["jitterscope:python", "jshog"]
     assert signal.events_read == 3
+
+
+def test_a_process_that_exited_keeps_the_name_last_read_not_the_one_before_its_exec(tmp_path):
+    """Its final page counts are read after it exited: the name it had when
+    last read, not the kernel entry's (the thread that created it, before exec)."""
+    probe = pages.PageProbe.__new__(pages.PageProbe)  # the name look-up alone: no BPF program
+    probe._proc, probe._names = tmp_path, {}
+    (tmp_path / "42").mkdir()
+    (tmp_path / "42/comm").write_text("jspages\n")
+    assert probe._comm(42) == "jspages"
+    (tmp_path / "42/comm").unlink()  # exited
+    assert probe._comm(42) == "jspages"
+    assert probe._comm(42) == ""  # asked once more: unknown (the caller falls back to the kernel's)
