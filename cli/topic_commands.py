@@ -20,6 +20,14 @@ PartitionsOpt = Annotated[Optional[int], typer.Option(help="partitions per topic
 ReplicationOpt = Annotated[Optional[int], typer.Option(help="replicas per topic (kafka_replication_factor, default 1)")]
 
 
+def _broker_settings(config, sets, bootstrap_servers, partitions, replication_factor):
+    """Both commands' settings, with a broker to talk to."""
+    s = load_settings(config, sets, bootstrap_servers=bootstrap_servers, kafka_partitions=partitions,
+                      kafka_replication_factor=replication_factor)
+    require_broker(s)
+    return s
+
+
 @topics_app.command("create")
 def topics_create(
     sets: SetOpt = None,
@@ -31,9 +39,7 @@ def topics_create(
     """Create every missing jitterscope topic, then check them all."""
     from jitterscope import topic_admin as topics
 
-    s = load_settings(config, sets, bootstrap_servers=bootstrap_servers, kafka_partitions=partitions,
-                      kafka_replication_factor=replication_factor)
-    require_broker(s)
+    s = _broker_settings(config, sets, bootstrap_servers, partitions, replication_factor)
     created = topics.create(s)
     console.print(f"created {len(created)} topic(s) on {s.bootstrap_servers}" + (f": {', '.join(created)}" if created else ""),
                   soft_wrap=True)
@@ -49,10 +55,7 @@ def topics_check(
     replication_factor: ReplicationOpt = None,
 ) -> None:
     """Check every jitterscope topic exists with the configured partitions and replication factor (exit 1 if not)."""
-    s = load_settings(config, sets, bootstrap_servers=bootstrap_servers, kafka_partitions=partitions,
-                      kafka_replication_factor=replication_factor)
-    require_broker(s)
-    _topics_report(s)
+    _topics_report(_broker_settings(config, sets, bootstrap_servers, partitions, replication_factor))
 
 
 def _topics_report(s) -> None:
