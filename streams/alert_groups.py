@@ -1,6 +1,22 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Alerts a person can live with: run-queue-like alerts grouped per (host,
-victim process, kind, suspect) over a window, and resolved when quiet.
+"""Alerts a person can live with: every rule of repeated findings, in one place.
+
+A finding repeats in one of two ways, and each kind is handled one way here:
+
+- **A standing condition sampled again and again** (a process on the wrong
+  NUMA node, a migration storm, a CPU's IRQ share each interval, a cgroup
+  throttled every period): each sample restates the same finding, so the
+  same finding about the same key (``Cooldowns.fresh``'s ``key``: the
+  process, the CPU and source, the cgroup) is raised once per its kind's
+  ``QUIET_PERIOD_NS`` and the repeats are dropped before storage. The
+  worker's handlers (streams/handlers.py) ask ``Cooldowns`` as they judge.
+- **A finding per kernel event** (``GROUPED_KINDS``): every alert is
+  stored (fleet SQL counts events) and grouped for people (``AlertGroups``).
+  ``irq`` and ``cfs_throttling`` are both: their samples are cooled first,
+  and what passes is grouped with the run-queue-like alerts of its suspect.
+
+Grouping: run-queue-like alerts grouped per (host, victim process, kind,
+suspect) over a window, and resolved when quiet.
 
 The per-event rules (runq_starvation, cfs_throttling, irq) raise one alert per
 kernel event; a starved engine raises hundreds a minute. A group's first
@@ -16,8 +32,7 @@ in ``evidence["state"]`` whether it was announced (``firing``) or folded
 ``group_worst_ns``, ``group_first_ns``, ``group_last_ns`` are the group's. The ``Alert`` record
 keeps its shape (a shared contract): group data lives in ``evidence``, as text.
 
-The hardware rules have their own cooldowns (streams/handlers.py
-REPEAT_AFTER_NS) and pass through untouched. Pure: no I/O; the caller passes
+Other kinds pass ``AlertGroups`` untouched. Pure: no I/O; the caller passes
 the clock (``now_ns``), so tests drive it.
 """
 
@@ -32,6 +47,16 @@ from jitterscope.schemas.events import Alert
 
 #: the per-event kinds that are grouped; others pass through
 GROUPED_KINDS = frozenset({"runq_starvation", "cfs_throttling", "irq"})
+
+#: how long the same sampled finding about the same key stays quiet
+QUIET_PERIOD_NS = {
+    "numa_cpu_mismatch": 600_000_000_000,
+    "numa_remote_memory": 300_000_000_000,
+    "numa_node_filler": 60_000_000_000,
+    "migration_storm": 60_000_000_000,
+    "irq": 60_000_000_000,  # per (CPU, source): a storm lasts; one alert a minute says so
+    "cfs_throttling": 60_000_000_000,  # per cgroup: a quota too small throttles every period
+}
 
 FIRING, FOLDED, RESOLVED = "firing", "folded", "resolved"
 
@@ -66,6 +91,27 @@ def group_id(key: tuple) -> str:
 def announced(alert: Alert) -> bool:
     """Whether the alert goes to people (the alerts topic, notifications)."""
     return alert.evidence.get("state") != FOLDED
+
+
+class Cooldowns:
+    """Which sampled findings are new: the first of a (kind, host, key) in
+    its kind's quiet period (``periods``: kind -> ns; a kind not in it is
+    always new)."""
+
+    def __init__(self, periods: dict[str, int] | None = None):
+        self.periods = QUIET_PERIOD_NS if periods is None else periods
+        self._raised: dict[tuple, int] = {}  # (kind, host, *key) -> when last raised
+
+    def fresh(self, alert: Alert | None, *key) -> bool:
+        """False for no finding, or one already raised within its quiet period."""
+        if alert is None:
+            return False
+        quiet = self.periods.get(alert.kind, 0)
+        ident = (alert.kind, alert.host, *key)
+        if quiet and alert.raised_ns - self._raised.get(ident, -quiet) < quiet:
+            return False
+        self._raised[ident] = alert.raised_ns
+        return True
 
 
 @dataclass

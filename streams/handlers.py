@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The topic -> handler table: each input topic's records go to the rules of
 their signal (streams/rules/<signal>.py), with the host state those rules
-need, and repeated findings are kept from flooding the alert topic.
+need; a sampled finding's repeats are dropped as streams/alert_groups.py
+says (``Cooldowns``).
 
 The table comes from the signal catalogue (schemas/signals.py): a signal's
 handler is the method named after it, else the generic one over its rule
@@ -50,18 +51,9 @@ from jitterscope.streams.rules import throttle as throttle_rules
 from jitterscope.streams.rules.base import Thresholds
 from jitterscope.streams.rules.losses import LossWatch
 from jitterscope.streams import signal_metrics
+from jitterscope.streams.alert_groups import Cooldowns
 from jitterscope.streams.host_state import PROCESS_WAIT_S
 from jitterscope.streams.throttle_index import ThrottleIndex, contains
-
-#: how long the same finding about the same process/thread stays quiet
-REPEAT_AFTER_NS = {
-    "numa_cpu_mismatch": 600_000_000_000,
-    "numa_remote_memory": 300_000_000_000,
-    "numa_node_filler": 60_000_000_000,
-    "migration_storm": 60_000_000_000,
-    "irq": 60_000_000_000,  # per (CPU, source): a storm lasts; one alert a minute says so
-    "cfs_throttling": 60_000_000_000,  # per cgroup: a quota too small throttles every period
-}
 
 Handler = Callable[[list, int], Awaitable[list[events.Alert]]]
 
@@ -109,7 +101,7 @@ class Handlers:
         self.t = thresholds or Thresholds.defaults()
         self.attributor = attributor
         self.losses = LossWatch(self.t.loss_alert_events)
-        self._last: dict[tuple, int] = {}
+        self.cooldowns = Cooldowns()  # repeats of sampled findings (streams/alert_groups.py)
         self.throttles = ThrottleIndex()
         self.clock = clock
         self.max_parked = max_parked
@@ -133,17 +125,6 @@ class Handlers:
             alerts += self._wake({r.host for r in records})
         return alerts
 
-    def _fresh(self, alert: events.Alert | None, *key) -> bool:
-        """False for a finding already raised within its quiet period."""
-        if alert is None:
-            return False
-        quiet = REPEAT_AFTER_NS.get(alert.kind, 0)
-        ident = (alert.kind, alert.host, *key)
-        if quiet and alert.raised_ns - self._last.get(ident, -quiet) < quiet:
-            return False
-        self._last[ident] = alert.raised_ns
-        return True
-
     def _judged(self, items: Iterable, judge: Callable, key: Callable[..., tuple]) -> list[events.Alert]:
         """The loop most signals share: each item's finding (``judge(item)``,
         with the look-ups it needs), kept unless it repeats one raised within
@@ -151,7 +132,7 @@ class Handlers:
         out = []
         for item in items:
             alert = judge(item)
-            if self._fresh(alert, *key(item)):
+            if self.cooldowns.fresh(alert, *key(item)):
                 out.append(alert)
         return out
 
@@ -315,7 +296,7 @@ class Handlers:
             if limited else []
         alert = runq.runq_starvation(event, self.t.runq_alert_ns, victim, self.state.host_cpus(event.host),
                                      time.time_ns(), throttled)
-        if alert and (alert.kind != "cfs_throttling" or self._fresh(alert, alert.evidence.get("cgroup"))):
+        if alert and (alert.kind != "cfs_throttling" or self.cooldowns.fresh(alert, alert.evidence.get("cgroup"))):
             return alert
         return None
 
@@ -424,12 +405,12 @@ class Handlers:
             process = self.state.processes.get((host, pid))
             if process and process.gpus:
                 alert = pages.remote_memory(process, group, topo, self.t, now_ns)
-                if self._fresh(alert, pid):
+                if self.cooldowns.fresh(alert, pid):
                     out.append(alert)
                 continue
             users = self.state.gpu_users(host)
             for placement in group:
                 alert = pages.node_filler(placement, process, topo, users, self.t, now_ns)
-                if self._fresh(alert, pid, placement.node):
+                if self.cooldowns.fresh(alert, pid, placement.node):
                     out.append(alert)
         return out

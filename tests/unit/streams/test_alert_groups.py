@@ -9,8 +9,9 @@ import msgspec
 
 from jitterscope.schemas.events import Alert
 from jitterscope.schemas.batches import BatchDecoder, encode_batch
-from jitterscope.streams.alert_groups import (FIRING, FOLDED, RESOLVED, RESOLVED_SEQ_BIT, AlertGroups, announced,
-                                              group_id, group_key)
+from jitterscope.streams.alert_groups import (FIRING, FOLDED, GROUPED_KINDS, QUIET_PERIOD_NS, RESOLVED,
+                                              RESOLVED_SEQ_BIT, AlertGroups, Cooldowns, announced, group_id,
+                                              group_key)
 
 S = 1_000_000_000
 T0 = 1_700_000_000 * S
@@ -122,3 +123,26 @@ def test_cfs_throttling_groups_per_quota_cgroup():
     g = AlertGroups(window_ns=60 * S, quiet_ns=120 * S)
     a, b = (alert(i, kind="cfs_throttling", suspect="", evidence={"cgroup": f"/kubepods/pod{i}"}) for i in (1, 2))
     assert states(g.offer([a, b, a], T0)) == [FIRING, FIRING, FOLDED]
+
+
+def test_a_sampled_finding_is_raised_once_per_quiet_period_per_key():
+    cooldowns = Cooldowns({"migration_storm": 60 * S})
+    storm = lambda at_s, host="h1": msgspec.structs.replace(  # noqa: E731
+        alert(1, kind="migration_storm", host=host), raised_ns=T0 + at_s * S)
+    assert cooldowns.fresh(storm(0), 42)
+    assert not cooldowns.fresh(storm(30), 42)  # the same thread, within the minute: dropped
+    assert cooldowns.fresh(storm(30), 43)  # another thread
+    assert cooldowns.fresh(storm(30, host="h2"), 42)  # another host
+    assert not cooldowns.fresh(storm(59.9), 42)
+    assert cooldowns.fresh(storm(60), 42)  # the period is over: raised again, and the clock restarts
+    assert not cooldowns.fresh(storm(119), 42)
+    assert not cooldowns.fresh(None, 42)  # no finding
+    assert all(cooldowns.fresh(alert(i), 42) for i in range(3))  # a kind with no period is never dropped
+
+
+def test_every_kind_cooled_down_or_grouped_is_named_in_one_module():
+    # the handlers hold no repeat table of their own (one place, this module)
+    import jitterscope.streams.handlers as handlers
+    assert not [name for name, value in vars(handlers).items() if name.isupper() and isinstance(value, dict)
+                and set(value) & (set(QUIET_PERIOD_NS) | GROUPED_KINDS)]
+    assert handlers.Handlers(state=None).cooldowns.periods is QUIET_PERIOD_NS
