@@ -69,6 +69,9 @@ MAX_PARKED = 10_000
 #: process and topology records before, in streams/app.py)
 WAKING = frozenset({topics.PROCESSES, topics.TOPOLOGY, topics.CGROUP_THROTTLE})
 
+NO_INTERVAL = Counter("jitterscope_streams_records_without_interval_total",
+                      "records whose interval_ns is 0, skipped by every rule (a rate over no time means nothing)",
+                      ["topic"])
 PARKED = Counter("jitterscope_streams_runq_parked_total",
                  "alert-worthy run-queue waits parked for a record on another topic (process, topology, throttling)")
 JUDGED_LATE = Counter("jitterscope_streams_runq_judged_late_total",
@@ -120,10 +123,23 @@ class Handlers:
 
     async def handle(self, topic: str, records: list, now_ns: int) -> list[events.Alert]:
         handler = self.table.get(topic)
+        if records and hasattr(records[0], "interval_ns"):  # one message holds one record type
+            records = self._with_interval(topic, records)
         alerts = await handler(records, now_ns) if handler else []
         if topic in WAKING and self._parked:  # after the record's own alerts (a cgroup's quiet period)
             alerts += self._wake({r.host for r in records})
         return alerts
+
+    @staticmethod
+    def _with_interval(topic: str, records: list) -> list:
+        """A rate or share over no time is no finding (a collector's flush at
+        stop once published histograms with interval 0, and the migration
+        rule called that 8e9 moves a second): such records reach no rule and
+        no attribution, and are counted."""
+        kept = [r for r in records if r.interval_ns > 0]
+        if len(kept) < len(records):
+            NO_INTERVAL.labels(topic).inc(len(records) - len(kept))
+        return kept
 
     def _judged(self, items: Iterable, judge: Callable, key: Callable[..., tuple]) -> list[events.Alert]:
         """The loop most signals share: each item's finding (``judge(item)``,

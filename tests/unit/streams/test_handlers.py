@@ -10,9 +10,10 @@ dicts) and a stub clock."""
 from __future__ import annotations
 
 import msgspec
+import msgspec.inspect
 from prometheus_client import REGISTRY
 
-from jitterscope.schemas import events, topics
+from jitterscope.schemas import events, signals, topics
 from jitterscope.streams.handlers import THROTTLE_WAIT_S, Handlers
 from jitterscope.streams.host_state import PROCESS_WAIT_S, HostState
 from jitterscope.streams.rules import runq
@@ -200,3 +201,45 @@ def test_a_stop_or_hand_over_judges_every_parked_wait_with_what_is_known():
     assert h.parked == 0 and h.due() == []
     clock.now += 10
     assert h.due() == []
+
+
+def test_a_record_over_no_interval_reaches_no_rule_and_is_counted():
+    h, state, _ = setup(topology(), process(100))
+    storm = events.Migrations(host=HOST, boot_id="b", seq=1, ts_ns=NOW, pid=100, tid=100, comm="p100",
+                              interval_ns=0, migrations=8, cross_node=8, last_cpu=1)
+    before = counter("jitterscope_streams_records_without_interval_total", topic=topics.MIGRATIONS)
+    assert handle(h, topics.MIGRATIONS, [storm]) == []  # 8 moves in 0 s: no storm
+    assert counter("jitterscope_streams_records_without_interval_total", topic=topics.MIGRATIONS) == before + 1
+    # the same moves over a real second are one
+    real = msgspec.structs.replace(storm, interval_ns=1_000_000_000, migrations=5_000, cross_node=5_000)
+    assert [a.kind for a in handle(h, topics.MIGRATIONS, [real])] == ["migration_storm"]
+
+
+def blank(record_type) -> dict:
+    """A record of this type with every field empty or zero (interval 0 included)."""
+    empty = {msgspec.inspect.StrType: "", msgspec.inspect.IntType: 0, msgspec.inspect.FloatType: 0.0,
+             msgspec.inspect.ListType: [], msgspec.inspect.DictType: {}, msgspec.inspect.BoolType: False}
+    info = msgspec.inspect.type_info(record_type)
+    return {f.name: empty.get(type(f.type), None) for f in info.fields if f.required}
+
+
+def test_every_signal_with_an_interval_is_guarded_before_its_handler():
+    h, _, _ = setup()
+    seen = []
+
+    async def recorder(records, now_ns):
+        seen.extend(records)
+        return []
+
+    guarded = 0
+    for signal in signals.SIGNALS:
+        if "interval_ns" not in signal.record.__struct_fields__:
+            continue
+        guarded += 1
+        h.table[signal.topic] = recorder
+        zero = msgspec.convert(blank(signal.record), signal.record)
+        one = msgspec.structs.replace(zero, interval_ns=1)
+        seen.clear()
+        handle(h, signal.topic, [zero, one])
+        assert seen == [one], signal.name
+    assert guarded >= 5  # histograms, irq, throttle, migrate, pages, device_io
