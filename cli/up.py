@@ -51,21 +51,35 @@ QUIET_S = 5.0
 BLIND_DRAIN_S = 3.0
 
 
-def format_alert(alert: events.Alert) -> str:
-    when = datetime.fromtimestamp(alert.ts_ns / 1e9).strftime("%H:%M:%S.%f")[:-3]
+def _clock(ns: int) -> str:
+    return datetime.fromtimestamp(ns / 1e9).strftime("%H:%M:%S.%f")[:-3]
+
+
+def format_alert(alert: events.Alert, printed_ns: int | None = None) -> str:
+    """One console line. A new alert starts with the time of its evidence;
+    a group's re-announcement or resolution (streams/alert_groups.py) is not
+    a new wait, so it starts with the time it is printed (``printed_ns``,
+    default now): lines stay in order, and the group's first time follows
+    its count. Ends with the alert's seq, what `jitterscope stacks --alert`
+    takes."""
+    when = _clock(alert.ts_ns)
     if alert.kind != "runq_starvation":
-        line = f"{when} {alert.host} [{alert.severity}] {alert.summary}"
+        line = f"{alert.host} [{alert.severity}] {alert.summary}"
     else:
         held = f"{alert.suspect_comm} (pid {alert.suspect_pid})" if alert.suspect_pid else "idle/kernel"
-        line = (f"{when} {alert.host} [{alert.severity}] {alert.comm} (pid {alert.pid}, tid {alert.tid}) "
+        line = (f"{alert.host} [{alert.severity}] {alert.comm} (pid {alert.pid}, tid {alert.tid}) "
                 f"waited {alert.wait_ns / 1e6:.1f} ms for CPU {alert.cpu}, held by {held}")
-    # a group's re-announcement or resolution (streams/alert_groups.py) is not a new wait
     state, count = alert.evidence.get("state"), alert.evidence.get("group_count")
+    first = int(alert.evidence.get("group_first_ns", 0) or 0)
+    since = f", since {_clock(first)}" if first else ""
+    now = _clock(time.time_ns() if printed_ns is None else printed_ns)
     if state == "resolved":
-        line = (f"{when} {alert.host} [resolved] {alert.kind} of {alert.comm} (pid {alert.pid}): quiet now, "
-                f"{count} alert(s), worst {int(alert.evidence.get('group_worst_ns', 0)) / 1e6:.1f} ms")
+        line = (f"{now} {alert.host} [resolved] {alert.kind} of {alert.comm} (pid {alert.pid}): quiet now, "
+                f"{count} alert(s){since}, worst {int(alert.evidence.get('group_worst_ns', 0)) / 1e6:.1f} ms")
     elif count and count != "1":
-        line += f" ({count} so far)"
+        line = f"{now} {line} ({count} so far{since}) seq {alert.seq}"
+    else:
+        line = f"{when} {line} seq {alert.seq}"
     return printable(line)  # names come from the watched processes: no terminal escapes
 
 

@@ -10,7 +10,7 @@ A finding repeats in one of two ways, and each kind is handled one way here:
   process, the CPU and source, the cgroup) is raised once per its kind's
   ``QUIET_PERIOD_NS`` and the repeats are dropped before storage. The
   worker's handlers (streams/handlers.py) ask ``Cooldowns`` as they judge.
-- **A finding per kernel event** (``GROUPED_KINDS``): every alert is
+- **A finding per kernel event or request** (``GROUPED_KINDS``): every alert is
   stored (fleet SQL counts events) and grouped for people (``AlertGroups``).
   ``irq`` and ``cfs_throttling`` are both: their samples are cooled first,
   and what passes is grouped with the run-queue-like alerts of its suspect.
@@ -45,8 +45,10 @@ import msgspec
 
 from jitterscope.schemas.events import Alert
 
-#: the per-event kinds that are grouped; others pass through
-GROUPED_KINDS = frozenset({"runq_starvation", "cfs_throttling", "irq"})
+#: the per-event kinds that are grouped; others pass through. A slow
+#: request is one event too: `up` and the notifiers show one line per cause
+#: and suspect of a process, with a count, not one per request of a storm.
+GROUPED_KINDS = frozenset({"runq_starvation", "cfs_throttling", "irq", "request_slo"})
 
 #: how long the same sampled finding about the same key stays quiet
 QUIET_PERIOD_NS = {
@@ -80,7 +82,9 @@ def suspect_of(alert: Alert) -> str:
 def group_key(alert: Alert) -> tuple:
     # host-level findings (irq: pid 0) have no victim process: their CPU stands for it
     victim = (alert.pid, alert.comm) if alert.pid else ("cpu", alert.cpu)
-    return (alert.host, *victim, alert.kind, suspect_of(alert))
+    key = (alert.host, *victim, alert.kind, suspect_of(alert))
+    cause = alert.evidence.get("cause")  # a slow request's: the same suspect may explain it two ways
+    return (*key, cause) if cause else key
 
 
 def group_id(key: tuple) -> str:

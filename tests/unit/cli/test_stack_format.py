@@ -56,9 +56,27 @@ def test_hostile_comm_is_kept_verbatim():
 
 def test_group_announcements_say_how_many_and_resolutions_say_quiet():
     again = format_alert(alert(evidence={"state": "firing", "group_count": "7"}))
-    assert again.endswith("(7 so far)")
+    assert again.endswith("(7 so far) seq 42")
     done = format_alert(alert(evidence={"state": "resolved", "group_count": "7", "group_worst_ns": "25000000"}))
     assert "[resolved]" in done and "7 alert(s)" in done and "worst 25.0 ms" in done and "waited" not in done
+
+
+def test_every_new_alert_line_ends_with_the_seq_that_stacks_takes():
+    assert format_alert(alert()).endswith(" seq 42")
+    assert format_alert(alert(kind="request_slo", summary="req-1 took 54 ms")).endswith("req-1 took 54 ms seq 42")
+
+
+def test_repeats_and_resolutions_start_with_when_they_are_printed_in_order():
+    # the case: a group first seen at 17:17:00 re-announced a minute later
+    printed = TS + 60 * 1_000_000_000
+    group = {"group_count": "384", "group_first_ns": str(TS)}
+    lines = [format_alert(alert(evidence={"state": "firing", **group}), printed_ns=printed),
+             format_alert(alert(evidence={"state": "resolved", "group_worst_ns": "1", **group}),
+                          printed_ns=printed + 1_000_000)]
+    starts = [line.split(" ")[0] for line in lines]
+    assert starts == sorted(starts) and starts[0] == datetime.fromtimestamp(printed / 1e9).strftime("%H:%M:%S.%f")[:-3]
+    first = datetime.fromtimestamp(TS / 1e9).strftime("%H:%M:%S.%f")[:-3]
+    assert all(f"since {first}" in line for line in lines)
 
 
 def test_request_alerts_print_their_summary():

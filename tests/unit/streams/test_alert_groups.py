@@ -146,3 +146,13 @@ def test_every_kind_cooled_down_or_grouped_is_named_in_one_module():
     assert not [name for name, value in vars(handlers).items() if name.isupper() and isinstance(value, dict)
                 and set(value) & (set(QUIET_PERIOD_NS) | GROUPED_KINDS)]
     assert handlers.Handlers(state=None).cooldowns.periods is QUIET_PERIOD_NS
+
+
+def test_slow_requests_group_per_process_cause_and_suspect():
+    g = AlertGroups(window_ns=60 * S, quiet_ns=120 * S)
+    slow = lambda seq, cause, suspect="jshog": alert(seq, kind="request_slo", suspect=suspect,  # noqa: E731
+                                                    evidence={"cause": cause})
+    out = g.offer([slow(1, "runq_starvation"), slow(2, "runq_starvation"), slow(3, "runq_starvation", "backup"),
+                   slow(4, "cfs_throttling")], T0)
+    assert states(out) == [FIRING, FOLDED, FIRING, FIRING]  # one line per (cause, suspect); the storm folded
+    assert len(out) == 4  # and every request's alert still stored
