@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -47,6 +48,9 @@ POLL_S = 0.5
 #: done once its counts stood still this long: longer than a sink flush and
 #: an insert under load
 QUIET_S = 5.0
+#: how long `up` waits for the collector's probes before it says "watching"
+#: anyway (a first BPF compile on a busy 2-core box takes a minute)
+COLLECTOR_START_S = 300.0
 #: the old fixed wait, for a worker that cannot say what it stored
 BLIND_DRAIN_S = 3.0
 
@@ -217,6 +221,28 @@ class Stack:
             [sys.executable, "-m", "jitterscope.cli", *args], env=env, stdout=log, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, start_new_session=True)
 
+    def _wait_for_collector(self, timeout_s: float = COLLECTOR_START_S) -> None:
+        """Until the collector's probes are loaded and its OTLP receiver
+        listens (it opens once they are): "watching" printed before that sent
+        a user's first spans into a refused connection and missed the first
+        waits. Without a receiver, its log's start line says it."""
+        s, deadline = self.settings, time.monotonic() + timeout_s
+        log = s.data_dir / "collector.log"
+        host = "127.0.0.1" if s.otlp_bind in ("", "0.0.0.0", "::") else s.otlp_bind
+        while time.monotonic() < deadline:
+            self._check_children()
+            if s.otlp_port:
+                try:
+                    with socket.create_connection((host, s.otlp_port), timeout=0.5):
+                        return
+                except OSError:
+                    pass
+            elif "collector started" in log.read_text(errors="replace"):
+                return
+            time.sleep(0.1)
+        self.console.print(f"the collector is still starting after {timeout_s:.0f} s (compiling BPF); see {log}",
+                           style="yellow", markup=False)
+
     def _check_children(self) -> None:
         for name, proc in self.children.items():
             if proc.poll() is not None:
@@ -256,6 +282,7 @@ class Stack:
             # an earlier run's counts would make the drain compare against them
             (s.data_dir / FINAL_FILE).unlink(missing_ok=True)
             self._spawn("collector", ["collector"], bootstrap)
+            self._wait_for_collector()
         target = "all processes" if not s.filters_targets else f"pids {s.target_pids} comms {s.target_comms}"
         spans = f"request spans to http://{s.otlp_bind}:{s.otlp_port}/v1/traces; " if s.otlp_port else ""
         self.console.print(

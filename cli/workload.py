@@ -12,8 +12,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
 VICTIM_COMM = "jsvictim"
 HOG_COMM = "jshog"
@@ -39,8 +41,27 @@ while time.monotonic() < end:
 """
 
 
-def _spawn(code: str, cpu: int) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", code], preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
+def _named_python(name: str) -> str:
+    """A path to this Python whose file name is ``name``: the kernel names a
+    process after the file it executes, so it is ``name`` from its first
+    instruction. (prctl alone renames it only once the interpreter has
+    started, and the waits of that start-up, tens of milliseconds beside the
+    hogs, were alerts about "python".) The children use the standard library
+    only, so the link need not find a virtual environment."""
+    folder = Path(tempfile.gettempdir()) / f"jitterscope-names-{os.getuid()}"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    link = folder / name
+    if not (link.is_symlink() and os.readlink(link) == os.path.realpath(sys.executable)):
+        temporary = folder / f".{name}.{os.getpid()}"
+        temporary.unlink(missing_ok=True)
+        temporary.symlink_to(os.path.realpath(sys.executable))
+        temporary.replace(link)  # atomic: two demos at once never see a half-made link
+    return str(link)
+
+
+def _spawn(code: str, cpu: int, name: str) -> subprocess.Popen:
+    return subprocess.Popen([_named_python(name), "-c", code],
+                            preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
 
 
 def last_cpu() -> int:
@@ -54,7 +75,7 @@ def last_cpu() -> int:
 def cpu_hogs(seconds: float, cpu: int | None = None, count: int = 3):
     """CPU hogs on one CPU; yields once they are running under their own name."""
     cpu = last_cpu() if cpu is None else cpu
-    procs = [_spawn(_HOG.format(name=HOG_COMM, seconds=seconds + 1), cpu) for _ in range(count)]
+    procs = [_spawn(_HOG.format(name=HOG_COMM, seconds=seconds + 1), cpu, HOG_COMM) for _ in range(count)]
     try:
         for proc in procs:  # interpreter start-up runs as "python": wait for the rename
             while _comm(proc.pid) not in (HOG_COMM, None):
@@ -79,8 +100,8 @@ def starvation(seconds: float, cpu: int | None = None, hogs: int = 3, delay: flo
                name: str = VICTIM_COMM):
     """Yields the victim's Popen; ``hogs=0`` is the unloaded control."""
     cpu = last_cpu() if cpu is None else cpu
-    victim = _spawn(_VICTIM.format(name=name, delay=delay, seconds=seconds), cpu)
-    hog_procs = [_spawn(_HOG.format(name=HOG_COMM, seconds=seconds + delay), cpu) for _ in range(hogs)]
+    victim = _spawn(_VICTIM.format(name=name, delay=delay, seconds=seconds), cpu, name)
+    hog_procs = [_spawn(_HOG.format(name=HOG_COMM, seconds=seconds + delay), cpu, HOG_COMM) for _ in range(hogs)]
     try:
         yield victim
         victim.wait(seconds + delay + 30)

@@ -135,7 +135,7 @@ class Collector:
         # jitterscope's own processes (this collector; under `up` its whole
         # tree): never victims, labelled as suspects. Updated in place: the
         # probes hold this very set
-        self.own: set[int] = {os.getpid()}
+        self.own: dict[int, str] = {os.getpid(): "collector"}
 
     # -- records ---------------------------------------------------------
     def _queue(self, record: events.Record) -> None:
@@ -346,9 +346,9 @@ class Collector:
         head = self.settings.own_tree_pid
         found = set(serving_group.find_groups({head}, "tree", self.proc)) if head else set()
         found.add(os.getpid())
-        if found != self.own:
+        if found != self.own.keys():  # pid -> its role, the label it has as a suspect
             self.own.clear()
-            self.own.update(found)
+            self.own.update({pid: hostinfo.own_role(pid, head, self.proc) for pid in found})
 
     def update_targets(self) -> None:
         self.refresh_own()

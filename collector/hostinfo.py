@@ -229,6 +229,28 @@ def ns_pids(pid: int, proc: Path = Path("/proc")) -> list[int]:
         return []
 
 
+def own_role(pid: int, head: int = 0, proc: Path = Path("/proc")) -> str:
+    """Which part of jitterscope one of its own processes is, as a person
+    names it: "collector" (this process), "up" (``head``, the tree that
+    started the others), "worker", "broker", else its name. A suspect label
+    says this rather than a thread's name ("python", "tokio-rt-worker", a
+    chDB pool's "RuntimeData"), which says nothing about what to tune."""
+    if pid == os.getpid():
+        return "collector"
+    if pid == head:
+        return "up"
+    try:
+        args = [Path(a.decode(errors="replace")).name for a in (proc / str(pid) / "cmdline").read_bytes().split(b"\0")]
+    except OSError:
+        return "process"
+    for role, marks in (("worker", ("streams",)), ("collector", ("collector",))):
+        if any(a in marks for a in args[1:]):
+            return role
+    if args and args[0].startswith("tansu"):
+        return "broker"
+    return args[0] if args and args[0] else "process"
+
+
 def tgid_of(tid: int, proc: Path = Path("/proc")) -> int | None:
     """The process a thread belongs to, or None if it is gone."""
     try:

@@ -243,7 +243,7 @@ class BlockedSignal(BccSignal):
         ctx = self.ctx
         waker_comm = raw.waker_comm
         if raw.waker_pid and raw.waker_pid in ctx.own:
-            waker_comm = events.OWN_SUSPECT_PREFIX + waker_comm
+            waker_comm = events.OWN_SUSPECT_PREFIX + ctx.own[raw.waker_pid]
         ctx.describe_process(raw.pid)
         ctx.describe_process(raw.waker_pid)  # 0 (an interrupt on an idle CPU) is skipped
         ctx.publish(ctx.event(

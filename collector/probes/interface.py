@@ -50,9 +50,9 @@ class ProbeContext:
     topology: dict = field(default_factory=dict)  # collector.topology.read_topology's fields
     targets: set[int] | None = None             # None: every process is watched
     thresholds: dict[int, int] = field(default_factory=dict)  # pid -> its own runq event threshold (ns)
-    # jitterscope's own processes (the agent updates this set in place): never
-    # victims, labelled as suspects
-    own: set[int] = field(default_factory=set)
+    # jitterscope's own processes, pid -> its role (collector, worker, broker,
+    # up; the agent updates it in place): never victims, labelled as suspects
+    own: dict[int, str] = field(default_factory=dict)
     proc: Path = Path("/proc")
     sys: Path = Path("/sys")
 

@@ -138,7 +138,7 @@ class RunqSignal(LatencySignal):
             return
         suspect_comm = raw.suspect_comm
         if raw.suspect_pid and raw.suspect_pid in ctx.own:
-            suspect_comm = events.OWN_SUSPECT_PREFIX + suspect_comm
+            suspect_comm = events.OWN_SUSPECT_PREFIX + ctx.own[raw.suspect_pid]  # its role: collector, worker, ...
         ctx.describe_process(pid)
         ctx.describe_process(raw.suspect_pid)
         # the stacks first: a StackTrace goes out before the event naming it

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from jitterscope.schemas.events import Alert, CgroupThrottle, RunqEvent
+from jitterscope.schemas.events import OWN_SUSPECT_PREFIX, Alert, CgroupThrottle, RunqEvent
 from jitterscope.schemas.topology import cpu_list
 from jitterscope.streams.rules import throttle
 
@@ -37,13 +37,23 @@ def runq_starvation(
         return throttled
     wait_ms = event.wait_ns / 1e6
     victim_cpus = victim.cpus_allowed if victim else []
-    suspect_name = f"{event.suspect_comm} (pid {event.suspect_pid})" if event.suspect_pid else "the idle/kernel task"
+    own = event.suspect_comm.startswith(OWN_SUSPECT_PREFIX)  # the collector labelled it (by its role)
+    suspect_name = (f"jitterscope itself ({event.suspect_comm.removeprefix(OWN_SUSPECT_PREFIX)}, "
+                    f"pid {event.suspect_pid})" if own else
+                    f"{event.suspect_comm} (pid {event.suspect_pid})" if event.suspect_pid else "the idle/kernel task")
     summary = (
         f"{event.comm} (pid {event.pid}, tid {event.tid}) waited {wait_ms:.1f} ms for CPU {event.cpu}; "
         f"{suspect_name} held it"
     )
     others = [c for c in (host_cpus or []) if c not in victim_cpus] if victim_cpus else []
-    if event.suspect_pid and event.suspect_pid != event.pid and others:
+    if own:
+        remedy = (
+            f"the cost of watching: keep jitterscope's {event.suspect_comm.removeprefix(OWN_SUSPECT_PREFIX)} off "
+            f"CPUs {cpu_list(victim_cpus) or event.cpu} (CPUAffinity= of its unit, a cpuset, or taskset -apc "
+            f"{cpu_list(others) or '<other CPUs>'} {event.suspect_pid}), or make it cheaper: a higher "
+            "runq_threshold_ms, fewer hardware_probes, runq_stacks = false (`jitterscope doctor` shows its cost)"
+        )
+    elif event.suspect_pid and event.suspect_pid != event.pid and others:
         remedy = (
             f"move {event.suspect_comm} off the inference CPUs: taskset -apc {cpu_list(others)} "
             f"{event.suspect_pid}; or reserve CPUs {cpu_list(victim_cpus)} for pid {event.pid} "

@@ -364,7 +364,7 @@ def test_signal_watches_serving_groups_and_labels_its_own_wakers(monkeypatch):
     with child(IDLE) as c, child(IDLE) as gone:
         c.read()
         gone.read()
-        ctx = fake_context(own={os.getpid()})
+        ctx = fake_context(own={os.getpid(): "collector"})
         assert ctx.settings.blocked_threshold_ms == 1.0
         signal = BlockedSignal()
         signal.open(ctx)

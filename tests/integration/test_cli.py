@@ -40,7 +40,7 @@ def test_up_prints_alerts_and_query_answers_during_and_after(tmp_path):
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(iter(up.stdout.readline, "")), daemon=True)
     reader.start()
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + 360  # "watching" comes once the collector's BPF is compiled and loaded
     while not any("jitterscope up: watching" in l for l in lines):
         assert up.poll() is None and time.monotonic() < deadline, "".join(lines)
         time.sleep(0.2)

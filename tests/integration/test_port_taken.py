@@ -101,7 +101,7 @@ def test_a_second_up_names_each_port_the_first_one_holds(tmp_path):
     lines: list[str] = []
     threading.Thread(target=lambda: lines.extend(iter(first.stdout.readline, "")), daemon=True).start()
     try:
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + 360
         while not any("jitterscope up: watching" in l for l in lines):
             assert first.poll() is None and time.monotonic() < deadline, "".join(lines)
             time.sleep(0.5)

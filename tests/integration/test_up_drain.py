@@ -78,7 +78,7 @@ def test_ctrl_c_during_a_storm_stores_everything_the_collector_sent(tmp_path):
     reader = threading.Thread(target=lambda: lines.extend(iter(up.stdout.readline, "")), daemon=True)
     reader.start()
     try:
-        wait_for(lambda: any("jitterscope up: watching" in l for l in lines), 120, "up to start", up, lines)
+        wait_for(lambda: any("jitterscope up: watching" in l for l in lines), 360, "up to start", up, lines)
         with storm(seconds=300):
             # stop while events still pour in and the worker is behind
             at_stop = wait_for(lambda: (n := stored_runq(env)) >= 20_000 and n, 180, "20,000 events stored", up, lines)

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """collector/hostinfo.py against captured /proc and /sys trees (tests/fixtures)."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -230,3 +231,23 @@ def test_host_roots(tmp_path):
     assert hostinfo.host_roots(tmp_path) == (tmp_path / "proc", tmp_path / "sys")
     with pytest.raises(BadConfig, match="host_root"):
         hostinfo.host_roots(tmp_path / "nothing")
+
+
+def test_own_processes_are_named_by_their_role(tmp_path):
+    def process(pid: int, *args: str) -> int:
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "cmdline").write_bytes(b"\0".join(a.encode() for a in args) + b"\0")
+        return pid
+
+    from jitterscope.collector.hostinfo import own_role
+    worker = process(10, "/opt/js/.venv/bin/python3", "-m", "jitterscope.cli", "streams", "--set", "x=collector")
+    collector = process(11, "/opt/js/.venv/bin/jitterscope", "collector")
+    broker = process(12, "/root/.cache/jitterscope/tansu-0.6.0", "broker", "--listener-url", "tcp://0:9092")
+    other = process(13, "/usr/bin/python3", "-c", "pass")
+    assert own_role(worker, proc=tmp_path) == "worker"
+    assert own_role(collector, proc=tmp_path) == "collector"
+    assert own_role(broker, proc=tmp_path) == "broker"
+    assert own_role(other, proc=tmp_path) == "python3"
+    assert own_role(worker, head=worker, proc=tmp_path) == "up"
+    assert own_role(os.getpid(), proc=tmp_path) == "collector"  # the collector asking
+    assert own_role(99, proc=tmp_path) == "process"  # gone

@@ -157,3 +157,10 @@ def test_request_slo_quiet_unless_breached_and_honest_when_unexplained():
                         "python3", [], None, NOW)
     assert "unexplained" in alert.summary and "10%" in alert.summary
     assert "no kernel evidence" in alert.remedy and alert.suspect_pid == 0
+
+
+def test_jitterscope_as_the_culprit_is_the_cost_of_watching_not_a_neighbour_to_move():
+    alert = runq_starvation(event(suspect_comm="jitterscope:worker"), ALERT_NS, VICTIM, HOST_CPUS, NOW)
+    assert "jitterscope itself (worker, pid 4321) held it" in alert.summary
+    assert alert.remedy.startswith("the cost of watching") and "runq_threshold_ms" in alert.remedy
+    assert "move jitterscope" not in alert.remedy
