@@ -138,11 +138,14 @@ def test_demo_and_the_standin_beside_up_show_only_true_alerts(tmp_path):
     tops = Counter(rows[r][1].split(",")[0] for r in right)
     crowd = {HOG_COMM, VICTIM_COMM}
     named = sum(n for top, n in tops.items() if top in crowd or top.startswith("jitterscope:"))
-    assert named >= 0.9 * len(right), tops.most_common(10)
+    strangers = query(env, "SELECT DISTINCT s.pid, s.comm FROM jitterscope.request_attribution FINAL "
+                           "ARRAY JOIN suspects AS s WHERE pid = {pid:UInt32} AND s.comm NOT IN ('jshog', 'jsvictim') "
+                           "AND NOT startsWith(s.comm, 'jitterscope:') LIMIT 10", pid=standin.pid)
+    assert named >= 0.9 * len(right), (tops.most_common(10), strangers)
     hog_named = sum(1 for r in right if HOG_COMM in rows[r][1].split(","))
 
     # 4. the console showed them: the first slow request of the group, with its seq
-    breached = [r for r in held if r in rows and rows[r][2] == "1"]
+    breached = [r for r in held if r in rows and rows[r][2] == "True"]
     assert breached, "no held-back request broke the SLO: nothing for the console to show"
     shown = [l for l in lines if "jshog" in l and "req-" in l and " seq " in l]
     assert shown, console[-4000:]
