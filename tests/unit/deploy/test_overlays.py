@@ -81,8 +81,8 @@ def test_trial_broker_is_the_tansu_jitterscope_embeds(trial):
     help_text = subprocess.run([binary, "broker", "--help"], capture_output=True, text=True, timeout=30).stdout
     read = set(re.findall(r"\[env: (\w+)=", help_text)) | {"RUST_LOG"}  # RUST_LOG: its logger's
     assert set(env_of(tansu)) <= read, set(env_of(tansu)) - read
-    # no args: with no subcommand the binary runs the broker
-    assert "args" not in tansu and "command" not in tansu and "default if no command supplied" in help_text
+    # the image's own command runs (`/tansu broker`: upstream's Dockerfile at that tag)
+    assert "args" not in tansu and "command" not in tansu
 
 
 def test_trial_brings_clickhouse_and_the_secret_the_worker_reads(trial):
@@ -92,6 +92,8 @@ def test_trial_brings_clickhouse_and_the_secret_the_worker_reads(trial):
     assert Settings(clickhouse_url=values["url"]).clickhouse_url == values["url"]  # the worker's own check
     # the account the server creates at first start is the one in the URL
     assert (url.username, url.password) == (values["user"], values["password"])
+    # it goes into the URL and into the image's users.d XML, neither escaped
+    assert re.fullmatch(r"[A-Za-z0-9-]+", values["password"])
     _service, server = service_port(trial, url.hostname, url.port)
     (clickhouse,) = pod_spec(server)["containers"]
     env = env_of(clickhouse)
