@@ -165,11 +165,24 @@ def kubectl_paths(text: str) -> list[str]:
     return re.findall(r"kubectl (?:apply|delete|diff|kustomize)(?: -k)? (deploy/kubernetes\S*)", text)
 
 
-def test_every_kubectl_command_in_the_docs_names_a_kustomization_that_renders():
+def copies(text: str) -> dict[str, str]:
+    """The docs' `cp -r SOURCE DEST` of a kustomization: DEST -> SOURCE."""
+    return {dest: src for src, dest in re.findall(r"cp -r (deploy/kubernetes/\S+) (\S+)", text)}
+
+
+def test_every_kubectl_command_in_the_docs_names_a_kustomization_that_renders(tmp_path):
+    """Including a copy the docs make first: it must sit beside its source,
+    since an overlay's paths (../../base) are relative; it renders as a
+    copy, from where the docs put it."""
     named = {path.rstrip("/.,`") for doc in DEPLOY_DOCS for path in kubectl_paths(doc.read_text())}
-    assert "deploy/kubernetes/overlays/trial" in named
+    copied = {dest: src for doc in DEPLOY_DOCS for dest, src in copies(doc.read_text()).items()}
+    assert "deploy/kubernetes/overlays/trial" in named and copied
+    for dest, src in copied.items():
+        assert Path(dest).parent == Path(src).parent, f"cp -r {src} {dest}: ../../base would not resolve"
+        assert dest in named  # the copy is what the docs then apply
     for path in named:
-        assert render(Path(path).relative_to("deploy/kubernetes").as_posix() or "."), path
+        variant = Path(copied.get(path, path)).relative_to("deploy/kubernetes").as_posix()
+        assert render(variant), path
 
 
 def env_used_before_defined(env: list[dict]) -> list[str]:
