@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The fleet deployment, checked offline (no container engine or cluster runs
-here): the kustomize base and the example overlay render with kubectl, every
-rendered object is valid against the Kubernetes schemas, the pods are set up
+here): the kustomize base, every overlay and every component (manifests.py's
+VARIANTS) render with kubectl, every rendered object is valid against the
+Kubernetes schemas, the pods are set up
 the way the collector and the worker need, the ConfigMaps hold settings
 jitterscope accepts, the image definition passes hadolint, and the systemd
 units pass systemd-analyze.
@@ -16,7 +17,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import jsonschema
@@ -26,8 +26,8 @@ import yaml
 
 from jitterscope.common.settings import Settings
 
-ROOT = Path(__file__).resolve().parents[3]
-K8S = ROOT / "deploy/kubernetes"
+from .manifests import ROOT, VARIANTS, components, config_of, one, overlays, render
+
 BIN = Path(sys.executable).parent
 #: oldest Kubernetes still in support when this was written, and the newest the validator knows
 VERSIONS = ("1.30.0", kubernetes_validate.utils.latest_version())
@@ -52,25 +52,16 @@ PODMONITOR_SCHEMA = {
 }
 
 
-def render(path: Path) -> list[dict]:
-    out = subprocess.run(["kubectl", "kustomize", str(path)], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    return [d for d in yaml.safe_load_all(out.stdout) if d]
-
-
-def one(objects: list[dict], kind: str, name: str | None = None) -> dict:
-    found = [o for o in objects if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)]
-    assert len(found) == 1, (kind, name, [o["kind"] for o in objects])
-    return found[0]
-
-
-def config_of(objects: list[dict]) -> dict:
-    return tomllib.loads(one(objects, "ConfigMap")["data"]["jitterscope.toml"])
-
-
-@pytest.fixture(scope="module", params=["base", "overlays/example"])
+@pytest.fixture(scope="module", params=VARIANTS)
 def rendered(request) -> tuple[str, list[dict]]:
-    return request.param, render(K8S / request.param)
+    return request.param, render(request.param)
+
+
+def test_every_overlay_and_component_is_a_variant_tested():
+    """A new overlay or component is rendered and validated here without a
+    line to add, or this says which is missing."""
+    named = {part for variant in VARIANTS for part in variant.split("+")}
+    assert set(overlays()) | set(components()) <= named, sorted(set(overlays()) | set(components()) - named)
 
 
 def test_every_object_is_valid_against_the_kubernetes_schemas(rendered):
@@ -85,32 +76,38 @@ def test_every_object_is_valid_against_the_kubernetes_schemas(rendered):
         for version in VERSIONS:
             # strict: an unknown or misspelt field is an error, not ignored
             kubernetes_validate.validate(obj, version, strict=True)
-    assert ("PodMonitor" in kinds) == (variant == "overlays/example")
+    assert ("PodMonitor" in kinds) == ("podmonitor" in variant or variant.startswith("overlays/production"))
 
 
-def test_the_cli_validator_agrees(tmp_path):
-    """The same check as a person runs it."""
-    rendered_file = tmp_path / "base.yaml"
-    rendered_file.write_text(yaml.safe_dump_all(render(K8S / "base")))
+@pytest.mark.parametrize("variant", ["base", *overlays()])
+def test_the_cli_validator_agrees(variant, tmp_path):
+    """The same check as a person runs it (docs/kubernetes.md gives the command)."""
+    objects = render(variant)
+    rendered_file = tmp_path / "rendered.yaml"
+    rendered_file.write_text(yaml.safe_dump_all([o for o in objects if o["kind"] != "PodMonitor"]))
     out = subprocess.run([str(BIN / "kubernetes-validate"), "--strict", "-k", VERSIONS[0], str(rendered_file)],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert out.stdout.count(" passed for resource ") == len(render(K8S / "base"))
+    assert out.stdout.count(" passed for resource ") == len([o for o in objects if o["kind"] != "PodMonitor"])
 
 
-def test_the_default_kustomization_is_the_base():
-    assert render(K8S) == render(K8S / "base")
+def test_the_default_kustomization_is_the_trial():
+    """`kubectl apply -k deploy/kubernetes` by reflex gets the variant that
+    works on a fresh cluster, not the base that needs a Kafka and a Secret."""
+    assert render(".") == render("overlays/trial")
 
 
 def test_collector_daemonset_is_set_up_for_bpf_on_gpu_nodes(rendered):
-    _variant, objects = rendered
+    variant, objects = rendered
     ds = one(objects, "DaemonSet", "jitterscope-collector")
     pod = ds["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     assert pod["hostPID"] is True and pod["hostNetwork"] is True
     assert pod["dnsPolicy"] == "ClusterFirstWithHostNet"
     assert container["securityContext"]["privileged"] is True
-    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    # the trial watches every node: a trial cluster may have no labelled GPU node
+    gpu_nodes = None if variant.startswith("overlays/trial") else {"nvidia.com/gpu.present": "true"}
+    assert pod.get("nodeSelector") == gpu_nodes
     assert "memory" in container["resources"]["limits"] and "cpu" not in container["resources"]["limits"]
     annotations = ds["spec"]["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/scrape"] == "true" and annotations["prometheus.io/port"] == "9464"
@@ -118,9 +115,12 @@ def test_collector_daemonset_is_set_up_for_bpf_on_gpu_nodes(rendered):
     volumes = {v["name"]: v for v in pod["volumes"]}
     mounts = {m["mountPath"]: volumes[m["name"]] for m in container["volumeMounts"]}
     host = {path: v["hostPath"]["path"] for path, v in mounts.items() if "hostPath" in v}
+    headers = {"/lib/modules": "/lib/modules", "/usr/src": "/usr/src"}
+    if "kernel-headers" in variant:  # installed by its init container instead (test_overlays.py)
+        headers = {}
     assert host == {"/host": "/", "/sys/kernel/tracing": "/sys/kernel/tracing",
-                    "/sys/kernel/debug": "/sys/kernel/debug", "/lib/modules": "/lib/modules",
-                    "/usr/src": "/usr/src", "/var/lib/jitterscope": "/var/lib/jitterscope"}
+                    "/sys/kernel/debug": "/sys/kernel/debug", "/var/lib/jitterscope": "/var/lib/jitterscope",
+                    **headers}
     assert mounts["/etc/jitterscope"]["configMap"]["name"] == one(objects, "ConfigMap")["metadata"]["name"]
 
     env = {e["name"]: e for e in container["env"]}
@@ -157,6 +157,7 @@ def test_configmap_and_env_are_settings_jitterscope_accepts(rendered, tmp_path):
     """The TOML loads through the real settings model (unknown keys are an
     error there), and every JITTERSCOPE_* variable names a setting."""
     _variant, objects = rendered
+    config = config_of(objects)
     config_file = tmp_path / "jitterscope.toml"
     config_file.write_text(one(objects, "ConfigMap")["data"]["jitterscope.toml"])
     for name in ("kafka-password", "kafka-ca"):  # the overlay's Secret files
@@ -167,7 +168,7 @@ def test_configmap_and_env_are_settings_jitterscope_accepts(rendered, tmp_path):
                           "s = load(); print(s.kafka_partitions, s.kafka_security_protocol)"],
                          env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split()[0] == "12"
+    assert out.stdout.split()[0] == str(config["kafka_partitions"])
     variables = {e["name"] for o in objects if o["kind"] in ("DaemonSet", "Deployment")
                  for c in o["spec"]["template"]["spec"].get("initContainers", []) + o["spec"]["template"]["spec"]["containers"]
                  for e in c.get("env", []) if e["name"].startswith("JITTERSCOPE_")}
@@ -176,7 +177,7 @@ def test_configmap_and_env_are_settings_jitterscope_accepts(rendered, tmp_path):
 
 
 def test_overlay_wires_kafka_security_from_a_secret():
-    objects = render(K8S / "overlays/example")
+    objects = render("overlays/production")
     config = config_of(objects)
     assert config["kafka_security_protocol"] == "SASL_SSL" and "kafka_sasl_password" not in config
     secret_dir = str(Path(config["kafka_sasl_password_file"]).parent)
