@@ -54,8 +54,6 @@ OWN_WAITS_SKIPPED = Counter("jitterscope_collector_own_waits_skipped_total",
 MAP_FULL_DROPS = Counter("jitterscope_collector_map_full_drops_total",
                          "in-kernel map updates that failed (map full): state the probes lost")
 SPOOLED = Gauge("jitterscope_collector_spooled_records", "records waiting in the on-disk spool")
-
-
 PROCESS_REFRESH_NS = 60_000_000_000  # re-publish a process's metadata at most this often
 
 
@@ -119,7 +117,7 @@ class Collector:
         self._export = _Exported()
         self.batcher = Batcher(settings.batch_max_records, settings.batch_max_delay_ms * 1_000_000)
         self._processes_sent: dict[int, int] = {}  # pid -> monotonic ns of last publish
-        self._cgroups_sent: dict[int, str] = {}  # pid -> the cpu cgroup its last record named
+        self._sent_as: dict[int, tuple[str, str]] = {}  # pid -> the (cpu cgroup, name) its last record said
         self._comms: dict[int, str] = {}
         self._stop = threading.Event()
         self._reported_losses = (0, 0)  # (ringbuf, map-full) drops already logged
@@ -160,10 +158,10 @@ class Collector:
         try:
             info = hostinfo.process_info(pid, self.proc, self.kubelet)
         except hostinfo.ProcessGone:
-            self._cgroups_sent.pop(pid, None)
+            self._sent_as.pop(pid, None)
             return
         self._comms[pid] = info["comm"]
-        self._cgroups_sent[pid] = info["cgroup"]
+        self._sent_as[pid] = (info["cgroup"], info["comm"])
         gpus, cuda_visible = topology.process_gpus(pid, self.proc, self.topology)
         info = {**info, "serving_group": self._group_of.get(pid, 0)}
         self._queue(events.ProcessInfo(**self.stamp.header(events.ProcessInfo, time.time_ns()), **info,
@@ -291,7 +289,8 @@ class Collector:
         and go); a process that joins or changes group is described again
         at once, so the worker learns its ``serving_group`` before its waits
         are needed for attribution; so is a watched process moved to another
-        cgroup (`_moved`), so its waits are charged to its new quota."""
+        cgroup or renamed (`_changed`), so its waits are charged to its new
+        quota and its requests name it as it names itself now."""
         self._serving_pids = {p for p in self._serving_pids if (self.proc / str(p)).exists()}
         mode = self.settings.serving_group
         containers = set()
@@ -310,35 +309,35 @@ class Collector:
         for pid in changed:
             self._processes_sent.pop(pid, None)
             self.describe_process(pid)
-        for pid in self._moved():  # its throttling is its new cgroup's from now on
+        for pid in self._changed():  # its throttling is its new cgroup's from now on
             self._processes_sent.pop(pid, None)
             self.describe_process(pid)
 
-    def _moved(self) -> list[int]:
-        """The watched processes whose cpu cgroup is no longer the one their
-        last record named: moved after they were described (``systemctl
+    def _changed(self) -> list[int]:
+        """The watched processes whose cpu cgroup or name is no longer what
+        their last record said: moved after they were described (``systemctl
         set-property``, ``cgclassify``, a supervisor), so the worker would
-        look for their throttling in the wrong cgroup. Watched: the serving
-        groups' members and, when targets are filtered, the targets described
-        so far; one small read of /proc/PID/cgroup each."""
-        for pid in self._cgroups_sent.keys() - self._processes_sent.keys():  # exited (publish_histograms)
-            del self._cgroups_sent[pid]
+        look for their throttling in the wrong cgroup; or renamed (vLLM's
+        engine is "python" at first). Watched: the serving groups' members
+        and, when filtered, the targets described; two small reads each."""
+        for pid in self._sent_as.keys() - self._processes_sent.keys():  # exited (publish_histograms)
+            del self._sent_as[pid]
         s = self.settings
         watched = set(self._group_of)
         if s.filters_targets:
-            watched |= {pid for pid in self._cgroups_sent if pid in s.target_pids or (
+            watched |= {pid for pid in self._sent_as if pid in s.target_pids or (
                 s.target_comms and hostinfo.comm_matches(self._comms.get(pid, ""), s.target_comms))}
-        moved = []
+        changed = []
         for pid in sorted(watched):
-            sent = self._cgroups_sent.get(pid)
-            if sent is None:  # not described yet: its first record will name its cgroup as it is then
+            sent = self._sent_as.get(pid)
+            if sent is None:  # not described yet: its first record will say what it is then
                 continue
             try:
-                if hostinfo.process_cgroup(pid, self.proc) != sent:
-                    moved.append(pid)
+                if (hostinfo.process_cgroup(pid, self.proc), self._comm(pid)) != sent:
+                    changed.append(pid)
             except hostinfo.ProcessGone:
                 continue
-        return moved
+        return changed
 
     def refresh_own(self) -> None:
         """Re-find jitterscope's own processes: the tree of ``own_tree_pid``

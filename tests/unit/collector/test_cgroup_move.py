@@ -94,11 +94,11 @@ def test_what_is_kept_per_pid_goes_when_the_process_exits(tmp_path, proc):
     c = collector(tmp_path, proc, serving_group="process")
     c._serving_pids.add(1234)
     c.refresh_groups()
-    assert set(c._cgroups_sent) == {1234}
+    assert set(c._sent_as) == {1234}
     shutil.rmtree(proc / "1234")
     c.publish_histograms(1)  # forgets the exited processes
     c.refresh_groups()
-    assert c._cgroups_sent == {}
+    assert c._sent_as == {}
 
 
 def v1_group(sys: Path, path: str, quota: int, periods: int = 0, throttled: int = 0) -> None:
@@ -135,3 +135,16 @@ def test_the_cfs_sampler_follows_a_target_into_its_new_quota_cgroup(tmp_path):
     finally:
         signal.close()
     assert [(r.cgroup, r.quota_us, r.nr_periods, r.nr_throttled) for r in records] == [(QUOTA, 10_000, 10, 8)]
+
+
+def test_a_serving_process_that_renames_itself_is_described_again_by_its_new_name(tmp_path, proc):
+    c = collector(tmp_path, proc, serving_group="process")
+    c._serving_pids.add(1234)
+    c.refresh_groups()
+    first = described(c)
+    assert [r.pid for r in first] == [1234]
+    (proc / "1234" / "comm").write_text("VLLM::EngineCor\n")  # prctl(PR_SET_NAME) after start
+    c.refresh_groups()
+    assert [(r.pid, r.comm) for r in described(c)] == [(1234, "VLLM::EngineCor")]
+    c.refresh_groups()
+    assert described(c) == []  # once per rename

@@ -94,8 +94,9 @@ def test_the_own_tree_is_jitterscopes_own(tmp_path, tree):
     front, engine, worker = tree
     alone = Collector(Settings(data_dir=tmp_path, spool_max_mb=0), publisher=Discard())
     alone.refresh_own()
-    assert alone.own == {os.getpid()}
+    assert alone.own == {os.getpid(): "collector"}
     collector = Collector(Settings(data_dir=tmp_path, spool_max_mb=0, own_tree_pid=front.pid), publisher=Discard())
-    held = collector.own  # the probes hold this very set
+    held = collector.own  # the probes hold this very dict
     collector.update_targets()
-    assert held is collector.own and held == {os.getpid(), front.pid, engine, worker}
+    assert held is collector.own and held.keys() == {os.getpid(), front.pid, engine, worker}
+    assert held[os.getpid()] == "collector" and held[front.pid] == "up"  # each named by its role
