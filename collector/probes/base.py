@@ -7,6 +7,7 @@ user sees one message with the fix, not a clang error.
 
 from __future__ import annotations
 
+import logging
 import os
 import platform
 import re
@@ -213,9 +214,22 @@ class BccProbe:
         self._bpf.ring_buffer_consume()
 
     def _lost(self, slot: int) -> int:
+        """A loss counter, summed over CPUs; the last value read if the
+        kernel refuses the read (a counter for /metrics must never stop
+        the collector: one such refusal, under a profiler attached to it,
+        ended a collector here)."""
         import ctypes
 
-        return sum(self._bpf[b"drops"][ctypes.c_int(slot)])  # summed over CPUs
+        last = self.__dict__.setdefault("_last_lost", {})
+        try:
+            last[slot] = sum(self._bpf[b"drops"][ctypes.c_int(slot)])
+        except (KeyError, OSError) as exc:
+            if not self.__dict__.get("_lost_unreadable"):
+                self._lost_unreadable = True
+                logging.getLogger(__name__).warning(
+                    "BPF loss counters unreadable; reporting their last values",
+                    extra={"fields": {"source": self.source, "error": repr(exc)}})
+        return last.get(slot, 0)
 
     def drops(self) -> int:
         """Events lost in the kernel because the ring buffer was full."""

@@ -335,3 +335,27 @@ def test_a_process_that_exited_keeps_the_name_last_read_not_the_one_before_its_e
     (tmp_path / "42/comm").unlink()  # exited
     assert probe._comm(42) == "jspages"
     assert probe._comm(42) == ""  # asked once more: unknown (the caller falls back to the kernel's)
+
+
+def test_an_unreadable_loss_counter_reports_its_last_value_and_never_stops_the_collector(caplog):
+    from jitterscope.collector.probes.base import BccProbe
+
+    class Counters:
+        refuse = False
+
+        def __getitem__(self, key):
+            if self.refuse:
+                raise KeyError  # what BCC raises when the kernel refuses a map read
+            return [3, 4]  # per CPU
+
+    class Loaded(BccProbe):
+        source = "test.bpf.c"
+
+        def __init__(self):
+            self._bpf = {b"drops": Counters()}
+
+    probe = Loaded()
+    assert probe.drops() == 7 and probe.map_full_drops() == 7
+    probe._bpf[b"drops"].refuse = True
+    assert probe.drops() == 7 and probe.map_full_drops() == 7  # the last values
+    assert len([r for r in caplog.records if "unreadable" in r.getMessage()]) == 1  # said once
