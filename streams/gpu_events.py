@@ -27,6 +27,11 @@ from collections import defaultdict
 from jitterscope.schemas.events import GpuTelemetry, GpuXid
 from jitterscope.schemas.gpu_health import SLOWDOWNS, slowdowns, xid_info
 
+#: how far outside a request's window an Xid still counts: the kernel log's
+#: clock (local_clock) is not CLOCK_MONOTONIC, which the collector converts
+#: from; they were 0.6 ms apart on the build machine after 13 h up (NTP slews
+#: only CLOCK_MONOTONIC, so they drift apart with uptime: docs/hardware.md)
+XID_SLACK_NS = 2_000_000
 #: records kept per host and kind: a storm of Xid lines (13 comes in threes) stays bounded
 MAX_PER_HOST = 10_000
 
@@ -85,7 +90,8 @@ class GpuEvents:
         [start, end], the slowdowns they were under at any moment of it
         (in SLOWDOWNS' order), and the GPU those name ("" for none)."""
         mine = (lambda pci: True) if gpus is None else gpus.__contains__
-        xid = next((r for r in self._xids[host].ending_within(start_ns, end_ns) if mine(r.pci)), None) \
+        xid = next((r for r in self._xids[host].ending_within(start_ns - XID_SLACK_NS, end_ns + XID_SLACK_NS)
+                    if mine(r.pci)), None) \
             if host in self._xids else None
         found: set[str] = set()
         gpu = (xid.gpu or xid.pci) if xid else ""

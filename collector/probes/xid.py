@@ -98,7 +98,13 @@ class XidSignal(Probe):
     def poll(self, timeout_ms: int = 0) -> None:
         if self.follower is None:
             return
-        for record in self.follower.records():
+        try:
+            records = self.follower.records()
+        except OSError as exc:  # the log itself failed (EIO): say so once, and stop following it
+            log.error("the kernel log failed: no more Xid errors will be reported", extra=fields(error=str(exc)))
+            self.close()
+            return
+        for record in records:
             if MARK not in record.message:
                 continue
             line = parse_xid(record.message)
