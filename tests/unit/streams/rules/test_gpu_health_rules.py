@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 
+import msgspec
 import pytest
 
 from jitterscope.collector import topology as t
@@ -21,6 +22,7 @@ from jitterscope.streams.attribution import Attributor
 from jitterscope.streams.handlers import Handlers
 from jitterscope.streams.rules import nvml, xid
 from jitterscope.streams.rules.base import Thresholds
+from jitterscope.streams.rules.requests import request_slo
 from tests.fixtures.sysfs_builder import build_host
 from tests.unit.streams.rules.test_hardware_rules import GPU0, GPU4, State, process
 from tests.unit.streams.test_attribution import GRACE, MS, T0, baseline, due_after, span, wait
@@ -140,3 +142,19 @@ def test_a_slowdown_overlapping_the_request_names_it_and_is_the_cause_when_nothi
     assert done["on-gpu4"].culprit == "sw_power_cap on GPU 4"
     assert done["unknown-gpus"].gpu_throttle == ["sw_power_cap", "hw_slowdown"]
     assert done["later"].gpu_throttle == [] and done["later"].cause != "gpu_throttle"
+
+
+def test_the_request_alert_says_what_the_gpu_did_and_its_remedy():
+    a = Attributor(grace_ns=GRACE, processes=Book(info(100, [GPU4])))
+    baseline(a)
+    a.add_evidence(an_xid(48, at_ms=30, host="h1"))
+    a.add_evidence(reading(("hw_slowdown",), end_ms=2040, host="h1"))
+    a.add_request(span("xid", 0, 80, pid=100))
+    a.add_request(span("slow-clocks", 2000, 2080, pid=100))
+    done = {r.request_id: msgspec.structs.replace(r, slo_ns=20 * MS, slo_breached=True) for r in due_after(a, 2080)}
+    xid_alert = request_slo(done["xid"], "vllm", [0, 1], [0, 1, 2, 3], T0)
+    assert "its GPU logged Xid 48 during it (double-bit ECC error" in xid_alert.summary
+    assert xid_alert.remedy.startswith("Xid 48 on GPU nvidia4: double-bit ECC error") and "reset" in xid_alert.remedy
+    clocks = request_slo(done["slow-clocks"], "vllm", [0, 1], [0, 1, 2, 3], T0)
+    assert "its GPU was clocked down during it (hw_slowdown)" in clocks.summary
+    assert clocks.remedy.startswith("hardware slowdown: clocks cut by half or more")
