@@ -20,8 +20,10 @@ def judge(record: GpuXid, state, t: Thresholds, now_ns: int) -> Alert | None:
     node = gpu_node(topo, record.pci) if device is not None else -1
     name = record.gpu or (device.name if device is not None else "")
     info = xid_info(record.xid)
-    where = f"GPU {name} ({record.pci}" + (f", node {node})" if node >= 0 else ")") if name else \
-        f"the GPU at {record.pci} (not in this host's topology)"
+    if device is None and not name:
+        where = f"the GPU at {record.pci} (not in this host's topology)"
+    else:
+        where = f"GPU {name or record.pci} ({record.pci}" + (f", node {node})" if node >= 0 else ")")
     who = f", process {record.comm or '?'} (pid {record.pid})" if record.pid else ""
     summary = f"Xid {record.xid} on {where}{who}: {info.meaning}" + (f" [{record.message}]" if record.message else "")
     return alert(record, "xid", info.severity, record.pid, record.comm, summary, info.remedy, now_ns,

@@ -2,8 +2,9 @@
 """The hardware sources end to end on this machine's kernel: GPU driver call
 latency on a configured device path (here /dev/zero: this machine has no GPU,
 and the probe only cares about the path), CPU migrations of a thread whose
-affinity keeps changing, and page-cache placement of a process reading a
-large file: kernel -> Kafka -> streams -> ClickHouse, and alerts."""
+affinity keeps changing, page-cache placement of a process reading a
+large file, and an NVRM Xid line written into the kernel log: kernel ->
+Kafka -> streams -> ClickHouse, and alerts."""
 
 from __future__ import annotations
 
@@ -128,3 +129,25 @@ def test_page_cache_placement_of_a_reader(pipeline, tmp_path):
         "WHERE comm LIKE 'python%' GROUP BY pid, node HAVING pages >= 10000"), 60, "the reader's pages", worker)
     assert any(node == 0 and pages >= 0.8 * 48 * 256 for _pid, node, pages in pid_rows), pid_rows
     assert reader.returncode == 0
+
+
+def test_xid_lines_in_the_kernel_log_reach_clickhouse_and_alert(pipeline):
+    """A real NVRM Xid line written into /dev/kmsg: the collector's xid probe
+    -> Kafka -> the worker -> the gpu_xid table and an ``xid`` alert with
+    NVIDIA's meaning. This host has no GPU, so the alert says the address is
+    not in its topology; the mapping to a GPU is tests/bpf/test_xid.py's, on
+    a fixture topology."""
+    stack, worker, collector = pipeline
+    marker = f"jitterscope-integration-{os.getpid()}-{time.time_ns()}"
+    with open("/dev/kmsg", "w") as log:
+        log.write(f"<3>NVRM: Xid (PCI:0000:3b:00): 48, pid={os.getpid()}, name=pytest, {marker}\n")
+    rows = wait_until(lambda: stack.query(
+        "SELECT xid, pci, gpu, pid, comm FROM jitterscope.gpu_xid FINAL WHERE message = {m:String}", m=marker),
+        60, "the Xid in ClickHouse", worker)
+    assert rows == [[48, "0000:3b:00.0", "", os.getpid(), "pytest"]]
+    [[summary, severity, remedy]] = wait_until(lambda: stack.query(
+        "SELECT summary, severity, remedy FROM jitterscope.alerts WHERE kind = 'xid' AND evidence['message'] = "
+        "{m:String}", m=marker), 30, "the xid alert", worker)
+    assert summary.startswith(f"Xid 48 on the GPU at 0000:3b:00.0 (not in this host's topology), process pytest "
+                              f"(pid {os.getpid()}): double-bit ECC error")
+    assert severity == "critical" and "reset" in remedy
