@@ -16,6 +16,10 @@ kernel answers the next read with EPIPE and moves the reader to the oldest
 record it still holds; the follower carries on from there and counts the
 records it lost from the gap in sequence numbers (``lost``).
 
+The kernel's timestamps are its scheduler clock (local_clock), not
+CLOCK_MONOTONIC; ``clock_offset_ns`` reads how far apart they are, where
+debugfs shows it, so a record's time can be put on CLOCK_MONOTONIC.
+
 Record format (Documentation/ABI/testing/dev-kmsg):
 ``<prio>,<seq>,<usec>,<flags>[,...];<message>\\n`` followed by optional
 continuation lines `` KEY=value\\n`` (device properties), which are dropped.
@@ -25,10 +29,35 @@ from __future__ import annotations
 
 import errno
 import os
+import re
+from pathlib import Path
 from typing import Callable, NamedTuple
 
 #: a kmsg record is at most this long (the kernel's own limit is 8 KiB less a header)
 RECORD_BYTES = 8192
+
+
+#: the scheduler's debug header: CLOCK_MONOTONIC ("ktime") and the clock
+#: printk stamps records with ("cpu_clk", local_clock), side by side, in ms
+SCHED_DEBUG = Path("/sys/kernel/debug/sched/debug")
+_CLOCK_LINE = re.compile(r"^(ktime|cpu_clk)\s*:\s*(\d+)\.(\d{6})\s*$", re.M)
+
+
+def clock_offset_ns(path: Path = SCHED_DEBUG) -> int | None:
+    """CLOCK_MONOTONIC minus the kernel log's clock, in ns, from the
+    scheduler's debug file (debugfs, root); None where it cannot be read.
+    The two clocks differ (0.6 ms here after 13 h up) and drift apart: NTP
+    slews CLOCK_MONOTONIC, not the scheduler clock. Only the header is read:
+    the file goes on with every CPU and task."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1024).decode("ascii", errors="replace")
+    except OSError:
+        return None
+    found = {name: int(ms) * 1_000_000 + int(frac) for name, ms, frac in _CLOCK_LINE.findall(head)}
+    if len(found) != 2:
+        return None
+    return found["ktime"] - found["cpu_clk"]
 
 
 class KmsgRecord(NamedTuple):

@@ -3,9 +3,10 @@
 each mapped to its GPU by PCI address (no BPF program: the driver says it in
 words). The kernel log is followed from the collector's start
 (collector/kmsg.py); each NVRM Xid line becomes a GpuXid record stamped
-with the kernel's time of the line. The streams worker raises an ``xid``
-alert (streams/rules/xid.py) and names the Xid in the attributions of the
-requests on that GPU (streams/gpu_events.py).
+with the kernel's time of the line, put on CLOCK_MONOTONIC where debugfs
+says how far the log's clock is from it (collector/kmsg.py). The streams
+worker raises an ``xid`` alert (streams/rules/xid.py) and names the Xid in
+the attributions of the requests on that GPU (streams/gpu_events.py).
 
 The line's form varies with the driver release; seen in the field:
 
@@ -26,7 +27,7 @@ import logging
 import re
 from typing import NamedTuple
 
-from jitterscope.collector.kmsg import KmsgFollower
+from jitterscope.collector.kmsg import KmsgFollower, clock_offset_ns
 from jitterscope.collector.probes.interface import Probe, ProbeContext
 from jitterscope.common.logs import fields
 from jitterscope.schemas import events
@@ -92,6 +93,7 @@ class XidSignal(Probe):
         except OSError as exc:  # not root, or a container without the host's /dev/kmsg: no Xid records
             log.warning("the kernel log cannot be read: no Xid errors will be reported",
                         extra=fields(path=self.path, error=str(exc), fix="run the collector as root with /dev/kmsg"))
+        self.clock_offset_ns = clock_offset_ns() or 0  # kernel log clock -> CLOCK_MONOTONIC (0: unknown)
         # the GPUs by PCI address, as the topology names them (an NVML index or nvidiaN)
         self._gpus = {d.address: d.name for d in context.topology.get("pci", []) if d.kind == "gpu"}
 
@@ -118,10 +120,12 @@ class XidSignal(Probe):
             if line.pid:
                 self.ctx.describe_process(line.pid)
             self.ctx.publish(self.ctx.event(
-                events.GpuXid, record.usec * 1000, xid=line.xid, pci=line.pci, gpu=self._gpus.get(line.pci, ""),
+                events.GpuXid, record.usec * 1000 + self.clock_offset_ns, xid=line.xid, pci=line.pci, gpu=self._gpus.get(line.pci, ""),
                 pid=line.pid, comm=line.comm, message=line.message))
 
     def periodic(self, interval_ns: int, now_ns: int) -> list[events.Record]:
+        if self.follower is not None:  # the clocks drift apart: follow them
+            self.clock_offset_ns = clock_offset_ns() or self.clock_offset_ns
         return []
 
     def close(self) -> None:

@@ -4,8 +4,9 @@ field parsed (number, PCI address in sysfs form, pid and name where given,
 the message), anything else refused without raising, even seeded random
 bytes; kmsg records split into sequence, time and message; the follower
 carrying on past EPIPE (the ring overwrote what it had not read) and
-counting the gap, with a scripted read(2). The real /dev/kmsg is
-tests/bpf/test_xid.py's."""
+counting the gap, with a scripted read(2); the log clock's offset from
+CLOCK_MONOTONIC read from the scheduler's debug header. The real /dev/kmsg
+is tests/bpf/test_xid.py's."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import random
 
 import pytest
 
-from jitterscope.collector.kmsg import KmsgFollower, parse_record
+from jitterscope.collector.kmsg import KmsgFollower, clock_offset_ns, parse_record
 from jitterscope.collector.probes.xid import XidLine, parse_xid, pci_address
 
 # Lines as drivers wrote them (from public bug reports and NVIDIA's docs), each with what must come out
@@ -153,3 +154,15 @@ def test_other_errors_are_raised(tmp_path):
     with pytest.raises(OSError):
         follower.records()
     follower.close()
+
+
+def test_the_kernel_log_clock_offset_from_the_scheduler_debug_header(tmp_path):
+    debug = tmp_path / "debug"
+    debug.write_text("Sched Debug Version: v0.11, 6.18.44 #1\nktime                                   : "
+                     "47931854.264965\nsched_clk                               : 47931897.028398\n"
+                     "cpu_clk                                 : 47931853.579123\njiffies : 4306875220\n"
+                     + "cpu#0, 2445.406 MHz\n" * 500)
+    assert clock_offset_ns(debug) == 685_842
+    assert clock_offset_ns(tmp_path / "absent") is None
+    debug.write_text("ktime : 5.000001\n")  # cpu_clk missing (another kernel's layout)
+    assert clock_offset_ns(debug) is None
