@@ -151,3 +151,36 @@ def test_xid_lines_in_the_kernel_log_reach_clickhouse_and_alert(pipeline):
     assert summary.startswith(f"Xid 48 on the GPU at 0000:3b:00.0 (not in this host's topology), process pytest "
                               f"(pid {os.getpid()}): double-bit ECC error")
     assert severity == "critical" and "reset" in remedy
+
+
+def test_nvml_telemetry_reaches_clickhouse_and_alerts(pipeline, tmp_path):
+    """The nvml signal's plumbing in a real collector, with the pynvml
+    stand-in of tests/fixtures/nvml_standin first on its path (no GPU
+    here): a reading every nvml_interval_s on the sampler thread -> Kafka ->
+    the gpu_telemetry table (throttle names in an array column) and a
+    ``gpu_throttle`` alert. NVML itself is not exercised: docs/hardware.md."""
+    stack, worker, _ = pipeline
+    host = f"nvml-{os.getpid()}"
+    fixture = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "nvml_standin")
+    collector = stack.spawn("collector-nvml", "collector", JITTERSCOPE_HOST=host, JITTERSCOPE_DATA_DIR=str(tmp_path),
+                            JITTERSCOPE_HARDWARE_PROBES='["nvml"]', JITTERSCOPE_NVML_INTERVAL_S="0.2",
+                            JITTERSCOPE_TARGET_COMMS='["no-such-process"]',
+                            PYTHONPATH=os.pathsep.join([fixture, os.environ.get("PYTHONPATH", "")]))
+    try:
+        rows = wait_until(lambda: (r := stack.query(
+            "SELECT pci, gpu, sm_clock_mhz, sm_clock_max_mhz, mem_clock_mhz, throttle_reasons, throttle, "
+            "temperature_c, power_mw, pcie_tx_kbps, pcie_rx_kbps, nvlink_errors, interval_ns "
+            "FROM jitterscope.gpu_telemetry FINAL WHERE host = {h:String} ORDER BY ts", h=host)) and len(r) >= 5 and r,
+            90, "five NVML readings in ClickHouse", collector)
+        assert {(*r[:6], tuple(r[6]), *r[7:11]) for r in rows} == {("0000:3b:00.0", "0", 705, 1410, 1215, 0x44,
+                                                  ("sw_power_cap", "hw_thermal_slowdown"), 91, 250_000, 1200, 3400)}
+        assert all(r[11] == 8 for r in rows), "2 links x 4 counters, each one more per reading"
+        assert all(0 < r[12] <= 2_000_000_000 for r in rows), [r[12] for r in rows]
+        [[summary, severity]] = wait_until(lambda: stack.query(
+            "SELECT summary, severity FROM jitterscope.alerts WHERE kind = 'gpu_throttle' AND host = {h:String}",
+            h=host), 30, "one gpu_throttle alert (its repeats folded)", worker)
+        assert summary == ("GPU 0 (0000:3b:00.0) clocked down: sw_power_cap, hw_thermal_slowdown "
+                           "(SM 705 MHz of 1410, 91 C, 250 W)") and severity == "critical"
+        assert "NVML telemetry off" not in collector.text()
+    finally:
+        collector.stop()
