@@ -164,6 +164,7 @@ def request_slo(attribution: RequestAttribution, comm: str, cpus_allowed: list[i
         evidence={k: str(v) for k, v in (("pids", pids), ("throttled_ms", a.throttled_ns / 1e6),
                                          ("irq_ms", a.irq_ns / 1e6), ("self_wait_ms", a.self_wait_ns / 1e6),
                                          ("gil_wait_ms", a.gil_wait_ns / 1e6), ("memory_wait_ms", a.memory_wait_ns / 1e6),
-                                         ("io_wait_ms", a.io_wait_ns / 1e6), ("culprit", a.culprit))
+                                         ("io_wait_ms", a.io_wait_ns / 1e6), ("culprit", a.culprit),
+                                         ("gpu_xid", a.gpu_xid), ("gpu_throttle", ",".join(a.gpu_throttle)))
                   if v},
     )

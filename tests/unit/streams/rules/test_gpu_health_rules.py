@@ -158,3 +158,5 @@ def test_the_request_alert_says_what_the_gpu_did_and_its_remedy():
     clocks = request_slo(done["slow-clocks"], "vllm", [0, 1], [0, 1, 2, 3], T0)
     assert "its GPU was clocked down during it (hw_slowdown)" in clocks.summary
     assert clocks.remedy.startswith("hardware slowdown: clocks cut by half or more")
+    assert (xid_alert.evidence["gpu_xid"], clocks.evidence["gpu_throttle"]) == ("48", "hw_slowdown")
+    assert "gpu_throttle" not in xid_alert.evidence and "gpu_xid" not in clocks.evidence
