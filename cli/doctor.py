@@ -58,5 +58,40 @@ def check_self_cost(s: Settings) -> Check:
     return Check("self-cost", True, f"last run ({when}): {line.removeprefix('jitterscope cost on this host: ')}")
 
 
+def check_gpu_reports(s: Settings) -> list[Check]:
+    """What the GPUs will say about themselves: Xid errors need the kernel
+    log; NVML telemetry is optional (a missing library or driver is not a
+    failure, only said)."""
+    checks = []
+    if "xid" in s.hardware_probes:
+        try:
+            os.close(os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK))
+            checks.append(Check("xid", True, "/dev/kmsg readable: the NVIDIA driver's Xid errors are reported"))
+        except OSError as exc:
+            checks.append(Check("xid", False, f"/dev/kmsg not readable ({exc.strerror}): no Xid errors",
+                                "run the collector as root, with the host's /dev/kmsg"))
+    if "nvml" in s.hardware_probes:
+        checks.append(check_nvml())
+    return checks
+
+
+def check_nvml() -> Check:
+    try:
+        import pynvml
+    except ImportError:
+        return Check("nvml", True, "nvidia-ml-py not installed: no GPU telemetry (optional: pip install nvidia-ml-py)")
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        return Check("nvml", True, f"NVML did not start ({exc}): no GPU telemetry on this host")
+    try:
+        return Check("nvml", True, f"NVML answers: {pynvml.nvmlDeviceGetCount()} GPU(s), telemetry every "
+                                   f"nvml_interval_s")
+    except pynvml.NVMLError as exc:
+        return Check("nvml", True, f"NVML counts no GPU ({exc}): no GPU telemetry")
+    finally:
+        pynvml.nvmlShutdown()
+
+
 def run_checks(s: Settings) -> list[Check]:
-    return [*preflight(), check_broker(s), check_clickhouse(s), check_self_cost(s)]
+    return [*preflight(), check_broker(s), check_clickhouse(s), *check_gpu_reports(s), check_self_cost(s)]

@@ -183,6 +183,9 @@ class CollectorSettings(BaseModel):
     cfs_interval_s: float = Field(
         0.25, gt=0, description="how often the CFS throttling of quota cgroups is published (short: it is "
                                 "charged to waits of ms)")
+    nvml_interval_s: float = Field(
+        1.0, gt=0, description="how often each GPU's NVML telemetry (clocks, throttle reasons, temperature, power, "
+                               "PCIe, NVLink errors) is read, where nvidia-ml-py and a driver are present")
     topology_interval_s: float = Field(60.0, gt=0, description="how often the topology is re-published")
     target_rescan_s: float = Field(2.0, gt=0, description="how often target_comms are matched against /proc")
     collector_metrics_port: int = Field(9464, ge=0, description="Prometheus /metrics of the collector (0 = off)")

@@ -247,7 +247,8 @@ def actions(ctx: Context) -> str:
     for kind, hosts, count, example, what in _rows(ctx, f"""
             SELECT kind, uniqExact(host), count(), any(host), any(remedy) FROM {DB}.alerts FINAL
             WHERE ts > now64(9) - toIntervalSecond({{since:UInt32}}) AND kind IN
-                  ('numa_cpu_mismatch', 'numa_remote_memory', 'numa_node_filler', 'migration_storm', 'pcie_contention')
+                  ('numa_cpu_mismatch', 'numa_remote_memory', 'numa_node_filler', 'migration_storm', 'pcie_contention',
+                   'xid', 'gpu_throttle')
             GROUP BY kind"""):
         found.append((float(count), f"Fix {kind.replace('_', ' ')} on {hosts} host(s), e.g. {example}: {what}",
                       f"{count:,} alert(s)"))

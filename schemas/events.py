@@ -175,6 +175,41 @@ class GpuIoctl(Record, frozen=True):
     device: str  # the device path the fd was opened on
 
 
+class GpuXid(Record, frozen=True):
+    """An Xid error the NVIDIA driver logged to the kernel log (an NVRM line
+    in /dev/kmsg), at the kernel's own time of the line; meanings:
+    schemas/gpu_health.py."""
+
+    xid: U16
+    pci: str  # the GPU's PCI address as sysfs names it (0000:3b:00.0)
+    gpu: str = ""  # its name in the host's topology (NVML index or nvidiaN), "" where it has no GPU there
+    pid: U32 = 0  # the process the driver named, 0 where the line names none
+    comm: str = ""
+    message: str = ""  # the rest of the line, as the driver wrote it
+
+
+class GpuTelemetry(Record, frozen=True):
+    """One GPU's NVML readings over ``interval_ns`` ending at ``ts_ns``:
+    clocks, why they are held down (``throttle``: the names of the bits of
+    ``throttle_reasons``, schemas/gpu_health.py), temperature, power, PCIe
+    throughput and the NVLink errors counted in the interval. 0 where NVML
+    does not support a reading."""
+
+    pci: str
+    gpu: str
+    interval_ns: U64
+    sm_clock_mhz: U32 = 0
+    mem_clock_mhz: U32 = 0
+    sm_clock_max_mhz: U32 = 0
+    throttle_reasons: U64 = 0
+    throttle: list[str] = []
+    temperature_c: U16 = 0
+    power_mw: U32 = 0
+    pcie_tx_kbps: U32 = 0  # KB/s, NVML's 20 ms sample at the reading
+    pcie_rx_kbps: U32 = 0
+    nvlink_errors: U64 = 0  # replay, recovery and CRC errors over every active link, in the interval
+
+
 #: what held a blocked thread (BlockedWait.kind): the interpreter lock, memory
 #: (a page-cache fault or reclaim), uninterruptible I/O, any other sleep
 BLOCKED_KINDS = ("gil", "memory", "io", "sleep")
@@ -370,7 +405,9 @@ class RequestAttribution(Record, frozen=True):
     ``excess_ns`` what this one took beyond it. ``cause`` is the evidence that
     explains most of the excess ("runq_starvation", "self_contention",
     "cfs_throttling", "irq", "gpu_ioctl_stall", "gil_contention",
-    "memory_stall", "io_wait"), or
+    "memory_stall", "io_wait"; "gpu_xid" or "gpu_throttle" when its GPU
+    logged an Xid or was clocked down during it and nothing on the CPU side
+    explains the excess), or
     "unexplained" (or "none" when there was no excess). Requests batched
     together share evidence, by design.
     """
@@ -423,6 +460,8 @@ class RequestAttribution(Record, frozen=True):
     # who is behind the cause: the top neighbour, "comm[tid]" of the GIL
     # holder, of the waker of the memory or I/O stall; "" for none
     culprit: str = ""
+    gpu_xid: U16 = 0  # an Xid its GPU logged during it (the first; 0 for none): GpuXid
+    gpu_throttle: list[str] = []  # the slowdowns NVML saw on its GPU during it (GpuTelemetry.throttle)
 
 
 class DeadLetter(msgspec.Struct, kw_only=True, frozen=True, gc=False):

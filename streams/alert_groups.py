@@ -58,6 +58,8 @@ QUIET_PERIOD_NS = {
     "migration_storm": 60_000_000_000,
     "irq": 60_000_000_000,  # per (CPU, source): a storm lasts; one alert a minute says so
     "cfs_throttling": 60_000_000_000,  # per cgroup: a quota too small throttles every period
+    "xid": 60_000_000_000,  # per (GPU, code): 13 comes in threes, 45 once per channel
+    "gpu_throttle": 60_000_000_000,  # per GPU: a slowdown lasts many readings
 }
 
 FIRING, FOLDED, RESOLVED = "firing", "folded", "resolved"

@@ -49,10 +49,11 @@ from dataclasses import dataclass, field
 
 from typing import Protocol
 
-from jitterscope.schemas.events import (CgroupThrottle, GpuIoctl, IrqTime, ProcessInfo, RequestAttribution, RequestSpan,
-                                        RunqEvent, Suspect)
+from jitterscope.schemas.events import (CgroupThrottle, GpuIoctl, GpuTelemetry, GpuXid, IrqTime, ProcessInfo,
+                                        RequestAttribution, RequestSpan, RunqEvent, Suspect)
 from jitterscope.schemas.nvidia import ioctl_name
 from jitterscope.streams.culprits import Culprits, evictor, latest_throttle, shares_limit, split_wait
+from jitterscope.streams.gpu_events import GpuEvents, culprit as gpu_culprit
 from jitterscope.streams.evidence import (Evidence, HostEvidence, SortedEvidence, duration_ns, index_of, kth_smallest,
                                           overlap_ns, thread_parts, union_ns)
 from jitterscope.streams.thread_budget import (STALLS, ThreadBudget, carried_parts, kind_of, runq_per_thread,
@@ -124,9 +125,13 @@ class Attributor:
         self._attributed: dict[tuple[str, str, int], None] = {}
         self.late_evidence = 0
         self.evidence_evicted = 0  # kept out of the window by the count bound, not by age
+        self.gpu = GpuEvents(horizon_ns)  # Xid errors and NVML slowdowns, per GPU (streams/gpu_events.py)
 
     # -- input -------------------------------------------------------------
-    def add_evidence(self, event: Evidence) -> None:
+    def add_evidence(self, event: Evidence | GpuXid | GpuTelemetry) -> None:
+        if isinstance(event, (GpuXid, GpuTelemetry)):  # a GPU's own reports: named, not charged
+            self.gpu.add(event)
+            return
         if isinstance(event, (CgroupThrottle, IrqTime)) and not (
                 event.interval_ns and (event.throttled_ns if isinstance(event, CgroupThrottle) else event.time_ns)):
             return  # an interval with nothing to charge (or none at all): not worth its memory
@@ -274,6 +279,9 @@ class Attributor:
         cause, explained = _cause(excess, baseline, parts[RunqEvent], charged, budget)
         slo = self.slo_ns or (int(self.slo_factor * baseline) if trusted else 0)
         culprit = self._culprit(evidence, span, group, cause, charged, budget)
+        xid, throttle, gpu = self.gpu.during(span.host, self._gpus(span.host, group), span.start_ns, span.end_ns)
+        if cause == "unexplained" and (xid or throttle):  # nothing on the CPU side explains it; its GPU says why
+            cause, culprit = "gpu_xid" if xid else "gpu_throttle", gpu_culprit(xid, throttle, gpu)
         info = self._record(span.host, span.pid)
         runq, ioctl, longest_call = charged.runq, charged.ioctl, charged.longest_call
         return RequestAttribution(
@@ -292,6 +300,7 @@ class Attributor:
             thread_tid=budget.tid, gil_wait_ns=budget.blocked.get("gil", 0),
             memory_wait_ns=budget.blocked.get("memory", 0), io_wait_ns=budget.blocked.get("io", 0),
             sleep_ns=budget.blocked.get("sleep", 0), on_cpu_ns=budget.on_cpu_ns(duration), culprit=culprit,
+            gpu_xid=xid.xid if xid else 0, gpu_throttle=throttle,
         )
 
     def _charge(self, evidence: HostEvidence, parts: list[tuple[Evidence, int, int, bool]], group: set[int] | None,
@@ -367,6 +376,14 @@ class Attributor:
                 "gpu_ioctl_stall": ioctl_name(longest_call.request) if longest_call else "",
                 "memory_stall": evictor(evidence, span, group, lambda pid: self._record(span.host, pid)),
                 }.get(cause) or budget.wakers.get(kind_of(cause), "")
+
+    def _gpus(self, host: str, group: set[int] | None) -> set[str] | None:
+        """The GPUs the request's processes hold open; None (any of the
+        host's) where no process record names one."""
+        if self.processes is None or group is None:
+            return None
+        found = {gpu for pid in group if (info := self._record(host, pid)) for gpu in info.gpus}
+        return found or None
 
     def _record(self, host: str, pid: int) -> ProcessInfo | None:
         """The process's record, or None where none has come (yet)."""

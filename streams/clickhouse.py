@@ -199,7 +199,7 @@ def cluster_ddl(cluster: str = "{cluster}") -> list[str]:
 #: tables whose rows age out by ``ts`` (day-partitioned time series)
 RETAINABLE = ("runq_events", "latency_histograms", "requests", "request_attribution", "alerts", "deadletter",
               "gpu_ioctls", "migrations", "page_placement", "device_io", "collector_stats", "processes", "topology",
-              "irq_time", "cgroup_throttle", "stacks")
+              "irq_time", "cgroup_throttle", "stacks", "gpu_xid", "gpu_telemetry")
 
 
 def retention_statements(retention_days: dict[str, int], cluster: str | None = None) -> list[str]:

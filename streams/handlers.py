@@ -47,6 +47,8 @@ from jitterscope.schemas import events, signals, topics
 from jitterscope.streams.rules import blockio, gpu_ioctl, migrate, pages, runq
 from jitterscope.streams.rules import processes as process_rules
 from jitterscope.streams.rules import irq as irq_rules
+from jitterscope.streams.rules import nvml as nvml_rules
+from jitterscope.streams.rules import xid as xid_rules
 from jitterscope.streams.rules import throttle as throttle_rules
 from jitterscope.streams.rules.base import Thresholds
 from jitterscope.streams.rules.losses import LossWatch
@@ -384,6 +386,20 @@ class Handlers:
             if alert:
                 out.append(alert)
         return out
+
+    async def xid(self, records: list[events.GpuXid], now_ns: int) -> list[events.Alert]:
+        """An alert per Xid (rules/xid.py); the requests on its GPU then name it."""
+        return self._gpu_reports(records, xid_rules, now_ns)
+
+    async def nvml(self, records: list[events.GpuTelemetry], now_ns: int) -> list[events.Alert]:
+        """An alert per GPU clocked down (rules/nvml.py); the requests on it then name the reasons."""
+        return self._gpu_reports(records, nvml_rules, now_ns)
+
+    def _gpu_reports(self, records: list, rules, now_ns: int) -> list[events.Alert]:
+        if self.attributor is not None:
+            for record in records:
+                self.attributor.add_evidence(record)
+        return self._judged(records, lambda r: rules.judge(r, self.state, self.t, now_ns), rules.repeat_key)
 
     async def blocked(self, waits: list[events.BlockedWait], now_ns: int) -> list[events.Alert]:
         """Blocked time is evidence for the requests it overlapped (their

@@ -290,6 +290,16 @@ def parse_once(text: str) -> tuple[int, str, str]:
     return (int(index), *parse_call(call))
 
 
+def parse_xid(text: str) -> tuple[int, str]:
+    index, _, line = text.partition(":")
+    return int(index), line if line.endswith("\n") else line + "\n"
+
+
+def parse_sleep(text: str) -> tuple[int, float]:
+    index, _, ms = text.partition(":")
+    return int(index), float(ms)
+
+
 def parse_latency(text: str) -> tuple[str, float]:
     name, _, ms = text.partition("=")
     request_code(name)
@@ -324,6 +334,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="a call every request makes, in order (repeat)")
     parser.add_argument("--once", type=parse_once, action="append", default=[], metavar="INDEX:DEVICE:NAME",
                         help="a call request INDEX makes after its --call ones (repeat)")
+    parser.add_argument("--xid", type=parse_xid, action="append", default=[], metavar="INDEX:LINE",
+                        help="request INDEX writes LINE to the kernel log (/dev/kmsg) after its calls, as the "
+                             "driver logs an Xid while a request's work runs (repeat)")
+    parser.add_argument("--sleep", type=parse_sleep, action="append", default=[], metavar="INDEX:MS",
+                        help="request INDEX sleeps MS after its calls: time no GPU probe sees (repeat)")
     parser.add_argument("--requests", type=int, default=10)
     parser.add_argument("--gap-ms", type=float, default=2.0, help="sleep between requests")
     parser.add_argument("--endpoint", default=None, help="OTLP/HTTP traces URL (default: no spans)")
@@ -333,6 +348,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="run the server and its driver SCHED_FIFO (where allowed), so that a loaded "
                              "machine does not stretch the programmed latencies")
     args = parser.parse_args(argv)
+    args.sleep = dict(args.sleep)
 
     latency_ns = {request_code(name): int(ms * 1e6) for name, ms in args.latency}
     realtime = False
@@ -342,6 +358,8 @@ def main(argv: list[str] | None = None) -> int:
             realtime = True
         except OSError:
             pass  # (an RT-less cgroup): the latencies are as the load allows
+    # the host's kernel log, opened before /dev is covered
+    kmsg = os.open("/dev/kmsg", os.O_WRONLY | os.O_CLOEXEC) if args.xid else -1
     driver = stand_in_devices(latency_ns)  # before any thread starts: the namespace is per thread
     _libc.prctl(15, ctypes.c_char_p(PROCESS_NAME), 0, 0, 0)  # PR_SET_NAME
     fds = {name: os.open(f"/dev/{name}", os.O_RDWR | os.O_CLOEXEC) for name in DEVICES}
@@ -370,6 +388,11 @@ def main(argv: list[str] | None = None) -> int:
             fcntl.ioctl(fds[device], request, buffer)
             caller_ns[(device, request)].append(time.perf_counter_ns() - t0)
             calls[(device, request)] += 1
+        for line in (line for index, line in args.xid if index == i):
+            # one write, one record (the kernel takes 10 a burst per open file); {pid}: this server's, as the driver names it
+            os.write(kmsg, line.replace("{pid}", str(os.getpid())).encode())
+        if i in args.sleep:
+            time.sleep(args.sleep[i] / 1000)
         end = time.time_ns()
         if span:
             span.end(end_time=end)

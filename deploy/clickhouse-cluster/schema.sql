@@ -659,3 +659,52 @@ ALTER TABLE jitterscope.processes ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXIST
 ALTER TABLE jitterscope.page_placement_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS memory_cgroup LowCardinality(String) DEFAULT '';
 
 ALTER TABLE jitterscope.page_placement ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS memory_cgroup LowCardinality(String) DEFAULT '';
+
+CREATE TABLE IF NOT EXISTS jitterscope.gpu_xid_local ON CLUSTER '{cluster}' (
+    host LowCardinality(String),
+    boot_id LowCardinality(String),
+    seq UInt64,
+    ts DateTime64(9) CODEC(Delta, ZSTD(1)),
+    xid UInt16,
+    pci LowCardinality(String),
+    gpu LowCardinality(String),
+    pid UInt32,
+    comm LowCardinality(String),
+    message String
+) ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/jitterscope/gpu_xid', '{replica}')
+PARTITION BY toDate(ts)
+ORDER BY (host, ts, boot_id, seq);
+
+CREATE TABLE IF NOT EXISTS jitterscope.gpu_xid ON CLUSTER '{cluster}' AS jitterscope.gpu_xid_local ENGINE = Distributed('{cluster}', 'jitterscope', 'gpu_xid_local', cityHash64(host));
+
+ALTER TABLE jitterscope.request_attribution_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS gpu_xid UInt16 DEFAULT 0;
+
+ALTER TABLE jitterscope.request_attribution ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS gpu_xid UInt16 DEFAULT 0;
+
+CREATE TABLE IF NOT EXISTS jitterscope.gpu_telemetry_local ON CLUSTER '{cluster}' (
+    host LowCardinality(String),
+    boot_id LowCardinality(String),
+    seq UInt64,
+    ts DateTime64(9) CODEC(Delta, ZSTD(1)),
+    pci LowCardinality(String),
+    gpu LowCardinality(String),
+    interval_ns UInt64,
+    sm_clock_mhz UInt32,
+    mem_clock_mhz UInt32,
+    sm_clock_max_mhz UInt32,
+    throttle_reasons UInt64,
+    throttle Array(LowCardinality(String)),
+    temperature_c UInt16,
+    power_mw UInt32,
+    pcie_tx_kbps UInt32,
+    pcie_rx_kbps UInt32,
+    nvlink_errors UInt64
+) ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/jitterscope/gpu_telemetry', '{replica}')
+PARTITION BY toDate(ts)
+ORDER BY (host, ts, boot_id, seq);
+
+CREATE TABLE IF NOT EXISTS jitterscope.gpu_telemetry ON CLUSTER '{cluster}' AS jitterscope.gpu_telemetry_local ENGINE = Distributed('{cluster}', 'jitterscope', 'gpu_telemetry_local', cityHash64(host));
+
+ALTER TABLE jitterscope.request_attribution_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS gpu_throttle Array(LowCardinality(String)) DEFAULT [];
+
+ALTER TABLE jitterscope.request_attribution ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS gpu_throttle Array(LowCardinality(String)) DEFAULT [];

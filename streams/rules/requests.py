@@ -5,6 +5,7 @@ objective. Pure: no I/O."""
 
 from __future__ import annotations
 
+from jitterscope.schemas.gpu_health import SLOWDOWNS, xid_info
 from jitterscope.schemas.events import Alert, CgroupThrottle, IrqTime, RequestAttribution
 from jitterscope.schemas.topology import cpu_list
 
@@ -88,6 +89,12 @@ def _summary(a: RequestAttribution, irq: IrqTime | None) -> str:
     elif a.cause == "io_wait":
         summary += (f"its thread {a.thread_tid} was blocked {_ms(a.io_wait_ns)} in uninterruptible I/O "
                     f"({a.explained:.0%} of the excess)")
+    elif a.cause == "gpu_xid":
+        summary += (f"its GPU logged Xid {a.gpu_xid} during it ({xid_info(a.gpu_xid).meaning}); nothing on the "
+                    f"CPU side explains the excess")
+    elif a.cause == "gpu_throttle":
+        summary += (f"its GPU was clocked down during it ({', '.join(a.gpu_throttle)}); nothing on the CPU side "
+                    f"explains the excess")
     else:
         summary += f"cause {a.cause}: run-queue waits explain {a.explained:.0%} of the excess"
     return summary
@@ -127,6 +134,10 @@ def _remedy(a: RequestAttribution, cpus_allowed: list[int], others: list[int], t
     if a.cause == "io_wait":
         return (f"pid {a.pid} read or wrote storage on the request's path: keep it off the path (preload, "
                 f"asynchronous I/O), or find the device's other users (the device_io table)")
+    if a.cause == "gpu_xid":
+        return f"{a.culprit or f'Xid {a.gpu_xid}'}: {xid_info(a.gpu_xid).remedy}"
+    if a.cause == "gpu_throttle":
+        return "; ".join(SLOWDOWNS[r] for r in a.gpu_throttle if r in SLOWDOWNS)
     return "no kernel evidence explains it yet: check the model/batch size and GPU-side timings"
 
 
@@ -154,6 +165,7 @@ def request_slo(attribution: RequestAttribution, comm: str, cpus_allowed: list[i
                                          ("irq_ms", a.irq_ns / 1e6), ("self_wait_ms", a.self_wait_ns / 1e6),
                                          ("gil_wait_ms", a.gil_wait_ns / 1e6), ("memory_wait_ms", a.memory_wait_ns / 1e6),
                                          ("io_wait_ms", a.io_wait_ns / 1e6), ("culprit", a.culprit),
+                                         ("gpu_xid", a.gpu_xid), ("gpu_throttle", ",".join(a.gpu_throttle)),
                                          ("cause", a.cause))
                   if v},
     )

@@ -2,8 +2,9 @@
 """The hardware sources end to end on this machine's kernel: GPU driver call
 latency on a configured device path (here /dev/zero: this machine has no GPU,
 and the probe only cares about the path), CPU migrations of a thread whose
-affinity keeps changing, and page-cache placement of a process reading a
-large file: kernel -> Kafka -> streams -> ClickHouse, and alerts."""
+affinity keeps changing, page-cache placement of a process reading a
+large file, and an NVRM Xid line written into the kernel log: kernel ->
+Kafka -> streams -> ClickHouse, and alerts."""
 
 from __future__ import annotations
 
@@ -128,3 +129,58 @@ def test_page_cache_placement_of_a_reader(pipeline, tmp_path):
         "WHERE comm LIKE 'python%' GROUP BY pid, node HAVING pages >= 10000"), 60, "the reader's pages", worker)
     assert any(node == 0 and pages >= 0.8 * 48 * 256 for _pid, node, pages in pid_rows), pid_rows
     assert reader.returncode == 0
+
+
+def test_xid_lines_in_the_kernel_log_reach_clickhouse_and_alert(pipeline):
+    """A real NVRM Xid line written into /dev/kmsg: the collector's xid probe
+    -> Kafka -> the worker -> the gpu_xid table and an ``xid`` alert with
+    NVIDIA's meaning. This host has no GPU, so the alert says the address is
+    not in its topology; the mapping to a GPU is tests/bpf/test_xid.py's, on
+    a fixture topology."""
+    stack, worker, collector = pipeline
+    marker = f"jitterscope-integration-{os.getpid()}-{time.time_ns()}"
+    with open("/dev/kmsg", "w") as log:
+        log.write(f"<3>NVRM: Xid (PCI:0000:3b:00): 48, pid={os.getpid()}, name=pytest, {marker}\n")
+    rows = wait_until(lambda: stack.query(
+        "SELECT xid, pci, gpu, pid, comm FROM jitterscope.gpu_xid FINAL WHERE message = {m:String}", m=marker),
+        60, "the Xid in ClickHouse", worker)
+    assert rows == [[48, "0000:3b:00.0", "", os.getpid(), "pytest"]]
+    [[summary, severity, remedy]] = wait_until(lambda: stack.query(
+        "SELECT summary, severity, remedy FROM jitterscope.alerts WHERE kind = 'xid' AND evidence['message'] = "
+        "{m:String}", m=marker), 30, "the xid alert", worker)
+    assert summary.startswith(f"Xid 48 on the GPU at 0000:3b:00.0 (not in this host's topology), process pytest "
+                              f"(pid {os.getpid()}): double-bit ECC error")
+    assert severity == "critical" and "reset" in remedy
+
+
+def test_nvml_telemetry_reaches_clickhouse_and_alerts(pipeline, tmp_path):
+    """The nvml signal's plumbing in a real collector, with the pynvml
+    stand-in of tests/fixtures/nvml_standin first on its path (no GPU
+    here): a reading every nvml_interval_s on the sampler thread -> Kafka ->
+    the gpu_telemetry table (throttle names in an array column) and a
+    ``gpu_throttle`` alert. NVML itself is not exercised: docs/hardware.md."""
+    stack, worker, _ = pipeline
+    host = f"nvml-{os.getpid()}"
+    fixture = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "nvml_standin")
+    collector = stack.spawn("collector-nvml", "collector", JITTERSCOPE_HOST=host, JITTERSCOPE_DATA_DIR=str(tmp_path),
+                            JITTERSCOPE_HARDWARE_PROBES='["nvml"]', JITTERSCOPE_NVML_INTERVAL_S="0.2",
+                            JITTERSCOPE_TARGET_COMMS='["no-such-process"]',
+                            PYTHONPATH=os.pathsep.join([fixture, os.environ.get("PYTHONPATH", "")]))
+    try:
+        rows = wait_until(lambda: (r := stack.query(
+            "SELECT pci, gpu, sm_clock_mhz, sm_clock_max_mhz, mem_clock_mhz, throttle_reasons, throttle, "
+            "temperature_c, power_mw, pcie_tx_kbps, pcie_rx_kbps, nvlink_errors, interval_ns "
+            "FROM jitterscope.gpu_telemetry FINAL WHERE host = {h:String} ORDER BY ts", h=host)) and len(r) >= 5 and r,
+            90, "five NVML readings in ClickHouse", collector)
+        assert {(*r[:6], tuple(r[6]), *r[7:11]) for r in rows} == {("0000:3b:00.0", "0", 705, 1410, 1215, 0x44,
+                                                  ("sw_power_cap", "hw_thermal_slowdown"), 91, 250_000, 1200, 3400)}
+        assert all(r[11] == 8 for r in rows), "2 links x 4 counters, each one more per reading"
+        assert all(0 < r[12] <= 2_000_000_000 for r in rows), [r[12] for r in rows]
+        [[summary, severity]] = wait_until(lambda: stack.query(
+            "SELECT summary, severity FROM jitterscope.alerts WHERE kind = 'gpu_throttle' AND host = {h:String}",
+            h=host), 30, "one gpu_throttle alert (its repeats folded)", worker)
+        assert summary == ("GPU 0 (0000:3b:00.0) clocked down: sw_power_cap, hw_thermal_slowdown "
+                           "(SM 705 MHz of 1410, 91 C, 250 W)") and severity == "critical"
+        assert "NVML telemetry off" not in collector.text()
+    finally:
+        collector.stop()

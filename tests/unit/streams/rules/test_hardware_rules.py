@@ -187,7 +187,7 @@ def test_the_table_routes_each_topic_to_its_signal_only(topo):
     judge = Handlers(State(topo, [process()]))
     assert set(judge.table) == {topics.RUNQ, topics.REQUESTS, topics.COLLECTOR_STATS, topics.GPU_IOCTL,
                                 topics.PROCESSES, topics.MIGRATIONS, topics.PAGES,
-                                topics.IRQ, topics.CGROUP_THROTTLE,
+                                topics.IRQ, topics.CGROUP_THROTTLE, topics.GPU_XID, topics.GPU_TELEMETRY,
                                 topics.HISTOGRAMS,  # no rule: feeds /metrics (streams/signal_metrics.py)
                                 topics.BLOCKED}  # no rule: evidence for request attribution
     assert set(judge.table) <= set(topics.INPUT_TOPICS)
