@@ -46,6 +46,20 @@ def runq_starvation(
         f"{suspect_name} held it"
     )
     others = [c for c in (host_cpus or []) if c not in victim_cpus] if victim_cpus else []
+    remedy = _remedy(event, victim_cpus, others, own)
+    severity = "critical" if event.wait_ns >= 10 * alert_ns else "warning"
+    return Alert(
+        host=event.host, boot_id=event.boot_id, seq=event.seq, ts_ns=event.ts_ns, raised_ns=now_ns,
+        kind="runq_starvation", severity=severity, pid=event.pid, tid=event.tid, comm=event.comm,
+        cpu=event.cpu, wait_ns=event.wait_ns, suspect_pid=event.suspect_pid,
+        suspect_comm=event.suspect_comm, cpus_allowed=victim_cpus, summary=summary, remedy=remedy,
+        victim_stack=event.victim_stack, suspect_stack=event.suspect_stack,
+    )
+
+
+def _remedy(event: RunqEvent, victim_cpus: list[int], others: list[int], own: bool) -> str:
+    """How to separate the waiting thread from what held its CPU (``others``:
+    the host's CPUs the victim may not use)."""
     if own:
         remedy = (
             f"the cost of watching: keep jitterscope's {event.suspect_comm.removeprefix(OWN_SUSPECT_PREFIX)} off "
@@ -75,11 +89,4 @@ def runq_starvation(
             f"pid {event.pid}'s own threads compete for CPU {event.cpu}: allow it more CPUs "
             f"(now {cpu_list(victim_cpus) or 'unknown'}) or run fewer busy threads"
         )
-    severity = "critical" if event.wait_ns >= 10 * alert_ns else "warning"
-    return Alert(
-        host=event.host, boot_id=event.boot_id, seq=event.seq, ts_ns=event.ts_ns, raised_ns=now_ns,
-        kind="runq_starvation", severity=severity, pid=event.pid, tid=event.tid, comm=event.comm,
-        cpu=event.cpu, wait_ns=event.wait_ns, suspect_pid=event.suspect_pid,
-        suspect_comm=event.suspect_comm, cpus_allowed=victim_cpus, summary=summary, remedy=remedy,
-        victim_stack=event.victim_stack, suspect_stack=event.suspect_stack,
-    )
+    return remedy
