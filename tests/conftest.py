@@ -307,6 +307,21 @@ def wait_until(predicate, timeout: float, what: str, proc: Proc | None = None, i
                          + (f"\n{proc.name} log:\n{proc.text()[-3000:]}" if proc else ""))
 
 
+def span_pipeline(stack, worker_env: dict[str, str] | None = None, **collector_env: str):
+    """A worker and a collector for request attribution tests: the collector
+    filters its targets on a name nothing has, so only the processes that
+    send it spans are watched (serving processes become targets), on a free
+    OTLP port, with histograms every second; the worker attributes a request
+    1 s after its span ends. Either's settings can be overridden. Returns
+    (stack, worker, collector, otlp_port)."""
+    otlp_port = free_port()
+    worker = stack.start_worker_with(**{"JITTERSCOPE_ATTRIBUTION_GRACE_S": "1", **(worker_env or {})})
+    collector = stack.start_collector(**{
+        "JITTERSCOPE_TARGET_COMMS": '["no-such-process"]', "JITTERSCOPE_OTLP_PORT": str(otlp_port),
+        "JITTERSCOPE_HISTOGRAM_INTERVAL_S": "1", **collector_env})
+    return stack, worker, collector, otlp_port
+
+
 @pytest.fixture(scope="module")
 def stack(broker, tmp_path_factory):
     s = make_stack(broker, tmp_path_factory.mktemp("jitterscope"))

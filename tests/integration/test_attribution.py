@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from jitterscope.broker import free_port
 from jitterscope.workload import HOG_COMM, cpu_hogs, last_cpu
-from tests.conftest import RunDelay, wait_until
+from tests.conftest import RunDelay, span_pipeline, wait_until
 
 pytestmark = [pytest.mark.bpf, pytest.mark.integration]
 
@@ -38,14 +37,7 @@ def _own_cpu(own_cpu):
 
 @pytest.fixture(scope="module")
 def pipeline(stack):
-    otlp_port = free_port()
-    worker = stack.start_worker_with(JITTERSCOPE_REQUEST_SLO_MS=str(SLO_MS), JITTERSCOPE_ATTRIBUTION_GRACE_S="1")
-    # Filter on a name nothing has: the stand-in is watched only because it
-    # sends spans (serving processes become targets).
-    collector = stack.start_collector(
-        JITTERSCOPE_TARGET_COMMS='["no-such-process"]', JITTERSCOPE_OTLP_PORT=str(otlp_port),
-        JITTERSCOPE_HISTOGRAM_INTERVAL_S="1")
-    yield stack, worker, collector, otlp_port
+    yield span_pipeline(stack, {"JITTERSCOPE_REQUEST_SLO_MS": str(SLO_MS)})
 
 
 def run_standin(otlp_port: int, *args: str) -> subprocess.Popen:

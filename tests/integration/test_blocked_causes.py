@@ -18,9 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from jitterscope.broker import free_port
 from jitterscope.workload import last_cpu
-from tests.conftest import remove_cgroup, wait_until
+from tests.conftest import remove_cgroup, span_pipeline, wait_until
 
 pytestmark = [pytest.mark.bpf, pytest.mark.integration]
 
@@ -40,14 +39,9 @@ def _own_cpu(own_cpu):
 
 @pytest.fixture(scope="module")
 def pipeline(stack):
-    otlp_port = free_port()
-    worker = stack.start_worker_with(JITTERSCOPE_ATTRIBUTION_GRACE_S="1")
     # blocks from 0.05 ms (default 1): the budget's on-CPU part is what is left after the waits it
     # saw, and the span exporter's sub-millisecond GIL hand-offs would otherwise count as CPU time
-    collector = stack.start_collector(
-        JITTERSCOPE_TARGET_COMMS='["no-such-process"]', JITTERSCOPE_OTLP_PORT=str(otlp_port),
-        JITTERSCOPE_HISTOGRAM_INTERVAL_S="1", JITTERSCOPE_BLOCKED_THRESHOLD_MS="0.05")
-    yield stack, worker, collector, otlp_port
+    yield span_pipeline(stack, JITTERSCOPE_BLOCKED_THRESHOLD_MS="0.05")
 
 
 def attribution(stack, request_id: str) -> dict | None:

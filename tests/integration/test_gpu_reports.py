@@ -16,8 +16,7 @@ import os
 
 import pytest
 
-from jitterscope.broker import free_port
-from tests.conftest import wait_until
+from tests.conftest import span_pipeline, wait_until
 from tests.gpu_standin import GpuStandin, fuse_unavailable
 
 pytestmark = [pytest.mark.bpf, pytest.mark.integration]
@@ -30,12 +29,7 @@ if why := fuse_unavailable():
 
 @pytest.fixture(scope="module")
 def pipeline(stack):
-    otlp_port = free_port()
-    worker = stack.start_worker_with(JITTERSCOPE_ATTRIBUTION_GRACE_S="1")
-    collector = stack.start_collector(
-        JITTERSCOPE_TARGET_COMMS='["no-such-process"]', JITTERSCOPE_OTLP_PORT=str(otlp_port),
-        JITTERSCOPE_HARDWARE_PROBES='["xid"]', JITTERSCOPE_HISTOGRAM_INTERVAL_S="1")
-    yield stack, worker, collector, otlp_port
+    yield span_pipeline(stack, JITTERSCOPE_HARDWARE_PROBES='["xid"]')
 
 
 def test_the_request_in_the_xid_window_names_it_in_clickhouse(pipeline):

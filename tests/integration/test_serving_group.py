@@ -17,9 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from jitterscope.broker import free_port
 from jitterscope.workload import HOG_COMM, cpu_hogs, last_cpu
-from tests.conftest import wait_until
+from tests.conftest import span_pipeline, wait_until
 
 pytestmark = [pytest.mark.bpf, pytest.mark.integration]
 
@@ -40,17 +39,13 @@ def _own_cpu(own_cpu):
 
 @pytest.fixture(scope="module")
 def pipeline(stack):
-    otlp_port = free_port()
     # A generous grace: on a loaded 2-core box the worker's runq consumer can
     # trail the spans by seconds, and evidence after the grace is too late.
-    worker = stack.start_worker_with(JITTERSCOPE_REQUEST_SLO_MS="30", JITTERSCOPE_ATTRIBUTION_GRACE_S="10")
-    # Filter on a name nothing has: the front is watched because it sends
-    # spans, the engine because it is the front's child. Only the run-queue
-    # signal: the others add load and nothing this test looks at.
-    collector = stack.start_collector(
-        JITTERSCOPE_TARGET_COMMS='["no-such-process"]', JITTERSCOPE_OTLP_PORT=str(otlp_port),
-        JITTERSCOPE_HISTOGRAM_INTERVAL_S="1", JITTERSCOPE_SERVING_GROUP="auto", JITTERSCOPE_HARDWARE_PROBES="[]")
-    yield stack, worker, collector, otlp_port
+    # The front is watched because it sends spans, the engine because it is
+    # the front's child. Only the run-queue signal: the others add load and
+    # nothing this test looks at.
+    yield span_pipeline(stack, {"JITTERSCOPE_REQUEST_SLO_MS": "30", "JITTERSCOPE_ATTRIBUTION_GRACE_S": "10"},
+                        JITTERSCOPE_SERVING_GROUP="auto", JITTERSCOPE_HARDWARE_PROBES="[]")
 
 
 def start_standin(otlp_port: int, prefix: str, seconds: float) -> subprocess.Popen:
