@@ -268,8 +268,11 @@ def pressure(ctx: Context) -> str:
                                       x_label="requests per hour (host class)",
                                       hline=(ctx.runq_alert_ms, f"{ctx.runq_alert_ms:g} ms alert level"))
                     for cls, points in sorted(series.items()))
+    note = ('<p class="note">Headroom is the class\'s hourly P99 of every wait against the alert level: room for '
+            "more load on the class as a whole. One host's tail can be over the level with the class well under it: "
+            'see the worst-host lines and the contention chart under "Tail latency trends".</p>')
     return drawn + _table(["host class", "peak requests/hour", "worst hourly P99 ms",
-                            f"headroom below {ctx.runq_alert_ms:g} ms"], table)
+                            f"headroom below {ctx.runq_alert_ms:g} ms"], table) + note
 
 
 def before_after(ctx: Context) -> str:
