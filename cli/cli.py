@@ -12,6 +12,7 @@ on the one app.
 from __future__ import annotations
 
 import sys
+from typing import Annotated
 
 import typer
 
@@ -33,6 +34,26 @@ for command in (roles.up, roles.collector, roles.streams, roles.broker, reading.
                 demos.synthetic_fleet, capture.record, capture.replay):
     app.command()(command)
 app.add_typer(topics_app, name="topics")
+
+
+def _version(value: bool) -> None:
+    if value:
+        # the installed distribution's metadata, not a constant here: `pip install` is what a user ran
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            print(f"jitterscope {version('jitterscope')}")
+        except PackageNotFoundError:  # imported from a checkout that was never installed
+            print("jitterscope (not installed: no distribution metadata)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    show_version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                               help="print the installed version and exit")] = False,
+) -> None:
+    """Find the kernel-level causes of tail-latency spikes in GPU inference fleets."""
 
 
 def main() -> None:

@@ -31,11 +31,11 @@ def doctor(
                       data_dir=data_dir)
     failed = 0
     for check in run_checks(s):
-        mark = "[green]ok[/]  " if check.ok else "[red]FAIL[/]"
+        mark = "[red]FAIL[/]" if not check.ok else "[yellow]warn[/]" if check.warn else "[green]ok[/]  "
         # details quote the ClickHouse URL and client errors: never its password, never markup
         console.print(f"{mark} {check.name:16} {escape(mask_text(str(check.detail)))}")
-        if not check.ok:
-            failed += 1
+        failed += not check.ok
+        if not check.ok or check.warn:
             console.print(f"     {'':16} fix: {escape(mask_text(str(check.fix)))}")
     if failed:
         raise typer.Exit(1)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -47,15 +48,33 @@ def check_clickhouse(s: Settings) -> Check:
 
 
 def check_self_cost(s: Settings) -> Check:
-    """Informational: what the last collector run cost this host."""
+    """What the last collector run cost this host, against self_cost_target_pct
+    (the target the report's "Cost of watching" uses too): over it is a
+    warning, never a failure (the collector runs; it costs more than wanted)."""
     from jitterscope.up import FINAL_FILE, self_cost_line
 
     path = s.data_dir / FINAL_FILE
-    line = self_cost_line(path)
-    if line is None:
+    line, share = self_cost_line(path), _share(path)
+    if line is None or share is None:
         return Check("self-cost", True, "no collector run measured yet (figures appear after 'jitterscope up')")
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(path.stat().st_mtime))
-    return Check("self-cost", True, f"last run ({when}): {line.removeprefix('jitterscope cost on this host: ')}")
+    target = s.self_cost_target_pct / 100
+    verdict = "within" if share <= target else "over"
+    return Check("self-cost", True,
+                 f"last run ({when}): {line.removeprefix('jitterscope cost on this host: ')}; {verdict} the "
+                 f"{target:.2%} target (self_cost_target_pct)",
+                 fix=("fewer probes (--set hardware_probes=...), runq_stacks=false, a higher runq_threshold_ms, "
+                      "or a target that fits this host (--set self_cost_target_pct=...)"),
+                 warn=share > target)
+
+
+def _share(path) -> float | None:
+    """The last run's overhead share (0.005 = 0.5%) from the collector's final file, or None."""
+    try:
+        share = json.loads(path.read_text())["self_cost"]["overhead_share"]
+        return float(share)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def check_gpu_reports(s: Settings) -> list[Check]:

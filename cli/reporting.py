@@ -26,7 +26,8 @@ def report(
     clickhouse_url: ClickHouseOpt = None,
     data_dir: DataDirOpt = None,
 ) -> None:
-    """Write the capacity-planning report: a self-contained HTML file with trends, causes, placement and actions."""
+    """Write the capacity-planning report: a self-contained HTML file that opens with its summary (worst hosts, top
+    causes, three actions), then trends, causes, placement and every action."""
     from datetime import datetime, timedelta, timezone
 
     from jitterscope.query import run_query
@@ -56,7 +57,8 @@ def report(
             no_data[:1] = [exc]
             return []
 
-    ctx = capacity.Context(rows, queries.parse_duration(since), remediation, s.runq_alert_ms)
+    ctx = capacity.Context(rows, queries.parse_duration(since), remediation, s.runq_alert_ms, since_text=since,
+                           self_cost_target=s.self_cost_target_pct / 100)
     with console.status("building the report") as status:
         html = capacity.build(ctx, progress=lambda title: status.update(f"building: {title}"))
     from jitterscope.common.private import open_private

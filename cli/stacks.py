@@ -79,5 +79,5 @@ def run(query: store.Query, out: Callable[[str], None], *, since: str = "24h", s
 
 
 def _frames(stack: store.Stack) -> list[str]:
-    """Innermost first, kernel frames on top of the user ones they were called from."""
-    return [f"    {f}  [kernel]" for f in stack.kernel] + [f"    {f}" for f in stack.user]
+    """Innermost first, kernel frames on top of the user ones they were called from (the report's order too)."""
+    return [f"    {f}  [kernel]" if kernel else f"    {f}" for f, kernel in stack.innermost_first()]

@@ -158,6 +158,10 @@ class CollectorSettings(BaseModel):
     runq_stacks: bool = Field(
         True, description="capture the culprit's and the starved thread's stacks for run-queue events (off: no "
                           "stack walks in the kernel, no symbolization; alerts name no stacks)")
+    self_cost_target_pct: float = Field(
+        0.5, gt=0, le=100, description="what watching may cost a host, in percent of all its CPU time (BPF run "
+                                       "time plus the collector): `doctor` and the report's 'Cost of watching' "
+                                       "judge the measured cost against it")
     hardware_probes: list[str] = Field(
         default_factory=lambda: list(HARDWARE_PROBES),
         description=f"hardware sources besides the run-queue probe (any of {', '.join(HARDWARE_PROBES)})")

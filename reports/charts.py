@@ -112,6 +112,11 @@ def fmt_ms(v: float) -> str:
     return f"{v:g} ms"
 
 
+def fmt_seconds(v: float) -> str:
+    """A duration in seconds as people write it: 0.5 s, 10 s, 2k s."""
+    return f"{fmt_number(v)} s"
+
+
 def fmt_time(t: float) -> str:
     return datetime.fromtimestamp(t, timezone.utc).strftime("%m-%d %H:%M")
 
@@ -188,17 +193,31 @@ def _legend(names: list[str], y: float) -> tuple[list[str], float]:
     return parts, (row + 1) * 18
 
 
+def _same_line(pts: list[tuple[float, float]], theirs: list[tuple[float, float]]) -> bool:
+    """The same x values, and y within 2% at each."""
+    return len(theirs) == len(pts) and all(a == c and abs(b - d) <= 0.02 * max(abs(b), abs(d), 1e-12)
+                                           for (a, b), (c, d) in zip(pts, theirs))
+
+
+def coinciding(series: dict[str, list[tuple[float, float]]]) -> list[tuple[str, str]]:
+    """(name, earlier name) for each series whose line lies on an earlier
+    one, in the order ``line_chart`` draws them (points sorted by x)."""
+    ordered = {name: sorted(pts) for name, pts in series.items() if pts}
+    names = list(ordered)
+    found = []
+    for i, name in enumerate(names):
+        other = next((o for o in names[:i] if _same_line(ordered[name], ordered[o])), None)
+        if other is not None:
+            found.append((name, other))
+    return found
+
+
 def _coinciding(name: str, series: dict[str, list[tuple[float, float]]], earlier: list[str]) -> str:
     """The legend entry of ``name``, saying so when its line lies on an
     earlier one (same points within 2%): the reader sees one band, not a
     missing line."""
-    pts = series[name]
-    for other in earlier:
-        theirs = series[other]
-        if len(theirs) == len(pts) and all(a == c and abs(b - d) <= 0.02 * max(abs(b), abs(d), 1e-12)
-                                           for (a, b), (c, d) in zip(pts, theirs)):
-            return f"{name} (= {other})"
-    return name
+    other = next((o for o in earlier if _same_line(series[name], series[o])), None)
+    return name if other is None else f"{name} (= {other})"
 
 
 def line_chart(series: dict[str, list[tuple[float, float]]], *, x_label: str, y_label: str, x_kind: str = "time",

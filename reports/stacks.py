@@ -31,6 +31,12 @@ class Stack:
     wait_ns: int = 0    # their total wait
     hosts: int = 0
 
+    def innermost_first(self) -> list[tuple[str, bool]]:
+        """(frame, is_kernel), innermost first: the kernel frames, then the
+        user frames that called into the kernel. The one order in which
+        `jitterscope stacks` and the report list a stack."""
+        return [(f, True) for f in self.kernel] + [(f, False) for f in self.user]
+
     def frames(self) -> list[str]:
         """Root first, as a flame graph stacks them: the process, its user
         frames, then the kernel frames (marked ``_[k]``, as Brendan Gregg's
@@ -109,10 +115,12 @@ def section(ctx) -> str:
         return '<p class="empty">no culprit stacks captured in this period</p>'
     items = []
     for s in stacks:
-        frames = "<br>".join(escape(f) for f in [*s.user, *(f"{k} [kernel]" for k in s.kernel)][:12])
+        frames = "<br>".join(escape(f"{f} [kernel]" if kernel else f) for f, kernel in s.innermost_first()[:12])
         items.append(f"<tr><td>{escape(s.comm)}</td><td>{s.wait_ns / 1e9:,.2f}</td><td>{s.waits:,}</td>"
                      f"<td>{s.hosts:,}</td><td><code>{frames}</code></td></tr>")
-    return ("<p>The code that held the CPUs inference threads waited for, ranked by the wait it caused "
-            "(innermost frame first; <code>jitterscope stacks --folded</code> exports them for flame graphs).</p>"
+    return ("<p>The code that held the CPUs inference threads waited for, ranked by the wait it caused. "
+            "Each stack is listed as <code>jitterscope stacks</code> prints it: innermost frame first, the kernel "
+            "frames (marked [kernel]) above the user frames that called into the kernel; "
+            "<code>jitterscope stacks --folded</code> exports them root first for flame graphs.</p>"
             "<table><thead><tr><th>process</th><th>wait caused (s)</th><th>waits</th><th>hosts</th>"
-            f"<th>stack</th></tr></thead><tbody>{''.join(items)}</tbody></table>")
+            f"<th>stack, innermost frame first</th></tr></thead><tbody>{''.join(items)}</tbody></table>")

@@ -27,6 +27,8 @@ class Check:
     detail: str
     fix: str = ""
     error: type[errors.JitterscopeError] = errors.JitterscopeError
+    #: passed, but over a target (self-cost): shown as "warn" with its fix, never fails `doctor`
+    warn: bool = False
 
 
 def check_privileges() -> Check:

@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+from html import unescape
 from html.parser import HTMLParser
 
 import pytest
@@ -138,8 +139,42 @@ def test_capacity_report_renders_in_chromium(fleet, tmp_path):
     assert "<script>alert" not in dom and "<script" not in dom
     # the injected answers are what the report leads with
     assert synthetic.WORST_RUNQ_HOST in dom and synthetic.NOISY_NEIGHBOUR in dom
+    _check_summary(dom)
     assert "Request P999" in dom and "→" in dom
     assert "Processes using GPUs" in dom and "0-63" in dom and ">200<" in dom and ">100<" in dom
+
+
+def _items(dom: str, section: str, cls: str) -> list[str]:
+    """The text of each <li> of the list of class ``cls`` in section ``section`` of the rendered DOM."""
+    part = dom.split(f'id="{section}"')[1].split("</section>")[0]
+    found = re.search(rf'<(?:ul|ol) class="{cls}">(.*?)</(?:ul|ol)>', part, re.S)
+    assert found, (section, cls)
+    return [" ".join(unescape(re.sub(r"<[^>]+>", "", li.replace("<br>", " "))).split())
+            for li in re.findall(r"<li>(.*?)</li>", found.group(1), re.S)]
+
+
+def _check_summary(dom: str) -> None:
+    """The report leads with the answer (issue 20): the period as given,
+    then a summary before every other section naming the injected worst
+    hosts, the causes by cost and the first three of the ranked actions;
+    and the trend charts' lines that lie on one another are said to."""
+    assert "covering the last 2d (" in dom and "days" not in dom.split("<section")[0]
+    sections = re.findall(r'<section id="([a-z-]+)"', dom)
+    assert sections[0] == "summary", sections
+    hosts = _items(dom, "summary", "worst-hosts")
+    assert hosts[0].startswith(synthetic.WORST_RUNQ_HOST + ": run-queue P999"), hosts
+    assert any(h.startswith(synthetic.RECURRING_HOST) and synthetic.RECURRING_CULPRIT in h for h in hosts), hosts
+    causes = _items(dom, "summary", "top-causes")
+    assert [c.split(":")[0] for c in causes[:3]] == synthetic.SLO_CAUSES and " s of excess" in causes[0]
+    assert causes[3].startswith(f"neighbour {synthetic.NOISY_NEIGHBOUR}: ") and "300 host(s)" in causes[3], causes
+    first_three = _items(dom, "summary", "actions")
+    assert len(first_three) == 3 and first_three == _items(dom, "actions", "actions")[:3]
+    assert synthetic.NOISY_NEIGHBOUR in first_three[0]
+    trends = dom.split('id="trends"')[1].split("</section>")[0]
+    notes = " ".join(re.findall(r'<p class="note">(.*?)</p>', trends, re.S))
+    for drawn, other in re.findall(r">([^<>]+) \(= ([^<>]+)\)</text>", trends):
+        assert f"{drawn} lies on {other}" in notes, (drawn, other, notes)
+    assert "h100 worst host P999" in trends and "h100 worst host P999 (=" not in trends, "the worst host stands out"
 
 
 def test_every_grafana_panel_query_runs_on_the_fleet(fleet):
@@ -223,7 +258,7 @@ def test_report_charts_have_axes_log_latency_a_heatmap_and_text_that_fits(fleet,
     bars = [c for c in charts if "bars" in c["class"]]
     lines = [c for c in charts if c not in heatmaps and c not in bars]
     assert len(heatmaps) == 2, "one heatmap per host class (a100, h100)"
-    assert len(bars) == 2 and len(lines) == 3, "trends, and pressure against load for each class"
+    assert len(bars) == 2 and len(lines) == 4, "trends, contention, and pressure against load for each class"
 
     for chart in charts:
         x, y = chart["axes"]["x"], chart["axes"]["y"]
@@ -246,7 +281,7 @@ def test_report_charts_have_axes_log_latency_a_heatmap_and_text_that_fits(fleet,
             assert 0 <= left and left + width <= chart["width"], f"text runs out of its chart: {t}"
             assert t["size"] <= t["y"] <= chart["height"], t
 
-    against_load = lines[1:]
+    against_load = lines[2:]
     for chart in against_load:
         assert chart["axes"]["x"]["scale"] == "linear" and max(chart["axes"]["x"]["ticks"]) >= 1000, "requests/hour"
         assert all(re.fullmatch(r"[0-9.]+k?", label) for label in chart["axes"]["x"]["labels"])

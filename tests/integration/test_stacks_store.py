@@ -76,6 +76,19 @@ def test_report_section_escapes_frames(query):
     assert "jitterscope_hog_spin" in html and "&lt;script&gt;" in html and "<script>" not in html
 
 
+def test_report_and_cli_list_frames_in_one_order(query):
+    """Innermost first, kernel frames above the user frames that called
+    them, in `jitterscope stacks` and in the report alike, and both say so."""
+    lines = []
+    stacks_cmd.run(query, lines.append, since="1h", limit=1)
+    cli_order = [line.strip().removesuffix("[kernel]").strip() for line in lines[1:]]
+    assert cli_order == ["__schedule", "schedule", "jitterscope_hog_spin", "main"]
+    html = store.section(type("Ctx", (), {"query": staticmethod(query), "since_s": 3600})())
+    cell = html.split("<td><code>")[1].split("</code>")[0]  # the first row's stack
+    assert [f.removesuffix(" [kernel]") for f in cell.split("<br>")] == cli_order
+    assert "innermost frame first" in html and cell.startswith("__schedule [kernel]")
+
+
 def test_stack_ids_are_stable_nonzero_and_fit_the_records():
     ids = {stack_id(f"p{i}", ["k"], [f"f{i}"]) for i in range(2000)}
     assert len(ids) == 2000 and 0 not in ids and max(ids) <= 2**63 - 1

@@ -140,6 +140,31 @@ def test_doctor_shows_the_last_figures(tmp_path):
         "overhead_share": 0.004, "bpf_share": 0.001, "collector_share": 0.003, "rss_bytes": 90_000_000}}))
     check = check_self_cost(s)
     assert check.ok and "0.40% of CPU" in check.detail and "RSS 90 MB" in check.detail
+    assert not check.warn and "within the 0.50% target" in check.detail
+
+
+def test_doctor_and_the_report_judge_self_cost_by_one_target(tmp_path):
+    """Issue 20: doctor said 1.51% "ok" while the report marked the same
+    figure "no" against 0.5%. Both now read self_cost_target_pct."""
+    from jitterscope.common.settings import Settings
+    from jitterscope.doctor import check_self_cost
+    from jitterscope.reports import capacity
+
+    (tmp_path / "collector-final.json").write_text(json.dumps({"self_cost": {
+        "overhead_share": 0.0151, "bpf_share": 0.005, "collector_share": 0.0101, "rss_bytes": 90_000_000}}))
+
+    def query(sql, params):
+        return [("gpu-1", 30, 0.0151, 0.02, 181.5, 2)]
+
+    for target_pct, over in ((0.5, True), (2.0, False)):
+        s = Settings(data_dir=tmp_path, self_cost_target_pct=target_pct)
+        check = check_self_cost(s)
+        assert check.ok and check.warn == over and f"the {target_pct:.2f}% target" in check.detail
+        assert "self_cost_target_pct" in check.fix
+        html = capacity.cost_of_watching(capacity.Context(query, 86400, None,
+                                                          self_cost_target=s.self_cost_target_pct / 100))
+        assert f"under {target_pct:.2f}%" in html and ("<td>no</td>" if over else "<td>yes</td>") in html
+    assert capacity.Context(query, 86400, None).self_cost_target == Settings().self_cost_target_pct / 100
 
 
 def test_cost_of_watching_section_escapes_host_names():

@@ -51,3 +51,37 @@ def test_jitterscopes_own_suspect_is_the_cost_of_watching_not_a_neighbour_to_mov
     html = capacity.BUILDERS["actions"](capacity.Context(rows, 86400, None))
     assert "Give jitterscope&#x27;s own python CPUs apart from inference" in html
     assert "Move jitterscope:python" not in html and "Move logrotate off the inference CPUs" in html
+
+
+def test_the_period_is_shown_as_given():
+    """`--since 1h` once read "covering the last 0.0 days"."""
+    html = capacity.build(capacity.Context(lambda sql, params: [], 3600, None, since_text="1h"))
+    assert "covering the last 1h (" in html and "days" not in html.split("<section")[0]
+
+
+def test_the_summary_leads_and_agrees_with_the_actions():
+    """The summary is the first section; its three actions are the first
+    three of "Recommended actions"; hosts and causes come with their cost."""
+    def rows(sql, params):
+        if "latency_minute" in sql:
+            return [("gpu-7", 40.0, 2.0), ("gpu-2", 3.0, 1.0)]  # host, P999 ms, P99 ms
+        if "argMax(suspect_comm" in sql:
+            return [("gpu-3", 12.5, "<b>cron</b>")]  # host, seconds waited, main neighbour
+        if "runq_minute" in sql:
+            return [("logrotate", 900, 30, 60.0), ("cron", 100, 2, 5.0)][:params.get("limit", 10)]
+        if "request_attribution" in sql and "GROUP BY cause ORDER" in sql:
+            return [("runq_starvation", 30.0, 12), ("gpu_ioctl_stall", 10.0, 4)]
+        if "FROM jitterscope.alerts" in sql and "GROUP BY kind" in sql:
+            return [("pcie_contention", 2, 20, "a-1", "move the I/O"), ("migration_storm", 1, 2, "b-1", "pin it")]
+        return []
+
+    ctx = capacity.Context(rows, 86400, None)
+    assert capacity.SECTIONS[0][0] == "summary"
+    html = capacity.summary(ctx)
+    assert "gpu-7</strong>: run-queue P999 40.00 ms, over the 10 ms alert level" in html and "gpu-2" not in html
+    assert "gpu-3</strong>: inference threads waited 12.5 s" in html and "&lt;b&gt;cron&lt;/b&gt;" in html
+    assert "runq_starvation</strong>: 30.0 s of excess request latency over 12 request(s), 75% of it" in html
+    actions = capacity.actions(ctx)
+    first = actions.split("<li>")[1:4]
+    assert html.count("<li><strong>Move") + html.count("<li><strong>Fix") == 3
+    assert all(item.split("</li>")[0] in html for item in first)
