@@ -113,7 +113,9 @@ def standin_command(otlp_port: int) -> list[str]:
     """README's stand-in line, pointed at this run's receiver, with fewer requests."""
     text = (ROOT / "README.md").read_text()
     (line,) = re.findall(r"^\.venv/bin/python (examples/inference_standin\.py .*)$", text, re.M)
-    args = shlex.split(line)
+    # expanded as the reader's shell would: it names the CPU as $(($(nproc) - 1))
+    args = subprocess.run(["bash", "-c", "printf '%s\\n' " + line], capture_output=True, text=True,
+                          check=True).stdout.splitlines()
     args[args.index("--requests") + 1] = str(STANDIN_REQUESTS)
     return [sys.executable, *args, "--endpoint", f"http://127.0.0.1:{otlp_port}/v1/traces", "--no-times"]
 
@@ -126,7 +128,7 @@ def build_live_store(data_dir: Path) -> None:
     lines: list[str] = []
     threading.Thread(target=lambda: lines.extend(iter(up.stdout.readline, "")), daemon=True).start()
     try:
-        wait_for(lambda: any("jitterscope up: watching" in line for line in lines), 120, "up watching", up, lines)
+        wait_for(lambda: any("jitterscope up: watching" in line for line in lines), 360, "up watching", up, lines)
         standin_args = standin_command(otlp)
         cpu = standin_args[standin_args.index("--pin-cpu") + 1]  # the demo crowds the CPU the stand-in serves on
         demo = subprocess.Popen([*CLI, "demo", "--seconds", "25", "--cpu", cpu], env=env,
