@@ -92,7 +92,7 @@ def serve(pipeline, prefix: str, *args: str) -> tuple[list[list[str]], dict[str,
     return lines, requests
 
 
-def split(requests: dict[str, tuple[int, ...]]) -> tuple[list[str], list[str], dict[str, float]]:
+def split(requests: dict[str, tuple[int, ...]], skip_unhurt: str = "") -> tuple[list[str], list[str], dict[str, float]]:
     """The ground truth, measured by the stand-in itself: the requests served
     while the cause was injected (the first one may have started before it)
     that lost time off the CPU (wall less the serving thread's CPU time), and
@@ -110,6 +110,10 @@ def split(requests: dict[str, tuple[int, ...]]) -> tuple[list[str], list[str], d
     slowed = [r for r in requests if INJECTED[0] < index[r] < INJECTED[1] and lost[r] > 0.3 * CPU_MS]
     affected = [r for r in slowed if runnable[r] < 0.5 * lost[r]]
     quiet = [r for r in requests if index[r] >= 30 and not INJECTED[0] <= index[r] < INJECTED[1] and lost[r] < 1]
+    if skip_unhurt and len(slowed) < 0.7 * (INJECTED[1] - INJECTED[0] - 1):
+        injected = sorted(lost[r] for r in requests if INJECTED[0] < index[r] < INJECTED[1])
+        pytest.skip(f"premise not met: {skip_unhurt}; the injected requests lost a median "
+                    f"{statistics.median(injected):.2f} ms off the CPU ({len(slowed)} over {0.3 * CPU_MS:g} ms)")
     assert len(slowed) >= 0.7 * (INJECTED[1] - INJECTED[0] - 1), f"the cause did not hurt: {sorted(lost.values())}"
     assert len(affected) >= 0.5 * len(slowed), (
         "the stand-in's threads waited for a CPU through most of the slowed requests: the box is too busy to judge",
@@ -278,7 +282,9 @@ def test_disk_reads_on_the_request_path_are_io_wait(pipeline, tmp_path):
     stack, worker = pipeline[:2]
     _lines, requests = serve(pipeline, "disk-", "--disk-read", f"{INJECTED[0]}:{INJECTED[1]}",
                              "--disk-read-mb", "4", "--scratch", str(on_disk(tmp_path)))
-    affected, quiet, lost = split(requests)
+    # A virtual disk the host caches can serve 4 MiB of O_DIRECT reads in well under a millisecond
+    # (seen in one fresh-clone run here): then there is no I/O wait to attribute, and nothing to judge.
+    affected, quiet, lost = split(requests, skip_unhurt="the disk served the direct reads too fast to slow a request")
 
     last = max(requests, key=lambda r: requests[r][1])
     wait_until(lambda: attribution(stack, last), 90, "the last request attributed", worker)
