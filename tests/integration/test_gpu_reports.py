@@ -17,14 +17,12 @@ import os
 import pytest
 
 from tests.conftest import span_pipeline, wait_until
-from tests.gpu_standin import GpuStandin, fuse_unavailable
+from tests.gpu_standin import GpuStandin
 
 pytestmark = [pytest.mark.bpf, pytest.mark.integration]
 
 REQUESTS, XID_REQUEST = 12, 6
 
-if why := fuse_unavailable():
-    pytest.skip(f"the GPU stand-in needs FUSE: {why}", allow_module_level=True)
 
 
 @pytest.fixture(scope="module")
