@@ -22,11 +22,11 @@ from pathlib import Path
 
 from prometheus_client import Counter, Gauge, start_http_server
 
-from jitterscope.collector import hostinfo, kubelet, serving_group, topology
+from jitterscope.collector import hostinfo, kubelet, serving_group, stacks, topology
 from jitterscope.collector.clock import EpochConverter
 from jitterscope.collector.otlp import OtlpReceiver, OtlpReceiverUnavailable
 from jitterscope.collector.probes import base, registry
-from jitterscope.collector.probes.interface import Probe, ProbeContext
+from jitterscope.collector.probes.interface import Probe, ProbeContext, call_each
 from jitterscope.collector.publish import Batcher, KafkaPublisher
 from jitterscope.collector.selfcost import SelfCost
 from jitterscope.collector.spool import Spool, SpoolBusy
@@ -189,13 +189,12 @@ class Collector:
         """Every signal's periodic records (histograms, counters) for the
         interval that ends now; then forget the processes that exited."""
         now = time.time_ns()
-        for probe in self.probes:
-            for record in probe.periodic(interval_ns, now):
+        for records in call_each(self.probes, "periodic", lambda p: p.periodic(interval_ns, now)):
+            for record in records:
                 self._queue(record)
         gone = {pid for pid in self._processes_sent if not (self.proc / str(pid)).exists()}
         if gone:
-            for probe in self.probes:
-                probe.forget(gone)
+            call_each(self.probes, "forget", lambda p: p.forget(gone))
             for pid in gone:
                 self._processes_sent.pop(pid, None)
                 self._comms.pop(pid, None)
@@ -341,10 +340,12 @@ class Collector:
 
     def refresh_own(self) -> None:
         """Re-find jitterscope's own processes: the tree of ``own_tree_pid``
-        (a worker `up` restarts has a new pid), and this collector."""
+        (a worker `up` restarts has a new pid), this collector, and the
+        symbol helpers it started (collector/stacks.py)."""
         head = self.settings.own_tree_pid
         found = set(serving_group.find_groups({head}, "tree", self.proc)) if head else set()
         found.add(os.getpid())
+        found.update(stacks.helper_pids())
         if found != self.own.keys():  # pid -> its role, the label it has as a suspect
             self.own.clear()
             self.own.update({pid: hostinfo.own_role(pid, head, self.proc) for pid in found})
@@ -353,8 +354,7 @@ class Collector:
         self.refresh_own()
         self.refresh_groups()
         targets, thresholds = self.current_targets(), self.serving_thresholds()
-        for probe in self.probes:
-            probe.set_targets(targets, thresholds)
+        call_each(self.probes, "set_targets", lambda p: p.set_targets(targets, thresholds))
 
     def open_probes(self) -> None:
         """Open every enabled signal (registry order); if one fails, close
@@ -433,8 +433,10 @@ class Collector:
                 now = time.monotonic()
                 if duration_s is not None and now - started >= duration_s:
                     break
-                for i, probe in enumerate(self.probes):
-                    probe.poll(50 if i == 0 else 0)  # the first (runq, always on) waits for events
+                first = self.probes[0] if self.probes else None  # runq, always on: it waits for events
+                call_each(self.probes, "poll", lambda p: p.poll(50 if p is first else 0))
+                if first is None:
+                    self._stop.wait(0.05)  # no signal left to wait on: no busy loop
                 self.take_requests()
                 for topic, batch in self.batcher.due():
                     self.publisher.send(topic, batch)
@@ -454,8 +456,7 @@ class Collector:
                     next_topology = now + s.topology_interval_s
                 if now >= next_rescan:
                     self.update_targets()
-                    for probe in self.probes:
-                        probe.rescan()
+                    call_each(self.probes, "rescan", lambda p: p.rescan())
                     next_rescan = now + s.target_rescan_s
         finally:
             try:
@@ -469,8 +470,7 @@ class Collector:
             self.otlp.stop()
             self.take_requests()
         if self.probes:
-            for probe in self.probes:
-                probe.poll(0)  # take what the kernel still holds
+            call_each(self.probes, "poll", lambda p: p.poll(0))  # take what the kernel still holds
             self.publish_histograms(since_last_histograms_ns)  # the rates' true interval, never 0
             self.publish_stats()
         for topic, batch in self.batcher.drain():

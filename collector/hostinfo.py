@@ -246,6 +246,8 @@ def own_role(pid: int, head: int = 0, proc: Path = Path("/proc")) -> str:
     for role, marks in (("worker", ("streams",)), ("collector", ("collector",))):
         if any(a in marks for a in args[1:]):
             return role
+    if any(a.startswith("jitterscope.collector.") for a in args[1:]):
+        return "collector"  # a helper the collector started (python -m jitterscope.collector.stacks)
     if args and args[0].startswith("tansu"):
         return "broker"
     return args[0] if args and args[0] else "process"

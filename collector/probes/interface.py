@@ -18,6 +18,11 @@ to its class. The agent (collector/agent.py) loops over the enabled ones:
     probe.drops() / probe.map_full_drops()   kernel-side losses, cumulative
     probe.close()
 
+A signal that raises in any of these after opening is closed and dropped
+(``call_each``), and the others keep running: one probe's fault (a map the
+kernel refuses, a vanished device) must not end the collector's other
+signals or lose the records already queued.
+
 ``publishes`` names the record types a signal produces. Stamping (host, boot
 id, sequence, epoch time) is done once, by the agent's Stamp behind
 ``ProbeContext.record``; per-process log2 histograms become records in one
@@ -26,10 +31,13 @@ place, ``ProbeContext.histograms``.
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
+
+from prometheus_client import Counter
 
 from jitterscope.schemas import events
 
@@ -162,3 +170,29 @@ class LatencySignal(BccSignal):
     def forget(self, pids: set[int]) -> None:
         if self.probe:
             self.probe.forget_histograms(pids)
+
+
+SIGNALS_DROPPED = Counter("jitterscope_collector_signals_dropped_total",
+                          "signals closed after an error while running (the others keep running)", ["probe"])
+
+
+def call_each(probes: list[Probe], what: str, call: Callable[[Probe], Any]) -> list[Any]:
+    """``call(probe)`` for each probe, in order; their results. A probe that
+    raises is logged, counted, closed and removed from ``probes``."""
+    results = []
+    for probe in list(probes):
+        try:
+            results.append(call(probe))
+        except Exception as exc:
+            logging.getLogger("jitterscope.collector").error(
+                "a signal failed and was stopped; the others keep running", exc_info=True,
+                extra={"fields": {"probe": probe.name, "during": what, "error": str(exc),
+                                  "fix": "restart the collector to load it again; "
+                                         "'jitterscope doctor' checks the host"}})
+            SIGNALS_DROPPED.labels(probe.name).inc()
+            probes.remove(probe)
+            try:
+                probe.close()
+            except Exception:  # closing a broken probe may fail too: it is gone either way
+                pass
+    return results

@@ -244,7 +244,9 @@ def test_own_processes_are_named_by_their_role(tmp_path):
     collector = process(11, "/opt/js/.venv/bin/jitterscope", "collector")
     broker = process(12, "/root/.cache/jitterscope/tansu-0.6.0", "broker", "--listener-url", "tcp://0:9092")
     other = process(13, "/usr/bin/python3", "-c", "pass")
+    helper = process(14, "/opt/js/.venv/bin/python3", "-m", "jitterscope.collector.stacks")
     assert own_role(worker, proc=tmp_path) == "worker"
+    assert own_role(helper, proc=tmp_path) == "collector"  # the symbol helper it started
     assert own_role(collector, proc=tmp_path) == "collector"
     assert own_role(broker, proc=tmp_path) == "broker"
     assert own_role(other, proc=tmp_path) == "python3"

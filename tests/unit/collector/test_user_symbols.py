@@ -1,0 +1,82 @@
+# SPDX-License-Identifier: Apache-2.0
+"""User-stack symbols come from a helper process (collector/stacks.py), so
+libbcc 0.26's stray close() can never hit the collector's BPF maps: the
+names are right, the helper is another process that counts as jitterscope's
+own, and a helper that dies or hangs costs only "[unknown]" frames, never
+the collector. Uses the real libbcc on this process's own libc."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+
+import pytest
+
+from jitterscope.collector.stacks import UNKNOWN, Symbolizer, UserSymbolsHelper, helper_pids
+
+
+@pytest.fixture
+def getpid_address():
+    libc = ctypes.CDLL("libc.so.6")
+    return ctypes.cast(libc.getpid, ctypes.c_void_p).value
+
+
+@pytest.fixture
+def symbolizer():
+    s = Symbolizer()
+    yield s
+    s.close()
+
+
+def test_names_come_from_a_helper_process_that_is_jitterscopes_own(symbolizer, getpid_address):
+    names = symbolizer.user([getpid_address, getpid_address + 1, 0x10], os.getpid())
+    assert names[0] == names[1] and "getpid" in names[0], names
+    assert names[2] == UNKNOWN  # no mapping there
+    helper = symbolizer.helper.pid
+    assert helper and helper != os.getpid()
+    assert helper in helper_pids()  # the agent counts it among its own processes
+    symbolizer.close()
+    assert helper not in helper_pids()
+
+
+def test_a_killed_helper_is_replaced_and_costs_no_frames(symbolizer, getpid_address):
+    symbolizer.user([getpid_address], os.getpid())
+    first = symbolizer.helper.pid
+    os.kill(first, signal.SIGKILL)
+    os.waitid(os.P_PID, first, os.WEXITED | os.WNOWAIT)  # dead before the next request
+    names = symbolizer.user([getpid_address + 2], os.getpid())
+    assert "getpid" in names[0]
+    assert symbolizer.helper.pid not in (None, first)
+    assert symbolizer.helper.restarts == 1
+
+
+def test_a_helper_that_does_not_answer_gives_unknown_frames_not_a_stuck_collector(getpid_address):
+    helper = UserSymbolsHelper(timeout_s=1.0)
+    symbolizer = Symbolizer(helper=helper)
+    try:
+        symbolizer.user([getpid_address], os.getpid())
+        os.kill(helper.pid, signal.SIGSTOP)
+        # both tries time out (the stopped helper, then -- killed -- its
+        # replacement, stopped the same way by the patched start below)
+        start = helper._start
+
+        def start_stopped():
+            proc = start()
+            os.kill(proc.pid, signal.SIGSTOP)
+            return proc
+
+        helper._start = start_stopped
+        assert symbolizer.user([getpid_address + 3], os.getpid()) == [UNKNOWN]
+        assert helper.restarts == 2
+        assert helper.pid is None
+        helper._start = start
+        assert "getpid" in symbolizer.user([getpid_address + 3], os.getpid())[0]  # not remembered as unknown
+    finally:
+        symbolizer.close()
+
+
+def test_forgotten_processes_leave_the_helper_too(symbolizer, getpid_address):
+    symbolizer.user([getpid_address], os.getpid())
+    symbolizer.forget({os.getpid()})
+    assert "getpid" in symbolizer.user([getpid_address], os.getpid())[0]  # a fresh cache in the helper
