@@ -481,8 +481,8 @@ def storm_costs(setups: dict, binary: Path, rounds: int, cpu: int, repeats: int)
                                         check=True, text=True).stdout) for _ in range(3))
 
     def programs(loaded) -> dict:
-        if isinstance(loaded, PeerTool):
-            return scan_programs(Path(f"/proc/{loaded.proc.pid}/fdinfo"))
+        if isinstance(loaded, PeerTool) or hasattr(loaded, "bpf_pid"):
+            return scan_programs(Path(f"/proc/{getattr(loaded, 'bpf_pid', None) or loaded.proc.pid}/fdinfo"))
         fds = loaded.program_fds() if hasattr(loaded, "program_fds") else loaded.probe.program_fds()
         return scan_programs(names={fd: name for name, fd in fds.items()})
 
@@ -824,7 +824,8 @@ BENCHES = {"decode": bench_decode, "pipeline": bench_pipeline, "probe": bench_pr
            "alert-delay": lambda: __import__("alert_delay").bench_alert_delay(),
            "alert-delay-worker": lambda: __import__("alert_delay").bench_alert_delay_worker(),
            "blocked": lambda: __import__("blocked").bench_blocked_overhead(),
-           "gil": lambda: __import__("blocked").bench_gil_cost()}
+           "gil": lambda: __import__("blocked").bench_gil_cost(),
+           "whole-up": lambda: __import__("overhead").bench_whole_up()}
 
 
 def main(names: list[str]) -> None:

@@ -125,6 +125,27 @@ def test_sleeps_of_a_watched_thread_and_none_of_an_unwatched_process():
         assert probe.drops() == 0 and probe.map_full_drops() == 0
 
 
+def test_nothing_watched_nothing_attached_and_watching_again_sees_sleeps():
+    """With no process watched the probe's programs are not attached (every
+    switch on the host would run them for nothing); watching attaches them
+    again, and a sleep is seen as before."""
+    with BlockedProbe(threshold_ns=1 * MS) as probe:
+        seen = []
+        probe.open(seen.append)
+        assert not probe.attached
+        for _ in range(2):  # attached, detached, attached again
+            with child(SLEEPER) as watched:
+                probe.set_watched([watched.pid])
+                assert probe.attached
+                watched.send()
+                tid = watched.read()["tid"]
+                took = watched.read()["took"]
+                collect(probe, seen, lambda: len([e for e in seen if e.tid == tid and e.blocked_ns >= 40 * MS])
+                        >= len(took), 10, "the 5 sleeps")
+            probe.set_watched([])
+            assert not probe.attached
+
+
 # -- the GIL ---------------------------------------------------------------------------------
 GIL_PAIR = r"""
 def spin():

@@ -1,0 +1,132 @@
+# SPDX-License-Identifier: Apache-2.0
+"""What the whole `jitterscope up` costs a host at idle, against runqslower.
+
+The context-switch storm of bench/run.py (a C pipe ping-pong pinned to one
+CPU, best of 3 runs against the best unloaded run of the same round),
+beside libbpf-tools' runqslower alone, the collector alone (what a fleet
+host runs: `jitterscope record`, its broker and workers elsewhere), then
+beside a whole `up` -- broker,
+streams worker and collector with every default signal, nothing else
+running, no spans: the idle host of issue 18 part 5. The BPF time per
+switch is the kernel's count for the collector's programs (fdinfo of the
+collector process). ``up`` runs on every CPU, as a user's does.
+
+    .venv/bin/python bench/run.py whole-up
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from run import REPO, PeerTool, c_ping_pong_binary, storm_costs  # noqa: E402  (bench/ is on sys.path)
+
+
+def _free_port() -> int:
+    from jitterscope.broker import free_port
+
+    return free_port()
+
+
+class WholeUp:
+    """`jitterscope up` until closed (Ctrl-C), started once it says it is
+    watching; ``bpf_pid`` is its collector (whose fds hold the programs)."""
+
+    def __init__(self, data_dir: Path, *extra: str):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("JITTERSCOPE_")}
+        env.update(JITTERSCOPE_DATA_DIR=str(data_dir), JITTERSCOPE_STREAMS_WEB_PORT=str(_free_port()),
+                   JITTERSCOPE_OTLP_PORT=str(_free_port()), JITTERSCOPE_COLLECTOR_METRICS_PORT="0")
+        cli = [str(REPO / ".venv/bin/jitterscope")]
+        self.proc = subprocess.Popen([*cli, "up", "--broker-port", "0", *extra], env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True)
+        self.lines: list[str] = []
+        threading.Thread(target=lambda: self.lines.extend(iter(self.proc.stdout.readline, "")), daemon=True).start()
+        deadline = time.monotonic() + 600
+        while not any("jitterscope up: watching" in line for line in self.lines):
+            assert self.proc.poll() is None and time.monotonic() < deadline, "".join(self.lines)
+            time.sleep(0.2)
+        self.bpf_pid = self._collector()
+
+    def _collector(self) -> int:
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    args = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+                    ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+                except (OSError, ValueError, IndexError):
+                    continue
+                if ppid == self.proc.pid and b"collector" in args:
+                    return int(entry)
+        raise AssertionError("no collector under up:\n" + "".join(self.lines))
+
+    def close(self) -> None:
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(300)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class CollectorAlone:
+    """The collector by itself, as a fleet host runs it (its broker and
+    workers elsewhere): `jitterscope record` into a file, until closed."""
+
+    def __init__(self, out: Path):
+        cli = [str(REPO / ".venv/bin/jitterscope")]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("JITTERSCOPE_")}
+        env["JITTERSCOPE_COLLECTOR_METRICS_PORT"] = "0"
+        env["JITTERSCOPE_OTLP_PORT"] = str(_free_port())
+        self.proc = subprocess.Popen([*cli, "record", "--out", str(out), "--duration", "86400"], env=env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines: list[str] = []
+        threading.Thread(target=lambda: self.lines.extend(iter(self.proc.stdout.readline, "")), daemon=True).start()
+        deadline = time.monotonic() + 600
+        while not any('"collector started"' in line for line in self.lines):
+            assert self.proc.poll() is None and time.monotonic() < deadline, "".join(self.lines)
+            time.sleep(0.2)
+        self.bpf_pid = self.proc.pid
+
+    def close(self) -> None:
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(120)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def bench_whole_up(rounds: int = 100_000, repeats: int = 3) -> str:
+    from jitterscope.collector.selfcost import BpfStats
+
+    assert Path("/usr/sbin/runqslower").exists(), "runqslower missing: apt-get install libbpf-tools"
+    cpu = 0
+    os.sched_setaffinity(0, set(os.sched_getaffinity(0)) - {cpu} or {cpu})  # the bench's own reads off it
+    with tempfile.TemporaryDirectory() as tmp, BpfStats():
+        binary = c_ping_pong_binary(Path(tmp))
+        setups = {
+            "runqslower 5000": lambda: PeerTool("/usr/sbin/runqslower", "5000"),
+            "the collector alone (`record` to a file), default signals": lambda: CollectorAlone(Path(tmp) / "rec.gz"),
+            "whole up, idle (broker, worker, collector, default signals)": lambda: WholeUp(Path(tempfile.mkdtemp(dir=tmp))),
+        }
+        cost, per_switch, bases = storm_costs(setups, binary, rounds, cpu, repeats)
+    med = {name: statistics.median(v) for name, v in cost.items()}
+    ns = {name: statistics.median(v) for name, v in per_switch.items()}
+    peer = "runqslower 5000"
+    return "\n".join(
+        f"| C pipe ping-pong on CPU {cpu}, {name} | {med[name]:.1%} throughput lost (median of {repeats}, range "
+        f"{min(cost[name]):.1%}..{max(cost[name]):.1%}); BPF {ns[name]:,.0f} ns per switch | unloaded median "
+        f"{statistics.median(bases):,.0f} round trips/s | {med[name] / med[peer]:.2f}x runqslower's loss; "
+        f"{ns[name] / ns[peer]:.2f}x its BPF time |" for name in setups)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).parent))
+    print(bench_whole_up())
