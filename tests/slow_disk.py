@@ -10,7 +10,9 @@ sleeps uninterruptibly (io_schedule) until the loop driver's worker has read
 the backing file -- through FUSE, whose file is opened with FOPEN_DIRECT_IO,
 so no page cache under it either -- and completes the request. Each FUSE
 read is at most 128 KiB (FUSE's default max_pages), so a read of the device
-of N bytes waits at least ceil(N / 128 KiB) x ``delay_ms``.
+of N bytes waits at least ceil(N / 128 KiB) x ``delay_ms`` (measured here at
+20 ms a read: 128 KiB took 20.3-21.2 ms, 1 MiB 9 FUSE reads and 182-184 ms;
+the loop driver's direct I/O on or off made no difference).
 
 This machine's kernel has loop devices but no device-mapper (no dm-delay),
 null_blk, nbd or ublk: this is the way to a slow disk here. ``SlowDisk`` sets
