@@ -35,7 +35,6 @@ from tests.fuse_files import FUSE_READ, MNT_DETACH, MS_RDONLY, FuseFiles, umount
 
 READ_IN = struct.Struct("<QQI")  # fuse_read_in, its start: fh offset size
 MOUNT_PREFIX = "jitterscope-slowdisk-"  # then the owning pid: what remove_stale goes by
-FUSE_READ_MAX = 128 << 10  # FUSE's default max_pages (32) of 4 KiB: the most one FUSE read asks
 
 
 class SlowFile(FuseFiles):
