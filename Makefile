@@ -34,9 +34,10 @@ up: setup
 # kubectl (kubernetes-client) renders the kustomize manifests, openssl makes
 # test certificates, systemd-analyze verifies the units (tests/unit/deploy/test_deploy.py);
 # gcc builds the frame-pointer hog of the stack tests; ip/nsenter/unshare make
-# the network and PID namespaces of the container and many-host tests.
+# the network and PID namespaces of the container and many-host tests; losetup
+# attaches the slow disk of the I/O-wait test (tests/slow_disk.py).
 TEST_APT := chromium:chromium kubectl:kubernetes-client openssl:openssl systemd-analyze:systemd gcc:gcc \
-            ip:iproute2 nsenter:util-linux unshare:util-linux
+            ip:iproute2 nsenter:util-linux unshare:util-linux losetup:mount
 # the bench's peers: libbpf-tools' runqslower and runqlat (C, CO-RE), bcc's own runqlat
 # (the footprint bench), stdbuf
 BENCH_APT := runqslower:libbpf-tools runqlat-bpfcc:bpfcc-tools stdbuf:coreutils

@@ -20,7 +20,8 @@ CPUs than the serving thread's, while requests FIRST..LAST-1 are served: the
 CPUs stay free, and the serving thread waits for the interpreter lock (GIL)
 instead, as a Python front end does beside a busy tokenizer or engine loop.
 --disk-read FIRST:LAST makes requests FIRST..LAST-1 each read --disk-read-mb
-from disk, bypassing the page cache (O_DIRECT): the thread is blocked in I/O.
+from disk, bypassing the page cache (O_DIRECT): the thread is blocked in I/O
+(from a scratch file, or from --disk-read-from: a file or a block device).
 --weights-mb N maps an N MiB "weights" file and reads every page of it in each
 request, as a model's forward pass does: from the page cache, normally; from
 disk when something evicted it (a neighbour filling a shared memory limit).
@@ -150,18 +151,20 @@ def scratch_file(directory: str | None, prefix: str, size: int) -> str:
 
 
 class DiskReader:
-    """Reads of a scratch file that the page cache cannot serve (O_DIRECT),
-    each at the next offset: the serving thread blocks until the disk answers."""
+    """Reads that the page cache cannot serve (O_DIRECT), each at the next
+    offset: the serving thread blocks until the disk answers. Of ``path`` (a
+    file or a block device, left as it is) or of a new scratch file in
+    ``directory``, removed at close."""
 
     FILE_MB = 64
 
-    def __init__(self, directory: str | None, read_mb: float):
+    def __init__(self, directory: str | None, read_mb: float, path: str | None = None):
         self.size = int(read_mb * (1 << 20)) // PAGE * PAGE or PAGE
-        self.path = scratch_file(directory, "jsinfer-disk-", max(self.FILE_MB << 20, self.size))
-        self.fd = os.open(self.path, os.O_RDONLY | os.O_DIRECT)
+        self.scratch = None if path else scratch_file(directory, "jsinfer-disk-", max(self.FILE_MB << 20, self.size))
+        self.fd = os.open(path or self.scratch, os.O_RDONLY | os.O_DIRECT)
         self.buffer = mmap.mmap(-1, self.size)  # page-aligned, as O_DIRECT wants
         self.offset = 0
-        self.file_size = os.fstat(self.fd).st_size
+        self.file_size = os.lseek(self.fd, 0, os.SEEK_END)  # a block device's st_size is 0
 
     def read(self) -> None:
         if self.offset + self.size > self.file_size:
@@ -171,7 +174,8 @@ class DiskReader:
 
     def close(self) -> None:
         os.close(self.fd)
-        os.unlink(self.path)
+        if self.scratch:
+            os.unlink(self.scratch)
 
 
 class Weights:
@@ -214,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--disk-read", default=None, metavar="FIRST:LAST",
                         help="requests FIRST..LAST-1 each read --disk-read-mb from disk, past the page cache")
     parser.add_argument("--disk-read-mb", type=float, default=4.0)
+    parser.add_argument("--disk-read-from", default=None, metavar="PATH",
+                        help="--disk-read reads this file or block device (default: a scratch file in --scratch)")
     parser.add_argument("--weights-mb", type=float, default=0, help="map a weights file of this size, read in each request")
     parser.add_argument("--scratch", default=None, help="where --disk-read's file goes (default: the temp dir)")
     parser.add_argument("--gil-hog-nice", type=int, default=0,
@@ -225,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     hog_first, hog_last = map(int, args.gil_hog.split(":")) if args.gil_hog else (-1, -1)
     hog: GilHog | None = None
     read_first, read_last = map(int, args.disk_read.split(":")) if args.disk_read else (-1, -1)
-    disk = DiskReader(args.scratch, args.disk_read_mb) if args.disk_read else None
+    disk = DiskReader(args.scratch, args.disk_read_mb, args.disk_read_from) if args.disk_read else None
     weights = Weights(args.scratch, args.weights_mb) if args.weights_mb else None
     times = args.times if args.times is not None else not sys.stdout.isatty()
     walls_ms: list[float] = []

@@ -2,8 +2,8 @@
 """A stand-in NVIDIA driver and an inference server that calls it, for hosts
 without a GPU.
 
-The driver: a FUSE file system (the kernel's own FUSE, spoken here over
-/dev/fuse directly: no libfuse, no PyPI package) whose root holds one regular
+The driver: a FUSE file system (tests/fuse_files.py: the kernel's own FUSE,
+spoken over /dev/fuse directly, no libfuse) whose root holds one regular
 file per device name. Its IOCTL handler sleeps the time programmed for the
 request number, then answers 0. In a private mount namespace (of the server
 process only: the host's /dev is untouched) a tmpfs covers /dev, keeps
@@ -54,17 +54,20 @@ import errno
 import fcntl
 import json
 import os
-import stat
 import struct
 import subprocess
 import sys
 import threading
 import time
-import traceback
 from collections import Counter, defaultdict
 from pathlib import Path
 
 from jitterscope.schemas import nvidia
+
+if not __package__:  # run as a script (GpuStandin runs it so): the checkout's root is not on the path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.fuse_files import (FOPEN_DIRECT_IO, FOPEN_NONSEEKABLE, FUSE_IOCTL, MNT_DETACH, MS_BIND,
+                               MS_NOSUID, MS_NODEV, FuseFiles, mount, private_mount_namespace, umount)
 
 #: sizeof the parameters user space passes with each RM call (see above)
 PARAM_SIZES = {
@@ -96,151 +99,38 @@ def params_bytes(request: int) -> int:
     return size if (request >> 8) & 0xFF == nvidia.NV_IOCTL_MAGIC else UVM_PARAMS_BYTES
 
 
-# --- the kernel interfaces: unshare, mount, FUSE -------------------------------------
+# --- the driver: a FUSE file system (tests/fuse_files.py) whose ioctls sleep -----------
 
-CLONE_NEWNS = 0x00020000
-MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x1000, 0x4000, 1 << 18
-MNT_DETACH = 2
-
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _check(rc: int, what: str) -> None:
-    if rc != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
-
-
-def mount(source: str | None, target: str, fstype: str | None = None, flags: int = 0,
-          data: str | None = None) -> None:
-    enc = lambda s: s.encode() if s is not None else None  # noqa: E731
-    _check(_libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)),
-           f"mount {source} on {target}")
-
-
-def umount(target: str, flags: int = 0) -> None:
-    _check(_libc.umount2(target.encode(), flags), f"umount {target}")
-
-
-def private_mount_namespace() -> None:
-    """This process (call it before starting threads) gets its own copy of
-    the mount table, and no mount made here propagates back."""
-    _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
-    mount(None, "/", None, MS_REC | MS_PRIVATE)
-
-
-# include/uapi/linux/fuse.h
-FUSE_LOOKUP, FUSE_FORGET, FUSE_GETATTR = 1, 2, 3
-FUSE_OPEN, FUSE_STATFS, FUSE_RELEASE, FUSE_FLUSH, FUSE_INIT = 14, 17, 18, 25, 26
-FUSE_OPENDIR, FUSE_READDIR, FUSE_RELEASEDIR, FUSE_INTERRUPT, FUSE_DESTROY = 27, 28, 29, 36, 38
-FUSE_IOCTL, FUSE_BATCH_FORGET = 39, 42
-FOPEN_DIRECT_IO, FOPEN_NONSEEKABLE = 1, 4
-IN_HEADER = struct.Struct("<IIQQIIIHH")   # fuse_in_header: len opcode unique nodeid uid gid pid extlen pad
-OUT_HEADER = struct.Struct("<IiQ")        # fuse_out_header: len error unique
-ATTR = struct.Struct("<6Q10I")            # fuse_attr
 IOCTL_IN = struct.Struct("<QIIQII")       # fuse_ioctl_in: fh flags cmd arg in_size out_size
 IOCTL_OUT = struct.Struct("<iIII")        # fuse_ioctl_out: result flags in_iovs out_iovs
-ROOT_ID = 1
-FUSE_MINOR = 31  # what this server speaks; the kernel adapts to it
 
 
-class FuseDriver:
+class FuseDriver(FuseFiles):
     """The stand-in driver: a FUSE file system of ``names`` (regular files,
     node ids 2, 3, ...) whose ioctls sleep ``latency_ns[request]`` (0 when
     not programmed). ``served`` counts the calls it answered by (name,
     request) and ``sizes`` keeps the bytes the kernel passed in and allowed
     out."""
 
+    open_flags = FOPEN_DIRECT_IO | FOPEN_NONSEEKABLE
+
     def __init__(self, names, latency_ns: dict[int, int]):
-        self.nodes = {i + 2: name for i, name in enumerate(names)}
-        self.by_name = {name: node for node, name in self.nodes.items()}
+        super().__init__(names)
         self.latency_ns = dict(latency_ns)
         self.served: Counter[tuple[str, int]] = Counter()
         self.sizes: dict[tuple[str, int], tuple[int, int]] = {}
-        self.fd = -1
-        self._thread: threading.Thread | None = None
-        self._now = int(time.time())
 
-    def mount(self, mountpoint: str, fuse_fd: int) -> None:
-        """Mount on ``mountpoint`` (a directory) through ``fuse_fd`` (an open
-        /dev/fuse, now the driver's) and start serving."""
-        self.fd = fuse_fd
-        mount("jsgpu", mountpoint, "fuse.jsgpu", MS_NOSUID | MS_NODEV,
-              f"fd={self.fd},rootmode=40000,user_id=0,group_id=0,allow_other")
-        self._thread = threading.Thread(target=self._serve, name="fuse-driver", daemon=True)
-        self._thread.start()
-
-    # -- the protocol
-
-    def _attr(self, node: int) -> bytes:
-        mode = stat.S_IFDIR | 0o755 if node == ROOT_ID else stat.S_IFREG | 0o666
-        return ATTR.pack(node, 0, 0, self._now, self._now, self._now, 0, 0, 0, mode,
-                         2 if node == ROOT_ID else 1, 0, 0, 0, 4096, 0)
-
-    def _reply(self, unique: int, payload: bytes = b"", error: int = 0) -> None:
-        try:
-            os.write(self.fd, OUT_HEADER.pack(OUT_HEADER.size + len(payload), -error, unique) + payload)
-        except OSError as exc:  # ENOENT: the caller is gone (interrupted); ENODEV: unmounted
-            if exc.errno not in (errno.ENOENT, errno.ENODEV):
-                raise
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                message = os.read(self.fd, 1 << 18)
-            except OSError as exc:
-                if exc.errno in (errno.EINTR, errno.EAGAIN):
-                    continue
-                return  # ENODEV: unmounted, the connection is gone
-            _len, opcode, unique, node, _uid, _gid, _pid, _ext, _pad = IN_HEADER.unpack_from(message)
-            body = memoryview(message)[IN_HEADER.size:]
-            if opcode in (FUSE_FORGET, FUSE_BATCH_FORGET, FUSE_INTERRUPT):
-                continue  # no answer expected (an interrupted call still gets its own)
-            if opcode == FUSE_DESTROY:
-                self._reply(unique)
-                return
-            try:
-                answer = self._answer(opcode, node, body)
-            except Exception:  # a bug here must fail the caller's call, not hang it
-                traceback.print_exc()
-                answer = (b"", errno.EIO)
-            self._reply(unique, *answer)
-
-    def _answer(self, opcode: int, node: int, body: memoryview) -> tuple[bytes, int] | tuple[bytes]:
-        if opcode == FUSE_INIT:
-            major, minor, max_readahead, _flags = struct.unpack_from("<IIII", body)
-            if major != 7:
-                return b"", errno.EPROTO
-            # fuse_init_out: major minor max_readahead flags max_background congestion_threshold
-            # max_write time_gran max_pages map_alignment flags2 max_stack_depth, then unused
-            return (struct.pack("<IIIIHHIIHHII", 7, min(minor, FUSE_MINOR), max_readahead, 0, 16, 12,
-                                1 << 17, 1, 32, 0, 0, 0) + bytes(24),)
-        if opcode == FUSE_LOOKUP:
-            name = bytes(body).split(b"\0", 1)[0].decode()
-            found = self.by_name.get(name) if node == ROOT_ID else None
-            if found is None:
-                return b"", errno.ENOENT
-            # fuse_entry_out: nodeid generation entry_valid attr_valid entry_valid_nsec attr_valid_nsec attr
-            return (struct.pack("<QQQQII", found, 0, 3600, 3600, 0, 0) + self._attr(found),)
-        if opcode == FUSE_GETATTR:
-            return (struct.pack("<QII", 3600, 0, 0) + self._attr(node),)
-        if opcode in (FUSE_OPEN, FUSE_OPENDIR):
-            flags = FOPEN_DIRECT_IO | FOPEN_NONSEEKABLE if opcode == FUSE_OPEN else 0
-            return (struct.pack("<QIi", node, flags, 0),)  # fuse_open_out: fh open_flags backing_id
-        if opcode in (FUSE_READDIR, FUSE_RELEASE, FUSE_RELEASEDIR, FUSE_FLUSH):
-            return (b"",)  # an empty directory listing; nothing to release or flush
-        if opcode == FUSE_STATFS:  # fuse_kstatfs: blocks bfree bavail files ffree bsize namelen frsize pad spare[6]
-            return (struct.pack("<5Q4I", 0, 0, 0, len(self.nodes), 0, 4096, 255, 4096, 0) + bytes(24),)
-        if opcode == FUSE_IOCTL:
-            _fh, _flags, cmd, _arg, in_size, out_size = IOCTL_IN.unpack_from(body)
-            key = (self.nodes.get(node, "?"), cmd)
-            sleep_ns = self.latency_ns.get(cmd, 0)
-            if sleep_ns:
-                time.sleep(sleep_ns / 1e9)
-            self.served[key] += 1
-            self.sizes[key] = (in_size, out_size)
-            return (IOCTL_OUT.pack(0, 0, 0, 0),)  # result 0, the caller's buffer left as it was
-        return b"", errno.ENOSYS
+    def answer(self, opcode: int, node: int, body: memoryview) -> tuple[bytes, int] | tuple[bytes]:
+        if opcode != FUSE_IOCTL:
+            return b"", errno.ENOSYS
+        _fh, _flags, cmd, _arg, in_size, out_size = IOCTL_IN.unpack_from(body)
+        key = (self.nodes.get(node, "?"), cmd)
+        sleep_ns = self.latency_ns.get(cmd, 0)
+        if sleep_ns:
+            time.sleep(sleep_ns / 1e9)
+        self.served[key] += 1
+        self.sizes[key] = (in_size, out_size)
+        return (IOCTL_OUT.pack(0, 0, 0, 0),)  # result 0, the caller's buffer left as it was
 
 
 def stand_in_devices(latency_ns: dict[int, int], names=DEVICES) -> FuseDriver:
@@ -264,7 +154,7 @@ def stand_in_devices(latency_ns: dict[int, int], names=DEVICES) -> FuseDriver:
         os.symlink(target, f"/dev/{link}")
     staging = "/dev/.jsgpu"
     os.mkdir(staging, 0o700)
-    driver.mount(staging, fuse)
+    driver.mount(staging, fuse, "jsgpu")
     for name in names:
         os.close(os.open(f"/dev/{name}", os.O_CREAT | os.O_WRONLY, 0o666))
         mount(f"{staging}/{name}", f"/dev/{name}", None, MS_BIND)
@@ -361,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     # the host's kernel log, opened before /dev is covered
     kmsg = os.open("/dev/kmsg", os.O_WRONLY | os.O_CLOEXEC) if args.xid else -1
     driver = stand_in_devices(latency_ns)  # before any thread starts: the namespace is per thread
-    _libc.prctl(15, ctypes.c_char_p(PROCESS_NAME), 0, 0, 0)  # PR_SET_NAME
+    ctypes.CDLL(None).prctl(15, ctypes.c_char_p(PROCESS_NAME), 0, 0, 0)  # PR_SET_NAME
     fds = {name: os.open(f"/dev/{name}", os.O_RDWR | os.O_CLOEXEC) for name in DEVICES}
     print(json.dumps({"pid": os.getpid(), "fds": fds, "realtime": realtime,
                       "paths": {name: os.readlink(f"/proc/self/fd/{fd}") for name, fd in fds.items()}}),
@@ -418,21 +308,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # --- from a test --------------------------------------------------------------------
-
-
-def fuse_unavailable() -> str | None:
-    """Why the stand-in cannot run here, or None."""
-    if os.geteuid() != 0:
-        return "needs root (a private mount namespace and a FUSE mount)"
-    if not os.path.exists("/dev/fuse"):
-        return "no /dev/fuse on this machine"
-    try:
-        with open("/proc/filesystems") as f:
-            if not any(line.split()[-1] == "fuse" for line in f if line.strip()):
-                return "the kernel has no FUSE file system (CONFIG_FUSE_FS)"
-    except OSError:
-        pass
-    return None
 
 
 class GpuStandin:

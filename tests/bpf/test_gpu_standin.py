@@ -28,7 +28,8 @@ from jitterscope.schemas.nvidia import ioctl_name
 from jitterscope.streams.attribution import Attributor
 from jitterscope.streams.rules.base import Thresholds
 from jitterscope.streams.rules.gpu_ioctl import gpu_ioctl_stall
-from tests.gpu_standin import DEVICES, PROCESS_NAME, GpuStandin, fuse_unavailable, request_code
+from tests.fuse_files import fuse_unavailable
+from tests.gpu_standin import DEVICES, PROCESS_NAME, GpuStandin, request_code
 
 pytestmark = pytest.mark.bpf
 
