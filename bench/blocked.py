@@ -22,7 +22,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 from run import PeerTool, c_ping_pong_binary, storm_costs  # noqa: E402  (bench/ is on sys.path)
@@ -152,3 +151,105 @@ def bench_gil_cost(runs: int = 5, pairs: int = 8) -> str:
             f"uprobes attached | {statistics.median(probed) * 1000:.0f} ms of CPU ({waits:,} GIL waits of 1 ms or more "
             f"reported) | without {statistics.median(plain) * 1000:.0f} ms ({pairs} pairs, best of {runs} each, "
             f"alternating) | {statistics.median(ratios):.3f}x (pairs {min(ratios):.3f}..{max(ratios):.3f}) |")
+
+
+COND_WAIT_LOOP = r"""
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+/* ns per pthread_cond_timedwait that times out at once (an abstime in the
+   past): the call the GIL uprobes sit on, without the GIL. */
+int main(int argc, char **argv)
+{
+    long n = atol(argv[1]);
+    pthread_mutex_t m = PTHREAD_MUTEX_INITIALIZER;
+    pthread_cond_t c = PTHREAD_COND_INITIALIZER;
+    struct timespec past = {0, 0}, a, b;
+    printf("ready\n");
+    fflush(stdout);
+    getchar();
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    pthread_mutex_lock(&m);
+    for (long i = 0; i < n; i++)
+        pthread_cond_timedwait(&c, &m, &past);
+    pthread_mutex_unlock(&m);
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    printf("%f\n", ((b.tv_sec - a.tv_sec) * 1e9 + (b.tv_nsec - a.tv_nsec)) / n);
+    return 0;
+}
+"""
+
+
+def _uprobe_ns_per_call(directory: Path, calls: int = 200_000, runs: int = 5) -> float:
+    """What the GIL uprobe pair adds to one pthread_cond_timedwait call (trap,
+    return probe and the programs' early exit for a condition variable that
+    is not a GIL): best of ``runs`` with the pair attached minus best without."""
+    from jitterscope.collector.probes.blocked import BlockedProbe, gil_wait_addresses
+
+    source, binary = directory / "condwait.c", directory / "condwait"
+    source.write_text(COND_WAIT_LOOP)
+    subprocess.run(["gcc", "-O2", "-pthread", "-o", str(binary), str(source)], check=True)
+    libc = next(line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines()
+                if "/libc.so" in line or "/libc-" in line)
+
+    def one(probed: bool) -> float:
+        proc = subprocess.Popen([str(binary), str(calls)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline().strip() == "ready"
+        probe = None
+        try:
+            if probed:
+                probe = BlockedProbe(1_000_000)
+                for addr in gil_wait_addresses(libc):
+                    probe._bpf.attach_uprobe(name=libc.encode(), addr=addr, fn_name=b"gil_wait_enter", pid=proc.pid)
+                    probe._bpf.attach_uretprobe(name=libc.encode(), addr=addr, fn_name=b"gil_wait_return", pid=proc.pid)
+            out, _ = proc.communicate("go\n", timeout=300)
+            return float(out)
+        finally:
+            if probe:
+                probe.close()
+
+    return min(one(True) for _ in range(runs)) - min(one(False) for _ in range(runs))
+
+
+def bench_gil_accounting(runs: int = 3) -> str:
+    """GIL probing's cost counted, not timed (the timed pairs of bench_gil_cost
+    spread 0.8x..1.4x on this box): the GIL-heavy program's CPU time without
+    the probe, against what the probe added inside it -- the kernel's own
+    count of the blocked probe's BPF run time while it ran (every program:
+    switch, wakeup and uprobe handlers; on any CPU, so an upper bound) plus
+    its uprobe hits times the trap cost per hit measured on a C loop."""
+    from jitterscope.collector import pyruntime
+    from jitterscope.collector.probes.blocked import BlockedProbe
+    from jitterscope.collector.selfcost import BpfStats, scan_programs
+
+    cpu = max(os.sched_getaffinity(0))
+    with tempfile.TemporaryDirectory() as tmp, BpfStats():
+        trap_ns = _uprobe_ns_per_call(Path(tmp))
+        plain = _time_gil_heavy(runs, cpu, False)[0]
+        child = subprocess.Popen([sys.executable, "-c", GIL_HEAVY, str(runs)], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True, preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
+        pid = int(child.stdout.readline())
+        site = pyruntime.locate(pid)
+        assert isinstance(site, pyruntime.GilSite), site
+        with BlockedProbe(1_000_000) as probe:
+            probe.open(lambda _e: None)
+            probe.set_watched({pid})
+            probe.watch_gil(site)
+            names = {fd: name for name, fd in probe.program_fds().items()}
+            before = scan_programs(names=names)
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            probed = [float(child.stdout.readline()) for _ in range(runs)]
+            child.wait()
+            after = scan_programs(names=names)
+    ran = {pid_: (st.name, st.run_ns - before[pid_].run_ns, st.run_count - before[pid_].run_count)
+           for pid_, st in after.items() if pid_ in before}
+    bpf_ns = sum(ns for _n, ns, _c in ran.values())
+    hits = sum(count for name, _ns, count in ran.values() if "gil_wait_enter" in name)
+    added = bpf_ns + hits * 2 * trap_ns  # entry and return probe: two traps per call
+    return (f"| GIL-heavy Python (2 threads x 3M pure-Python steps on one CPU), {runs} runs, the blocked probe "
+            f"watching it, GIL uprobes attached: what the probe added, counted | {added / 1e6:,.1f} ms = BPF "
+            f"{bpf_ns / 1e6:,.1f} ms + {hits:,} uprobe hits x 2 x {trap_ns:,.0f} ns per trap (C loop, same run) | "
+            f"the program's CPU time unprobed: best run {plain * 1000:.0f} ms x {runs} (probed runs: "
+            f"{', '.join(f'{t * 1000:.0f}' for t in probed)} ms) | {added / (plain * runs * 1e9):.2%} added |")

@@ -825,6 +825,7 @@ BENCHES = {"decode": bench_decode, "pipeline": bench_pipeline, "probe": bench_pr
            "alert-delay-worker": lambda: __import__("alert_delay").bench_alert_delay_worker(),
            "blocked": lambda: __import__("blocked").bench_blocked_overhead(),
            "gil": lambda: __import__("blocked").bench_gil_cost(),
+           "gil-accounting": lambda: __import__("blocked").bench_gil_accounting(),
            "whole-up": lambda: __import__("overhead").bench_whole_up()}
 
 
