@@ -93,7 +93,7 @@ def _summed(text: str, prefix: str) -> float:
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(prefix))
 
 
-def storm_under_up(tree: Path | None, seconds: float = STORM_S) -> dict:
+def storm_under_up(tree: Path | None, seconds: float = STORM_S, extra_env: dict | None = None) -> dict:
     """One `up` run with one storm: the storm processes' alert delays (s) and up's stop summary."""
     from jitterscope.broker import free_port
     from jitterscope.common.settings import load
@@ -108,6 +108,7 @@ def storm_under_up(tree: Path | None, seconds: float = STORM_S) -> dict:
                    JITTERSCOPE_KAFKA_SESSION_TIMEOUT_S="6")
         if tree:  # before site-packages, so it wins over the editable install
             env["PYTHONPATH"] = str(tree)
+        env.update(extra_env or {})
         # cwd: not the repository root, whose jitterscope/ would come first on sys.path and hide the tree
         up = subprocess.Popen([*CLI, "up", "--broker-port", "0", "--duration", "900"], env=env, cwd=data,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -194,6 +195,33 @@ def bench_alert_delay(rounds: int = int(os.environ.get("BENCH_ALERT_ROUNDS", "2"
             f"(waits in the per-message path): {base} | p99 {our_p99 / base_p99:.2f}x |\n"
             f"\n`up`'s stop summary (the worker's histogram), this tree: {summaries} (median per-run p50 "
             f"{median_p50 * 1e3:,.0f} ms)\n")
+
+
+def bench_alert_delay_collector(rounds: int = int(os.environ.get("BENCH_ALERT_ROUNDS", "2"))) -> str:
+    """The same storm, this tree both times: the collector sending every
+    pending batch as soon as a wait of runq_alert_ms is read
+    (``batch_alerts_at_once``, the default) against waiting out
+    ``batch_max_delay_ms`` as before (``batch_alerts_at_once=false``)."""
+    arms = {"at once": {}, "after the batch delay": {"JITTERSCOPE_BATCH_ALERTS_AT_ONCE": "false"}}
+    runs: dict[str, list[list[float]]] = {arm: [] for arm in arms}
+    for r in range(rounds):
+        for arm in (list(arms) if r % 2 == 0 else list(reversed(arms))):
+            runs[arm].append(storm_under_up(None, extra_env=arms[arm])["delays"])
+            d = runs[arm][-1]
+            print(f"<!-- round {r} {arm}: {len(d)} alerts, p50 {_pct(d, 0.5):.3f} s, p99 {_pct(d, 0.99):.3f} s -->",
+                  file=sys.stderr, flush=True)
+
+    def figures(arm: str) -> tuple[str, float]:
+        d = sorted(x for run in runs[arm] for x in run)
+        per_run = lambda q: ", ".join(f"{_pct(run, q) * 1e3:,.0f}" for run in runs[arm])  # noqa: E731
+        return (f"p50 {_pct(d, 0.5) * 1e3:,.0f} ms, p90 {_pct(d, 0.9) * 1e3:,.0f} ms, p99 {_pct(d, 0.99) * 1e3:,.0f} ms "
+                f"({len(d):,} alerts; per run p50 {per_run(0.5)} ms, p99 {per_run(0.99)} ms)"), _pct(d, 0.5)
+
+    ours, our_p50 = figures("at once")
+    base, base_p50 = figures("after the batch delay")
+    return (f"| run-queue alert delay in a {STORM_S:.0f} s starvation storm under `jitterscope up`, {rounds} alternating "
+            f"rounds: batches sent at once after an alert-worthy wait | {ours} | after the batch delay "
+            f"(batch_alerts_at_once=false): {base} | p50 {our_p50 / base_p50:.2f}x |")
 
 
 # -- the same question with the collector's timing replayed: `bench/run.py alert-delay-worker` ----------------

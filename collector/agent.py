@@ -27,7 +27,7 @@ from jitterscope.collector.clock import EpochConverter
 from jitterscope.collector.otlp import OtlpReceiver, OtlpReceiverUnavailable
 from jitterscope.collector.probes import base, registry
 from jitterscope.collector.probes.interface import Probe, ProbeContext, call_each
-from jitterscope.collector.publish import Batcher, KafkaPublisher
+from jitterscope.collector.publish import Batcher, KafkaPublisher, alert_worthy
 from jitterscope.collector.selfcost import SelfCost
 from jitterscope.collector.spool import Spool, SpoolBusy
 from jitterscope.common import buildinfo, kafka_auth, ports  # noqa: F401  (buildinfo: registers jitterscope_build_info)
@@ -115,7 +115,8 @@ class Collector:
             max_message_bytes=settings.kafka_max_message_bytes, max_records=settings.batch_max_records,
             spool=make_spool(settings))
         self._export = _Exported()
-        self.batcher = Batcher(settings.batch_max_records, settings.batch_max_delay_ms * 1_000_000)
+        self.batcher = Batcher(settings.batch_max_records, settings.batch_max_delay_ms * 1_000_000,
+                               urgent=alert_worthy(settings))
         self._processes_sent: dict[int, int] = {}  # pid -> monotonic ns of last publish
         self._sent_as: dict[int, tuple[str, str]] = {}  # pid -> the (cpu cgroup, name) its last record said
         self._comms: dict[int, str] = {}

@@ -22,6 +22,7 @@ from confluent_kafka import KafkaException, Producer
 from jitterscope.common import errors
 from jitterscope.collector.spool import Batch, Spool
 from jitterscope.common.logs import fields
+from jitterscope.schemas import events
 from jitterscope.schemas.events import Record
 from jitterscope.schemas.batches import encode_batch, split_lines
 from jitterscope.schemas.topics import TOPIC_OF
@@ -35,15 +36,28 @@ class _Pending:
     first_at_ns: int = 0
 
 
+def alert_worthy(settings) -> Callable[[Record], bool] | None:
+    """The Batcher's ``urgent``: a run-queue wait the worker will alert on
+    (``runq_alert_ms``), when ``batch_alerts_at_once`` is on."""
+    if not settings.batch_alerts_at_once:
+        return None
+    alert_ns = int(settings.runq_alert_ms * 1_000_000)
+    return lambda record: type(record) is events.RunqEvent and record.wait_ns >= alert_ns
+
+
 class Batcher:
     """Pure batching policy: collects records per topic, hands out full or
     aged batches. No I/O, so its rules are unit-tested directly."""
 
     def __init__(self, max_records: int = 500, max_delay_ns: int = 200_000_000,
-                 now: Callable[[], int] = time.monotonic_ns):
+                 now: Callable[[], int] = time.monotonic_ns, urgent: Callable[[Record], bool] | None = None):
+        """``urgent(record)``: a record whose alert should not wait for the
+        batch delay (a long run-queue wait); it makes every pending batch due."""
         self.max_records = max_records
         self.max_delay_ns = max_delay_ns
         self._now = now
+        self._urgent = urgent
+        self._urgent_topics: set[str] = set()
         self._pending: dict[str, _Pending] = {}
 
     def add(self, record: Record) -> list[tuple[str, list[Record]]]:
@@ -53,12 +67,21 @@ class Batcher:
         if not pending.records:
             pending.first_at_ns = self._now()
         pending.records.append(record)
+        if self._urgent and self._urgent(record):
+            self._urgent_topics.add(topic)
         if len(pending.records) >= self.max_records:
+            self._urgent_topics.discard(topic)
             return [(topic, self._take(topic))]
         return []
 
     def due(self) -> list[tuple[str, list[Record]]]:
-        """Batches whose oldest record has waited max_delay_ns."""
+        """Batches whose oldest record has waited max_delay_ns; all of them
+        after an urgent record, its topic's last (what its alert needs --
+        the process record, the stacks -- goes first)."""
+        if self._urgent_topics:
+            urgent, self._urgent_topics = self._urgent_topics, set()
+            batches = self.drain()
+            return [b for b in batches if b[0] not in urgent] + [b for b in batches if b[0] in urgent]
         now = self._now()
         return [
             (topic, self._take(topic))

@@ -178,6 +178,9 @@ class CollectorSettings(BaseModel):
         default_factory=list, description="shell patterns of process names to watch (default: all)")
     batch_max_records: int = Field(500, ge=1, description="records per Kafka message at most")
     batch_max_delay_ms: int = Field(200, ge=1, description="a batch is sent at the latest after this")
+    batch_alerts_at_once: bool = Field(
+        True, description="a run-queue wait of runq_alert_ms or more sends every pending batch at once, not after "
+                          "batch_max_delay_ms (its alert is raised sooner; an idle host sends no more than before)")
     histogram_interval_s: float = Field(10.0, gt=0, description="how often histograms are published")
     irq_interval_s: float = Field(
         0.25, gt=0, description="how often IRQ time per CPU is published (short: it is charged to waits of ms)")

@@ -123,3 +123,31 @@ def test_next_deadline_is_the_oldest_batch_plus_max_delay():
     assert b.next_deadline_ns() == 10_250 * MS
     b.drain()
     assert b.next_deadline_ns() is None
+
+
+def test_an_alert_worthy_wait_sends_every_pending_batch_at_once_its_own_last():
+    from jitterscope.collector.publish import alert_worthy
+    from jitterscope.common.settings import Settings
+
+    clock = FakeClock()
+    b = Batcher(max_records=100, max_delay_ns=200 * MS, now=clock, urgent=alert_worthy(Settings(runq_alert_ms=10)))
+    b.add(runq(1))  # 6 ms: below the alert threshold, waits for the batch delay
+    assert b.due() == []
+    b.add(proc(2))  # the process record an alert needs
+    long_wait = RunqEvent(host="h", boot_id="b", seq=3, ts_ns=3, pid=1, tid=1, comm="c", cpu=0, wait_ns=10 * MS,
+                          suspect_pid=2, suspect_tid=2, suspect_comm="s")
+    b.add(long_wait)
+    assert b.due() == [(PROCESSES, [proc(2)]), (RUNQ, [runq(1), long_wait])]  # no time passed: sent for the alert
+    b.add(runq(4))
+    assert b.due() == []  # back to the delay
+
+
+def test_alerts_at_once_off_keeps_the_delay():
+    from jitterscope.collector.publish import alert_worthy
+    from jitterscope.common.settings import Settings
+
+    assert alert_worthy(Settings(batch_alerts_at_once=False)) is None
+    worthy = alert_worthy(Settings(runq_alert_ms=10))
+    assert worthy(RunqEvent(host="h", boot_id="b", seq=1, ts_ns=1, pid=1, tid=1, comm="c", cpu=0, wait_ns=10 * MS,
+                            suspect_pid=2, suspect_tid=2, suspect_comm="s"))
+    assert not worthy(runq(1)) and not worthy(proc(1))
