@@ -754,6 +754,9 @@ PACKED = {c: "ZSTD(1)" for c in RUNQ_COLUMNS} | {
     "cpu": "T64, ZSTD(1)", "wait_ns": "T64, ZSTD(1)", "suspect_pid": "T64, ZSTD(1)", "suspect_tid": "T64, ZSTD(1)",
     "victim_stack": "T64, ZSTD(1)", "suspect_stack": "T64, ZSTD(1)"}
 KEY = "host, ts, boot_id, seq"
+#: migration 015's contract, as the sink applies it (streams/clickhouse.py MICROSECOND_FIELDS)
+MICROSECONDS = {"ts": "fromUnixTimestamp64Nano(intDiv(toUnixTimestamp64Nano(runq_events.ts), 1000) * 1000)",
+                "wait_ns": "intDiv(runq_events.wait_ns, 1000) * 1000"}
 STORAGE_VARIANTS = {  # name -> (codec per column, sort key[, column -> stored expression])
     "as stored (001/007)": (AS_STORED, KEY),
     "all columns ZSTD(1), ts DoubleDelta": (PACKED, KEY),
@@ -770,6 +773,12 @@ STORAGE_VARIANTS = {  # name -> (codec per column, sort key[, column -> stored e
         PACKED | {"ts": "Delta, ZSTD(1)"}, KEY,
         {"ts": "fromUnixTimestamp64Nano(toUnixTimestamp64Micro(runq_events.ts))",
          "wait_ns": "intDiv(runq_events.wait_ns, 1000)"}),
+    # applied in 015: the columns stay ns (readers unchanged), the sink truncates to whole us, GCD divides it out
+    "as 015: ts and wait_ns truncated to whole us in their ns columns, GCD codec": (
+        PACKED | {"ts": "GCD, Delta, T64, ZSTD(1)", "wait_ns": "GCD, T64, ZSTD(1)"}, KEY, MICROSECONDS),
+    "same, ts GCD, Delta, ZSTD(1) (no T64)": (
+        PACKED | {"ts": "GCD, Delta, ZSTD(1)", "wait_ns": "GCD, T64, ZSTD(1)"}, KEY, MICROSECONDS),
+    "same, truncated to whole us without GCD": (PACKED | {"ts": "Delta, ZSTD(1)"}, KEY, MICROSECONDS),
     "ZSTD(1) + DoubleDelta, key (host, tid, ts)": (PACKED, "host, tid, ts, boot_id, seq"),
     "ZSTD(1) + DoubleDelta, key (host, comm, tid, ts)": (PACKED, "host, comm, tid, ts, boot_id, seq"),
 }
@@ -778,8 +787,8 @@ STORAGE_EVENTS = int(os.environ.get("BENCH_STORAGE_EVENTS", 5_000_000))
 
 def bench_storage() -> str:
     """Bytes per stored run-queue event under each codec/sort-key variant, over
-    the synthetic fleet's run-queue events (per-host time order and seq, as a
-    collector sends them; 300 hosts at the per-host rate of 100M events a
+    the synthetic fleet's run-queue events (per-host time order and seq, ns
+    times, as a collector sends them; 300 hosts at the per-host rate of 100M events a
     day), each variant fully merged; and the columns that cost most in each."""
     from jitterscope.reports import synthetic
     from jitterscope.streams import clickhouse
@@ -790,7 +799,8 @@ def bench_storage() -> str:
         client = clickhouse.connect(None, Path(data))
         clickhouse.migrate(client)
         # as dense per host as a 100M-event day over 300 hosts: time deltas shrink with density
-        for sql in synthetic.runq_statements(300, n, max(60, 86400 * n // 100_000_000), time.time_ns()):
+        # at ns, as the collector sends them: the variants before 015 stored them so
+        for sql in synthetic.runq_statements(300, n, max(60, 86400 * n // 100_000_000), time.time_ns(), 1):
             client.command(sql, parameters={"suspects": synthetic.SUSPECTS})
         for i, (name, (codecs, key, *rounded)) in enumerate(STORAGE_VARIANTS.items()):
             stored = rounded[0] if rounded else {}

@@ -43,23 +43,26 @@ def _host(expr: str, hosts: int) -> str:
 RUNQ_CHUNK = 5_000_000
 
 
-def runq_statements(hosts: int, runq_events: int, span: int, end_ns: int) -> list[str]:
+def runq_statements(hosts: int, runq_events: int, span: int, end_ns: int, resolution_ns: int = 1000) -> list[str]:
     """Run-queue tail events shaped like a real capture's: each host's records
     arrive in time order with consecutive seq numbers (event i of a host falls
     in slot i of its even share of the period, at a random point inside it);
-    waits over the 5 ms kernel threshold with an exponential tail (mean 8 ms,
-    full ns precision); each suspect daemon a few threads of one pid; the suspect
-    drawn by weight, logrotate most often."""
+    waits over the 5 ms kernel threshold with an exponential tail (mean 8 ms);
+    ts and wait in whole ``resolution_ns`` (1000: as the sink stores them,
+    migration 015; 1: as the collector sends them); each suspect daemon a few
+    threads of one pid; the suspect drawn by weight, logrotate most often."""
     per_host = -(-runq_events // hosts)
     step_ns = span * 1_000_000_000 // per_host
     weights = "[40, 20, 15, 10, 10, 5]"
+    r = int(resolution_ns)
     return [f"""INSERT INTO {DB}.runq_events (host, boot_id, seq, ts, pid, tid, comm, cpu, wait_ns, suspect_pid,
                                   suspect_tid, suspect_comm)
 SELECT {_host('number', hosts)} AS host, 'boot-1', intDiv(number, {hosts}) AS seq,
-       fromUnixTimestamp64Nano(toInt64({end_ns - span * 1_000_000_000} + seq * {step_ns}
-                                       + cityHash64(number, 2) % {step_ns})) AS ts,
+       fromUnixTimestamp64Nano(toInt64(intDiv({end_ns - span * 1_000_000_000} + seq * {step_ns}
+                                       + cityHash64(number, 2) % {step_ns}, {r}) * {r})) AS ts,
        1000 + cityHash64(number, 3) % 4 AS pid, 2000 + cityHash64(number, 4) % 32 AS tid, 'vllm', cityHash64(number, 5) % 64,
-       5000000 + toUInt64(-log((cityHash64(number, 6) + 1) / 1.8446744073709552e19) * 3000000) AS wait_ns,
+       intDiv(5000000 + toUInt64(-log((cityHash64(number, 6) + 1) / 1.8446744073709552e19) * 3000000), {r}) * {r}
+         AS wait_ns,
        30000 + 100 * (arrayFirstIndex(x -> x > cityHash64(number, 8) % 100, arrayCumSum({weights})) AS suspect)
          + cityHash64(number, 7) % 4 AS suspect_pid, suspect_pid, {{suspects:Array(String)}}[suspect]
 FROM numbers({start}, {min(RUNQ_CHUNK, runq_events - start)})""" for start in range(0, runq_events, RUNQ_CHUNK)]

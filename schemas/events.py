@@ -56,7 +56,9 @@ OWN_SUSPECT_PREFIX = "jitterscope:"
 
 
 class RunqEvent(Record, frozen=True):
-    """A thread waited at least the probe threshold for a CPU."""
+    """A thread waited at least the probe threshold for a CPU. In ns in the
+    stream; stored with ``ts_ns`` and ``wait_ns`` truncated to whole
+    microseconds (schemas/clickhouse/015_runq_microseconds.sql)."""
 
     pid: U32
     tid: U32

@@ -138,15 +138,29 @@ def _column_plan(record_type: type[msgspec.Struct]) -> tuple[list[str], list[tup
     return [c for _, c in pairs], [(operator.attrgetter(f), f in nested) for f, _ in pairs]
 
 
+#: table -> ns fields stored truncated to whole microseconds (migration 015's
+#: contract: the columns stay ns, their GCD codec stores what is left as us)
+MICROSECOND_FIELDS = {"runq_events": frozenset({"ts_ns", "wait_ns"})}
+
+
+def _to_microseconds(values: list[int]) -> list[int]:
+    return [v - v % 1000 for v in values]
+
+
 def insert_records(client, table: str, records: list[msgspec.Struct]) -> None:
     """Column-oriented insert of records of one type. Columns are built with
     one C-level map per column (no Python call per value): at 100k+ records
-    a second the per-value work is the sink's own cost."""
+    a second the per-value work is the sink's own cost. Fields of
+    MICROSECOND_FIELDS[table] are truncated to whole microseconds here, at
+    the one place records are stored, so the stream keeps its ns."""
     if not records:
         return
     names, plan = _column_plan(type(records[0]))
     data = [[_column_value(v) for v in map(get, records)] if nested else list(map(get, records))
             for get, nested in plan]
+    if coarse := MICROSECOND_FIELDS.get(table):
+        fields = [f for f, _ in _columns(type(records[0]))]
+        data = [_to_microseconds(column) if field in coarse else column for field, column in zip(fields, data)]
     client.insert(f"{DATABASE}.{table}", data, column_names=names, column_oriented=True)
 
 

@@ -70,7 +70,8 @@ def stored_keys(client, table: str, records: list) -> set[tuple[str, str, int]]:
     stored in that time range (rows in Python, per insert)."""
     ranges = seq_ranges(records)
     ts = list(map(operator.attrgetter("ts_ns"), records))
-    parameters = {"hosts": sorted({host for host, _ in ranges}), "lo": min(ts), "hi": max(ts)}
+    # lo in whole us: a table of clickhouse.MICROSECOND_FIELDS stores ts truncated
+    parameters = {"hosts": sorted({host for host, _ in ranges}), "lo": min(ts) - min(ts) % 1000, "hi": max(ts)}
     clauses = []
     for i, ((host, boot_id), (first, last)) in enumerate(sorted(ranges.items())):
         clauses.append(f"(host = {{h{i}:String}} AND boot_id = {{b{i}:String}} "

@@ -708,3 +708,9 @@ CREATE TABLE IF NOT EXISTS jitterscope.gpu_telemetry ON CLUSTER '{cluster}' AS j
 ALTER TABLE jitterscope.request_attribution_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS gpu_throttle Array(LowCardinality(String)) DEFAULT [];
 
 ALTER TABLE jitterscope.request_attribution ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS gpu_throttle Array(LowCardinality(String)) DEFAULT [];
+
+ALTER TABLE jitterscope.runq_events_local ON CLUSTER '{cluster}' MODIFY COLUMN ts CODEC(GCD, Delta, T64, ZSTD(1)),
+    MODIFY COLUMN wait_ns CODEC(GCD, T64, ZSTD(1));
+
+ALTER TABLE jitterscope.runq_events ON CLUSTER '{cluster}' MODIFY COLUMN ts CODEC(GCD, Delta, T64, ZSTD(1)),
+    MODIFY COLUMN wait_ns CODEC(GCD, T64, ZSTD(1));

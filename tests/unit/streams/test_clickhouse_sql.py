@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """streams/clickhouse.py pure helpers: migration files, statement splitting,
-record field -> column mapping. No ClickHouse is opened."""
+record field -> column mapping, the values insert_records sends. No
+ClickHouse is opened."""
 
 import re
 
@@ -79,3 +80,24 @@ def test_columns_cover_every_field_but_v_in_order():
     assert [f for f, _ in pairs] == fields
     assert "ts" in [c for _, c in pairs]
     assert "ts_ns" not in [c for _, c in pairs]
+
+
+class _Recorder:
+    """Stands in for a client's insert only: what insert_records would send."""
+
+    def insert(self, table, data, column_names, column_oriented):
+        self.sent = (table, dict(zip(column_names, data)))
+
+
+def test_only_run_queue_times_and_waits_are_stored_in_whole_microseconds():
+    from jitterscope.streams.clickhouse import insert_records
+
+    runq = events.RunqEvent(host="h", boot_id="b", seq=1, ts_ns=1_000_000_123_456_789, pid=2, tid=3, comm="c",
+                            cpu=1, wait_ns=12_345_999, suspect_pid=4_001, suspect_tid=5, suspect_comm="s")
+    client = _Recorder()
+    insert_records(client, "runq_events", [runq])
+    assert client.sent[1]["ts"] == [1_000_000_123_456_000] and client.sent[1]["wait_ns"] == [12_345_000]
+    assert client.sent[1]["suspect_pid"] == [4_001] and client.sent[1]["seq"] == [1]
+    assert runq.ts_ns == 1_000_000_123_456_789, "the record itself (the stream's) keeps its ns"
+    insert_records(client, "some_other_table", [runq])
+    assert client.sent[1]["ts"] == [1_000_000_123_456_789] and client.sent[1]["wait_ns"] == [12_345_999]

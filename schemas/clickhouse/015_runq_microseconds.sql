@@ -1,0 +1,23 @@
+-- 015: run-queue events stored at microsecond resolution (issue 18 part 4:
+-- <= 10 B per stored event at 100M). The contract:
+--
+-- * In the stream nothing changes: the collector sends ns, and the rules,
+--   alerts and attribution judge ns.
+-- * In runq_events, `ts` and `wait_ns` keep their names, types and unit
+--   (DateTime64(9); ns), so every reader (saved queries, reports, Grafana,
+--   the docs' examples) reads them as before; but the sink stores them
+--   truncated to whole microseconds (streams/clickhouse.py
+--   MICROSECOND_FIELDS), as runqslower reports them: a tracepoint's timing
+--   jitter is larger than 1 us. A query that says `wait_ns` still gets ns.
+-- * The GCD codec divides each compressed block by its values' greatest
+--   common divisor, so whole microseconds cost what a us column would;
+--   Delta then T64 keeps only the used bits of ts's gaps. Measured by
+--   `bench/run.py storage` (bench/RESULTS.md, issue 18): 11.45 -> 8.85 B per
+--   event at a 100M-events-a-day density.
+-- * Rows stored before this migration keep their ns digits: nothing is
+--   rewritten (ts is in the sort key, which ALTER cannot change in place, and
+--   runq_minute already summed those waits). They compress as before until
+--   retention drops them; a block that mixes them with new rows gets a GCD of
+--   1 and compresses as before too. Safe to re-run: it only restates codecs.
+ALTER TABLE jitterscope.runq_events MODIFY COLUMN ts CODEC(GCD, Delta, T64, ZSTD(1)),
+    MODIFY COLUMN wait_ns CODEC(GCD, T64, ZSTD(1));
