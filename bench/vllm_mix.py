@@ -70,7 +70,7 @@ class VllmMix:
                 if s % 11 == 0:  # the engine's own threads hold the CPU now and then (self-contention)
                     sp, sc = ENGINE, "VLLM::EngineCore"
                 out.append(events.RunqEvent(host=self.host, boot_id="vllm", seq=s, ts_ns=end, pid=pid, tid=tid,
-                                            comm="vllm", cpu=(tid + k) % 32, wait_ns=min(length, slot - MS),
+                                            comm="vllm", cpu=(tid + k) % 32, wait_ns=min(length, slot - 5 * MS),
                                             suspect_pid=sp, suspect_tid=sp * 10 + s % 4, suspect_comm=sc))
         return out
 

@@ -58,6 +58,7 @@ from jitterscope.streams.evidence import (Evidence, HostEvidence, SortedEvidence
                                           overlap_ns, thread_parts, union_ns)
 from jitterscope.streams.thread_budget import (STALLS, ThreadBudget, carried_parts, kind_of, runq_per_thread,
                                                thread_budget)
+from jitterscope.streams.wait_index import TOP_SUSPECTS, Tie, WaitIndex, rank_suspects
 
 # the names importers took from here before the split into evidence, thread_budget and culprits
 __all__ = ["Attributor", "Culprits", "Evidence", "ProcessBook", "STALLS", "duration_ns", "kind_of", "overlap_ns",
@@ -72,7 +73,6 @@ class ProcessBook(Protocol):
     def serving_group(self, host: str, pid: int) -> set[int]: ...
 
 
-TOP_SUSPECTS = 3
 # Excess under max(1 ms, a quarter of the baseline) is ordinary jitter: nothing to explain.
 NO_EXCESS_NS = 1_000_000
 NO_EXCESS_SHARE = 0.25
@@ -96,6 +96,7 @@ class _Charges:
     own_threads: set[int] = field(default_factory=set)  # those threads
     ioctl: tuple[int, int, int] = (0, 0, 0)  # its GPU driver calls: (ns in all, the longest, how many)
     longest_call: GpuIoctl | None = None  # the one the alert names
+    contributed: set[int] = field(default_factory=set)  # the processes whose evidence was charged
 
 
 class Attributor:
@@ -111,6 +112,9 @@ class Attributor:
         self.processes = processes  # serving groups and cgroups; None = each process alone, no cgroups
         self._culprits: dict[tuple[str, str, int], Culprits] = {}  # of the last due() batch
         self._splits: dict[int, tuple] = {}  # id(wait) -> split_wait() of the whole wait, during one due()
+        # during one due(): (host, serving group) -> the span of its ready windows, and its waits' index
+        self._windows: dict[tuple, tuple[int, int]] = {}
+        self._indexes: dict[tuple, WaitIndex | None] = {}
         # host -> (pid | cgroup | cpu, kind) -> evidence; requests look up their processes directly
         self._evidence: dict[str, HostEvidence] = defaultdict(lambda: defaultdict(SortedEvidence))
         self._newest: dict[str, int] = defaultdict(int)
@@ -220,6 +224,10 @@ class Attributor:
         self._culprits = {}
         ready.sort(key=lambda s: s.end_ns)
         out = []
+        for span in ready:
+            key = _batch_key(span.host, self._group(span))
+            lo, hi = self._windows.get(key, (span.start_ns, span.end_ns))
+            self._windows[key] = (min(lo, span.start_ns), max(hi, span.end_ns))
         try:
             for span in ready:
                 key = (span.host, span.boot_id, span.seq)
@@ -230,6 +238,8 @@ class Attributor:
                 self._attributed_until[span.host] = max(self._attributed_until.get(span.host, 0), span.end_ns)
         finally:
             self._splits.clear()  # evidence changes between calls (and ids are reused)
+            self._windows.clear()
+            self._indexes.clear()
         return out
 
     def baseline_ns(self, host: str, name: str) -> tuple[int, bool]:
@@ -253,22 +263,9 @@ class Attributor:
         the same span again replaces, not adds, its row."""
         duration = max(0, span.end_ns - span.start_ns)
         baseline, trusted = self.baseline_ns(span.host, span.name)
-        group = (self.processes.serving_group(span.host, span.pid) if self.processes and span.pid
-                 else {span.pid} if span.pid else None)
+        group = self._group(span)
         evidence = self._evidence.get(span.host, {})
-        parts = {kind: thread_parts(evidence, span.start_ns, span.end_ns, kind, group)
-                 for kind in (RunqEvent, GpuIoctl)}
-        contributed: set[int] = set()
-        budget = thread_budget(evidence, span, group, runq_per_thread(parts[RunqEvent]), contributed)
-        if budget.named and budget.busy() and budget.delay_ns >= DOMINANT_SHARE * (duration - baseline):
-            # The span names its thread, that thread was not mostly asleep
-            # waiting on others, and its own waits and stalls would explain
-            # the excess (else the request waited mostly on other threads of
-            # the group: vLLM's front end asleep while its throttled engine
-            # works): its own waits are the request's delay (carried_parts).
-            parts = carried_parts(parts, budget)
-        charged = self._charge(evidence, parts[RunqEvent], group, contributed)
-        charged.ioctl, charged.longest_call = _add_calls(parts[GpuIoctl], contributed)
+        charged, budget, waited = self._charges(evidence, span, group, duration - baseline)
         # one thread cannot wait twice at once, so its waits are a lower bound
         # of the delay; other threads' waits may be off the request's path
         service = duration - min(duration, budget.delay_ns)
@@ -276,7 +273,7 @@ class Attributor:
         if not baseline:
             baseline = service
         excess = max(0, duration - baseline)
-        cause, explained = _cause(excess, baseline, parts[RunqEvent], charged, budget)
+        cause, explained = _cause(excess, baseline, waited, charged, budget)
         slo = self.slo_ns or (int(self.slo_factor * baseline) if trusted else 0)
         culprit = self._culprit(evidence, span, group, cause, charged, budget)
         xid, throttle, gpu = self.gpu.during(span.host, self._gpus(span.host, group), span.start_ns, span.end_ns)
@@ -292,7 +289,7 @@ class Attributor:
             runq_waits=runq[2], suspects=charged.suspects, cause=cause, explained=round(explained, 4),
             slo_ns=slo, slo_breached=bool(slo) and duration > slo,
             gpu_ioctl_ns=ioctl[0], gpu_ioctl_max_ns=ioctl[1], gpu_ioctls=ioctl[2],
-            throttled_ns=charged.throttled, irq_ns=charged.irq, pids=sorted(contributed),
+            throttled_ns=charged.throttled, irq_ns=charged.irq, pids=sorted(charged.contributed),
             pod=info.pod if info else "", namespace=info.namespace if info else "",
             container=info.container if info else "", self_wait_ns=charged.own_ns,
             self_threads=len(charged.own_threads),
@@ -302,6 +299,72 @@ class Attributor:
             sleep_ns=budget.blocked.get("sleep", 0), on_cpu_ns=budget.on_cpu_ns(duration), culprit=culprit,
             gpu_xid=xid.xid if xid else 0, gpu_throttle=throttle,
         )
+
+    def _group(self, span: RequestSpan) -> set[int] | None:
+        """The processes whose evidence counts for the span (None: every process of the host)."""
+        return (self.processes.serving_group(span.host, span.pid) if self.processes and span.pid
+                else {span.pid} if span.pid else None)
+
+    def _charges(self, evidence: HostEvidence, span: RequestSpan, group: set[int] | None,
+                 excess: int) -> tuple[_Charges, ThreadBudget, int]:
+        """A request's charges, its carrying thread's budget, and how long
+        any of its group's threads waited: from the due() batch's index
+        (streams/wait_index.py) where it answers, else by walking the parts."""
+        index, fast = self._index(evidence, span, group), None
+        if index is not None:
+            try:
+                per_thread, fast = index.charges(span.start_ns, span.end_ns, lambda event, lo, hi: split_wait(
+                    evidence, self._record(event.host, event.pid), event, lo, hi))
+            except Tie:
+                index = None
+        runq = None if index else thread_parts(evidence, span.start_ns, span.end_ns, RunqEvent, group)
+        parts = {RunqEvent: runq, GpuIoctl: thread_parts(evidence, span.start_ns, span.end_ns, GpuIoctl, group)}
+        contributed: set[int] = set()
+        budget = thread_budget(evidence, span, group, per_thread if index else runq_per_thread(runq), contributed)
+        if budget.named and budget.busy() and budget.delay_ns >= DOMINANT_SHARE * excess:
+            # The span names its thread, that thread was not mostly asleep
+            # waiting on others, and its own waits and stalls would explain
+            # the excess (else the request waited mostly on other threads of
+            # the group: vLLM's front end asleep while its throttled engine
+            # works): its own waits are the request's delay (carried_parts).
+            if index:  # only those threads' parts are needed
+                parts[RunqEvent] = index.parts(span.start_ns, span.end_ns, {budget.tid} | budget.gil_holders)
+                index = None
+            parts = carried_parts(parts, budget)
+        if index:
+            contributed |= fast.pids
+            charged = _Charges(runq=fast.runq, suspects=fast.suspects, throttled=fast.throttled,
+                               throttles=fast.throttles, irq=fast.irq, sources=fast.sources,
+                               irq_records=fast.irq_records, own_ns=fast.own_ns, own_threads=fast.own_threads)
+            waited = index.union_ns(span.start_ns, span.end_ns)
+        else:
+            charged = self._charge(evidence, parts[RunqEvent], group, contributed)
+            waited = union_ns(parts[RunqEvent])
+        charged.ioctl, charged.longest_call = _add_calls(parts[GpuIoctl], contributed)
+        charged.contributed = contributed
+        return charged, budget, waited
+
+    def _index(self, evidence: HostEvidence, span: RequestSpan, group: set[int] | None) -> WaitIndex | None:
+        """The index of the span's group's waits over its due() batch
+        (built once a batch); None outside due() or where the walk must answer."""
+        key = _batch_key(span.host, group)
+        if key not in self._windows or span.end_ns <= span.start_ns:
+            return None
+        if key not in self._indexes:
+            lo, hi = self._windows[key]
+            self._indexes[key] = WaitIndex.build(evidence, group, lo, hi, self._whole_split)
+        return self._indexes[key]
+
+    def _whole_split(self, event: RunqEvent) -> tuple:
+        """split_wait() of a whole wait, once per due(): the requests served
+        together (continuous batching) overlap the same waits, and each asks;
+        the event stays in the evidence (and its id its own) while due() runs."""
+        split = self._splits.get(id(event))
+        if split is None:
+            evidence = self._evidence.get(event.host, {})
+            split = self._splits[id(event)] = split_wait(evidence, self._record(event.host, event.pid), event,
+                                                         event.ts_ns - event.wait_ns, event.ts_ns)
+        return split
 
     def _charge(self, evidence: HostEvidence, parts: list[tuple[Evidence, int, int, bool]], group: set[int] | None,
                 contributed: set[int]) -> _Charges:
@@ -317,7 +380,6 @@ class Attributor:
         sources: dict[tuple[int, str, str], int] = defaultdict(int)
         irq_records: dict[tuple[int, str, str], IrqTime] = {}
         own_threads: set[int] = set()
-        splits = self._splits
         for event, lo, hi, whole in parts:
             part = hi - lo
             total += part
@@ -325,14 +387,8 @@ class Attributor:
                 longest = part
             count += 1
             contributed.add(event.pid)
-            # a whole wait is split once per due(): the requests served together (continuous
-            # batching) overlap the same waits, and each asks; the event stays in the evidence
-            # (and its id its own) while due() runs
-            split = splits.get(id(event)) if whole else None
-            if split is None:
-                split = split_wait(evidence, self._record(event.host, event.pid), event, lo, hi)
-                if whole:
-                    splits[id(event)] = split
+            split = (self._whole_split(event) if whole
+                     else split_wait(evidence, self._record(event.host, event.pid), event, lo, hi))
             cut, cgroup, shares, stolen = split
             throttles[cgroup] += cut
             for key, ns, record in shares:
@@ -348,10 +404,7 @@ class Attributor:
                 own_threads.add(event.suspect_tid)
             else:
                 by_suspect[event.suspect_comm][event.suspect_pid] += rest
-        ranked = sorted(by_suspect.items(), key=lambda item: -sum(item[1].values()))[:TOP_SUSPECTS]
-        suspects = [Suspect(pid=max(pids, key=pids.get), comm=comm, wait_ns=sum(pids.values()))
-                    for comm, pids in ranked]
-        return _Charges(runq=(total, longest, count), suspects=suspects, throttled=throttled, throttles=throttles,
+        return _Charges(runq=(total, longest, count), suspects=rank_suspects(by_suspect, TOP_SUSPECTS), throttled=throttled, throttles=throttles,
                         irq=irq, sources=sources, irq_records=irq_records, own_ns=own_ns, own_threads=own_threads)
 
     def _culprit(self, evidence: HostEvidence, span: RequestSpan, group: set[int] | None, cause: str,
@@ -390,6 +443,11 @@ class Attributor:
         return self.processes.processes.get((host, pid)) if self.processes else None
 
 
+def _batch_key(host: str, group: set[int] | None) -> tuple[str, frozenset[int] | None]:
+    """What a due() batch indexes waits by: the host and the serving group."""
+    return host, None if group is None else frozenset(group)
+
+
 def _add_calls(parts: list[tuple[Evidence, int, int, bool]],
                contributed: set[int]) -> tuple[tuple[int, int, int], GpuIoctl | None]:
     """A request's GPU driver call parts added up: (ns in all, the longest,
@@ -407,8 +465,7 @@ def _add_calls(parts: list[tuple[Evidence, int, int, bool]],
     return (total, longest, count), longest_call
 
 
-def _cause(excess: int, baseline: int, runq_parts: list[tuple[Evidence, int, int, bool]], charged: _Charges,
-           budget: ThreadBudget) -> tuple[str, float]:
+def _cause(excess: int, baseline: int, waited: int, charged: _Charges, budget: ThreadBudget) -> tuple[str, float]:
     """What caused a request's excess, and how much of it that explains:
     "none" when the excess is ordinary jitter, "unexplained" when no cause
     explains at least DOMINANT_SHARE of it."""
@@ -421,7 +478,6 @@ def _cause(excess: int, baseline: int, runq_parts: list[tuple[Evidence, int, int
     # not 80, beside the 50 ms its front end waited for the GIL). One thread's waits
     # never overlap: for it the two are the same.
     runq, throttled, irq, own_ns = charged.runq[0], charged.throttled, charged.irq, charged.own_ns
-    waited = union_ns(runq_parts)
     share = waited / runq if runq else 1.0
     name, ns = max((("runq_starvation", share * (runq - throttled - irq - own_ns)),
                     ("cfs_throttling", share * throttled), ("irq", share * irq),
