@@ -193,7 +193,9 @@ class WaitIndex:
         """Per thread its total; the window's edge parts (event, lo, hi,
         (thread, index)); the parts' count, longest and pids; and each
         thread's range of waits in the window (thread, its waits, i, j)."""
-        per_thread: dict[tuple[int, int], int] = {}
+        # a defaultdict as runq_per_thread's: thread_budget breaks a tie for the carrier in the
+        # order of a set made from its keys, and CPython builds that set differently from a plain dict
+        per_thread: dict[tuple[int, int], int] = defaultdict(int)
         edges, count, longest, pids, ranges = [], 0, 0, set(), []
         for thread, t in self.threads:
             i, j = bisect.bisect_right(t.ends, start_ns), bisect.bisect_left(t.begins, end_ns)
