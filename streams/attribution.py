@@ -35,6 +35,13 @@ A wait is then split by what kept the CPU from the thread:
 - ``runq_starvation``: the rest; only this part is charged to the suspects
   (the tasks outside the group that held the CPU).
 
+Cost: due() indexes each serving group's run-queue waits once per batch
+(streams/wait_index.py: per-thread and per-key prefix sums, O(n log n) for
+the n waits the batch's windows overlap, each wait split once); a request
+then costs O((threads + keys) log n) plus its edge waits, not a walk of
+every wait in its window. Where the index cannot answer as the walk would
+(a thread's overlapping repeats), the request walks its parts.
+
 The evidence store and its interval arithmetic are streams/evidence.py, the
 carrying thread's time budget streams/thread_budget.py, and the searches for
 whom to name (the throttled cgroup, the interrupt source, the GIL holder, the

@@ -183,7 +183,7 @@ class WaitIndex:
             if j > i:
                 totals[key] += sums[j] - sums[i]
         charged = _charged(totals, (sum(per_thread.values()), longest, count), pids,
-                           lambda wanted: self._first_seen(start_ns, end_ns, ranges, splits, wanted))
+                           lambda wanted, enough: self._first_seen(start_ns, end_ns, ranges, splits, wanted, enough))
         if charged.irq:
             source = max(charged.sources, key=charged.sources.get)
             charged.irq_records = {source: self._latest_record(ranges, source, splits)}
@@ -226,20 +226,28 @@ class WaitIndex:
                     out.append((t.events[k], lo, hi, lo == t.begins[k] and hi == t.ends[k]))
         return out
 
-    def _first_seen(self, start_ns: int, end_ns: int, ranges: list, splits: dict,
-                    wanted: set[tuple]) -> dict[tuple, int]:
-        """The order in which the walk first charged each of the ``wanted``
-        keys: it breaks ties as the walk's dicts did (the first inserted)."""
+    def _first_seen(self, start_ns: int, end_ns: int, ranges: list, splits: dict, wanted: set[tuple],
+                    enough: int) -> dict[tuple, int]:
+        """The order in which the walk first charged the ``wanted`` keys (all
+        of one kind), up to the first ``enough`` of them: it breaks ties as
+        the walk's dicts did (the first inserted)."""
         seen: dict[tuple, int] = {}
+        kind = next(iter(wanted))[0]
         for thread, t, i, j in ranges:
             for k in range(i, j):
                 event = t.events[k]
-                lo, hi = max(t.begins[k], start_ns), min(t.ends[k], end_ns)
                 split = splits.get((thread, k)) or self.whole(event)
-                for key, _value in self._shares(event, hi - lo, split):
+                if kind == "irq":  # the common tie (sources of equal shares): no need for every share
+                    keys = [("irq", key) for key, _ns, _record in split[2]]
+                elif kind == "throttle":
+                    keys = [("throttle", split[1])]
+                else:
+                    part = min(t.ends[k], end_ns) - max(t.begins[k], start_ns)
+                    keys = [key for key, _value in self._shares(event, part, split)]
+                for key in keys:
                     if key in wanted and key not in seen:
                         seen[key] = len(seen)
-                        if len(seen) == len(wanted):
+                        if len(seen) == enough:
                             return seen
         return seen
 
@@ -269,18 +277,18 @@ def _tied(values) -> bool:
     return len(top) == 2 and top[0] == top[1]
 
 
-def _in_order(charges: dict, kind: str, first_seen: Callable[[set[tuple]], dict[tuple, int]]) -> dict:
+def _in_order(charges: dict, kind: str, first_seen: Callable[[set[tuple], int], dict[tuple, int]]) -> dict:
     """``charges`` (key -> ns) in the order the walk first charged them
     where the largest is tied (max() keeps the first), else as they are."""
     if not _tied(charges.values()):
         return charges
     top = max(charges.values())
-    order = first_seen({(kind, key) for key, ns in charges.items() if ns == top})  # only the tied need an order
+    order = first_seen({(kind, key) for key, ns in charges.items() if ns == top}, 1)  # max() keeps the first tied
     return dict(sorted(charges.items(), key=lambda item: order.get((kind, item[0]), len(order))))
 
 
 def _charged(totals: dict[tuple, int], runq: tuple[int, int, int], pids: set[int],
-             first_seen: Callable[[set[tuple]], dict[tuple, int]]) -> Charged:
+             first_seen: Callable[[set[tuple], int], dict[tuple, int]]) -> Charged:
     """The charges from the keys' totals, ties broken as the walk broke them."""
     throttles = {key[1]: v for key, v in totals.items() if key[0] == "throttle"}
     sources = {key[1]: v for key, v in totals.items() if key[0] == "irq"}
@@ -290,7 +298,7 @@ def _charged(totals: dict[tuple, int], runq: tuple[int, int, int], pids: set[int
         by_suspect[comm][pid] = v
     comms = [sum(pids.values()) for pids in by_suspect.values()]
     if len(set(comms)) < len(comms) or any(_tied(pids.values()) for pids in by_suspect.values()):
-        order = first_seen(set(suspects))
+        order = first_seen(set(suspects), len(suspects))
         by_suspect = defaultdict(dict)
         for (_, comm, pid), v in sorted(suspects.items(), key=lambda item: order.get(item[0], len(order))):
             by_suspect[comm][pid] = v
