@@ -443,9 +443,9 @@ def bench_attribution_mix(rounds: int = 3, shapes: str = os.environ.get("BENCH_S
                     result = out
             assert result == expected, "the attribution differs from the modules as at " + ATTRIBUTION_BEFORE
         spans = len(result)
-        per = lambda label: spans / statistics.median(took[label])  # noqa: E731
+        rates = {label: [spans / t for t in times] for label, times in took.items()}
+        ratio = statistics.median(took["before"]) / statistics.median(took["after"])
         rows.append(f"| attribute {what}: {seconds:.0f} s, {spans:,} requests, median of {rounds} alternating rounds | "
-                    f"{per('after'):,.0f} requests/s ({_spread([spans / t for t in took['after']], '{:,.0f}')}) | "
-                    f"as at {ATTRIBUTION_BEFORE}: {per('before'):,.0f} requests/s "
-                    f"({_spread([spans / t for t in took['before']], '{:,.0f}')}) | {per('after') / per('before'):.2f}x |")
+                    f"{_spread(rates['after'], '{:,.0f}')} requests/s | "
+                    f"as at {ATTRIBUTION_BEFORE}: {_spread(rates['before'], '{:,.0f}')} requests/s | {ratio:.2f}x |")
     return "\n".join(rows)
