@@ -61,11 +61,11 @@ from jitterscope.schemas.events import (CgroupThrottle, GpuIoctl, GpuTelemetry, 
 from jitterscope.schemas.nvidia import ioctl_name
 from jitterscope.streams.culprits import Culprits, evictor, latest_throttle, shares_limit, split_wait
 from jitterscope.streams.gpu_events import GpuEvents, culprit as gpu_culprit
-from jitterscope.streams.evidence import (Evidence, HostEvidence, SortedEvidence, duration_ns, index_of, kth_smallest,
-                                          overlap_ns, thread_parts, union_ns)
+from jitterscope.streams.evidence import (MAX_WAITS_PER_PROCESS, Evidence, HostEvidence, SortedEvidence, duration_ns,
+                                          index_of, kth_smallest, overlap_ns, thread_parts, union_ns)
 from jitterscope.streams.thread_budget import (STALLS, ThreadBudget, carried_parts, kind_of, runq_per_thread,
                                                thread_budget)
-from jitterscope.streams.wait_index import TOP_SUSPECTS, Tie, WaitIndex, rank_suspects
+from jitterscope.streams.wait_index import TOP_SUSPECTS, SplitCache, Tie, WaitIndex, rank_suspects
 
 # the names importers took from here before the split into evidence, thread_budget and culprits
 __all__ = ["Attributor", "Culprits", "Evidence", "ProcessBook", "STALLS", "duration_ns", "kind_of", "overlap_ns",
@@ -118,7 +118,7 @@ class Attributor:
         self.min_samples = min_samples
         self.processes = processes  # serving groups and cgroups; None = each process alone, no cgroups
         self._culprits: dict[tuple[str, str, int], Culprits] = {}  # of the last due() batch
-        self._splits: dict[int, tuple] = {}  # id(wait) -> split_wait() of the whole wait, during one due()
+        self._splits = SplitCache()  # whole waits' split_wait(), kept while nothing they depend on changes
         # during one due(): (host, serving group) -> the span of its ready windows, and its waits' index
         self._windows: dict[tuple, tuple[int, int]] = {}
         self._indexes: dict[tuple, WaitIndex | None] = {}
@@ -146,6 +146,10 @@ class Attributor:
         if isinstance(event, (CgroupThrottle, IrqTime)) and not (
                 event.interval_ns and (event.throttled_ns if isinstance(event, CgroupThrottle) else event.time_ns)):
             return  # an interval with nothing to charge (or none at all): not worth its memory
+        if isinstance(event, (CgroupThrottle, IrqTime)):
+            self._splits.touched(event.host, event.ts_ns - event.interval_ns, event.ts_ns)
+            if len(self._evidence[event.host][(index_of(event), type(event))].events) >= MAX_WAITS_PER_PROCESS:
+                self._splits.forget(event.host)  # the add below drops the oldest tenth
         if event.ts_ns - duration_ns(event) < self._attributed_until.get(event.host, 0):
             self.late_evidence += 1  # some request it overlapped may already be out
         self._evidence[event.host][(index_of(event), type(event))].add(event)
@@ -197,6 +201,7 @@ class Attributor:
             del self._attributed[next(iter(self._attributed))]
 
     def _expire(self, host: str, before_ns: int) -> None:
+        self._splits.forget(host)  # a split may have leant on expired throttling or interrupts
         processes = self._evidence[host]
         for key, evidence in list(processes.items()):
             evidence.expire(before_ns)
@@ -244,7 +249,7 @@ class Attributor:
                 self._mark_attributed(span)
                 self._attributed_until[span.host] = max(self._attributed_until.get(span.host, 0), span.end_ns)
         finally:
-            self._splits.clear()  # evidence changes between calls (and ids are reused)
+            self._splits.end_batch()
             self._windows.clear()
             self._indexes.clear()
         return out
@@ -363,15 +368,12 @@ class Attributor:
         return self._indexes[key]
 
     def _whole_split(self, event: RunqEvent) -> tuple:
-        """split_wait() of a whole wait, once per due(): the requests served
-        together (continuous batching) overlap the same waits, and each asks;
-        the event stays in the evidence (and its id its own) while due() runs."""
-        split = self._splits.get(id(event))
-        if split is None:
-            evidence = self._evidence.get(event.host, {})
-            split = self._splits[id(event)] = split_wait(evidence, self._record(event.host, event.pid), event,
-                                                         event.ts_ns - event.wait_ns, event.ts_ns)
-        return split
+        """split_wait() of a whole wait, once while what it depends on stays
+        (SplitCache): the requests served together (continuous batching)
+        overlap the same waits, and each asks, batch after batch."""
+        record = self._record(event.host, event.pid)
+        return self._splits.get(event, record, lambda: split_wait(
+            self._evidence.get(event.host, {}), record, event, event.ts_ns - event.wait_ns, event.ts_ns))
 
     def _charge(self, evidence: HostEvidence, parts: list[tuple[Evidence, int, int, bool]], group: set[int] | None,
                 contributed: set[int]) -> _Charges:

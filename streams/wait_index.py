@@ -321,3 +321,48 @@ def _merged(intervals: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
             starts.append(a)
             ends.append(b)
     return starts, ends
+
+
+class SplitCache:
+    """Whole waits' splits kept from one due() batch to the next: a wait
+    stays in the windows of several batches (a long request's, the grace
+    period's), and its split changes only when a throttling or interrupt
+    interval that touches it arrives (``touched``), its process's record
+    changes, or that evidence expires (``forget`` the host). A batch keeps
+    only what it used (``end_batch``): memory stays that of one batch."""
+
+    def __init__(self) -> None:
+        self._kept: dict[str, dict[int, tuple]] = defaultdict(dict)  # host -> id(wait) -> (wait, record, split)
+        self._used: dict[str, dict[int, tuple]] = defaultdict(dict)
+        self._touched: dict[str, list[tuple[int, int]]] = defaultdict(list)  # host -> intervals arrived since
+
+    def touched(self, host: str, start_ns: int, end_ns: int) -> None:
+        self._touched[host].append((start_ns, end_ns))
+
+    def forget(self, host: str) -> None:
+        self._kept.pop(host, None)
+        self._used.pop(host, None)
+
+    def get(self, event: RunqEvent, record: object, split: Callable[[], Split]) -> Split:
+        """The wait's split, from the cache where nothing it depends on changed since."""
+        if self._touched:
+            self._drop_touched()
+        key, used = id(event), self._used[event.host]
+        found = used.get(key) or self._kept[event.host].get(key)
+        if found is None or found[0] is not event or found[1] is not record:  # an id reused, or a new record
+            found = (event, record, split())
+        used[key] = found
+        return found[2]
+
+    def end_batch(self) -> None:
+        self._kept, self._used = self._used, defaultdict(dict)
+
+    def _drop_touched(self) -> None:
+        for host, intervals in self._touched.items():
+            starts, ends = _merged(sorted(intervals))
+            for cache in (self._kept.get(host, {}), self._used.get(host, {})):
+                for key, (event, _record, _split) in list(cache.items()):
+                    k = bisect.bisect_left(ends, event.ts_ns - event.wait_ns)  # the first ending at or after it began
+                    if k < len(starts) and starts[k] <= event.ts_ns:
+                        del cache[key]
+        self._touched.clear()

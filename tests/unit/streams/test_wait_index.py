@@ -2,18 +2,20 @@
 """streams/wait_index.py: a due() batch's index answers every request
 exactly as the walk over its waits does (seeded random hosts: waits that
 straddle either edge or both, throttling, interrupts, the group's own
-threads, tied charges, named threads, overlapping repeats)."""
+threads, tied charges, named threads, overlapping repeats), and a split
+kept from an earlier batch is redone when evidence over its wait arrives."""
 
 from __future__ import annotations
 
 import random
 
+import msgspec
 import pytest
 
 from jitterscope.schemas.events import CgroupThrottle, IrqTime, ProcessInfo, RequestSpan, RunqEvent
 from jitterscope.streams.attribution import Attributor
 from jitterscope.streams.host_state import HostState
-from jitterscope.streams.wait_index import WaitIndex
+from jitterscope.streams.wait_index import SplitCache, WaitIndex
 
 MS = 1_000_000
 T0 = 1_800_000_000_000_000_000
@@ -131,3 +133,35 @@ def _evidence(*events):
     for event in events:
         found.add(event)
     return found
+
+
+class Fresh(Walking):
+    """The walk with every split made afresh in each due() (no SplitCache carried over)."""
+
+    def due(self, now_ns):
+        self._splits = SplitCache()
+        return super().due(now_ns)
+
+
+def test_a_split_kept_from_an_earlier_batch_is_redone_when_throttling_arrives_over_its_wait():
+    def run(kind: type[Attributor]) -> list:
+        a = kind(grace_ns=2_000 * MS, processes=host(), min_samples=1)
+        for i in range(10):
+            a.add_evidence(RunqEvent(host="h", boot_id="b", seq=i, ts_ns=T0 + (i + 1) * 100 * MS, pid=ENGINE, tid=1010,
+                                     comm="c", cpu=0, wait_ns=50 * MS, suspect_pid=900, suspect_tid=9000,
+                                     suspect_comm="hog"))
+        first = RequestSpan(host="h", boot_id="b", seq=1, ts_ns=T0, request_id="r1", trace_id="ab" * 16,
+                            span_id="cd" * 8, name="llm_request", pid=SERVING, status="ok", start_ns=T0,
+                            end_ns=T0 + 1_000 * MS)
+        a.add_request(first)
+        out = a.due(T0 + 3_000 * MS)
+        # the engine's cgroup reports its throttling late, over waits the first batch split
+        a.add_evidence(CgroupThrottle(host="h", boot_id="b", seq=2, ts_ns=T0 + 600 * MS, cgroup="/kubepods/serving",
+                                      interval_ns=400 * MS, quota_us=1, period_us=1, nr_periods=1, nr_throttled=1,
+                                      throttled_ns=100 * MS))
+        a.add_request(msgspec.structs.replace(first, seq=2, request_id="r2"))
+        return out + a.due(T0 + 3_500 * MS)
+
+    cached, fresh = run(Attributor), run(Fresh)
+    assert cached == fresh
+    assert cached[0].throttled_ns == 0 and cached[1].throttled_ns > 0
