@@ -109,12 +109,12 @@ class WaitIndex:
                  whole: Callable[[RunqEvent], Split]):
         self.threads = sorted(threads.items())  # the walk's (pid, tid) order
         self.group = group
-        self.whole = whole
         waits = sorted((event for _, t in self.threads for event in t.events), key=lambda e: e.ts_ns)
         self.ends = [event.ts_ns for event in waits]
+        self.split = {id(event): whole(event) for event in waits}  # id(wait) -> its whole split, while due() runs
         keyed: dict[tuple, tuple[list[int], list[int]]] = defaultdict(lambda: ([], [0]))
         for position, event in enumerate(waits):
-            for key, value in self._shares(event, event.wait_ns, whole(event)):
+            for key, value in self._shares(event, event.wait_ns, self.split[id(event)]):
                 positions, sums = keyed[key]
                 positions.append(position)
                 sums.append(sums[-1] + value)
@@ -172,7 +172,7 @@ class WaitIndex:
         splits = {}
         for event, lo, hi, where in edges:
             if event.ts_ns - event.wait_ns < start_ns and event.ts_ns <= end_ns:  # counted below as whole: take it out
-                for key, value in self._shares(event, event.wait_ns, self.whole(event)):
+                for key, value in self._shares(event, event.wait_ns, self.split[id(event)]):
                     totals[key] -= value
             splits[where] = edge(event, lo, hi)
             for key, value in self._shares(event, hi - lo, splits[where]):
@@ -236,7 +236,7 @@ class WaitIndex:
         for thread, t, i, j in ranges:
             for k in range(i, j):
                 event = t.events[k]
-                split = splits.get((thread, k)) or self.whole(event)
+                split = splits.get((thread, k)) or self.split[id(event)]
                 if kind == "irq":  # the common tie (sources of equal shares): no need for every share
                     keys = [("irq", key) for key, _ns, _record in split[2]]
                 elif kind == "throttle":
@@ -256,7 +256,7 @@ class WaitIndex:
         the last part, in (pid, tid, start) order, whose split names it."""
         for thread, t, i, j in reversed(ranges):
             for k in range(j - 1, i - 1, -1):
-                split = splits.get((thread, k)) or self.whole(t.events[k])
+                split = splits.get((thread, k)) or self.split[id(t.events[k])]
                 for key, _ns, record in split[2]:
                     if key == source:
                         return record
