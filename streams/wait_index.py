@@ -37,10 +37,16 @@ The structure:
   their lengths: how long any thread waited in [S, E], in O(log n).
 
 Exactness: the walk added parts in (pid, tid, start) order, and where two
-keys tie for the largest charge it kept the first; the index does not keep
-that order, so a tie (``Tie``) sends the request back to the walk, as does
-a batch where some thread's waits overlap (redelivered or re-primed
-events, which the walk trims): the answer is always the walk's.
+keys tie for the largest charge its dicts kept the first inserted; the
+index finds that key by scanning the window's parts in the walk's order up
+to the first tied one (``_first_seen``), and the interrupt record the walk
+kept by scanning back from the last (``_latest_record``). A batch where
+some thread's waits overlap (redelivered or re-primed events, which the
+walk trims) is not indexed: its requests walk. tests/unit/streams/
+test_wait_index.py holds the index to the walk's answers.
+
+``SplitCache`` keeps whole waits' splits from one batch to the next until
+evidence they depend on arrives, changes or expires.
 """
 
 from __future__ import annotations
