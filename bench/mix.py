@@ -41,7 +41,7 @@ import tomllib
 from collections import Counter
 from pathlib import Path
 
-from run import REPO, StreamsWorker, _git_show, _module_at  # noqa: E402  (bench/ is on sys.path when run.py runs)
+from run import REPO, StreamsWorker, _git_show, _modules_at  # noqa: E402  (bench/ is on sys.path when run.py runs)
 
 from jitterscope.schemas import batches, events, topics
 
@@ -53,6 +53,11 @@ OTHERS = list(range(2000, 2016))  # other watched processes (every victim is wat
 SUSPECTS = [(300 + i, f"job{i}") for i in range(5)]
 #: the worker's hot path before the judge ran ahead of the store (issue 13): the baseline's revision
 MIX_BEFORE = "15e4fbd"
+#: attribution as on main before it was indexed (issue 18 part 3): the attribution-mix bench's same-run baseline
+ATTRIBUTION_BEFORE = "c65d1a8"
+#: attribution's modules, each after those it imports: the baseline loads them all as at ATTRIBUTION_BEFORE
+ATTRIBUTION_MODULES = ["streams/evidence.py", "streams/culprits.py", "streams/gpu_events.py", "streams/thread_budget.py",
+                       "streams/attribution.py"]
 #: the worker's own hot-path files: the baseline runs them as committed at MIX_BEFORE
 HOT_PATH = ["streams/store_queue.py", "streams/app.py", "streams/sink.py", "streams/clickhouse.py", "streams/attribution.py",
             "streams/handlers.py", "streams/alert_groups.py", "streams/throttle_index.py",
@@ -369,20 +374,25 @@ def bench_sink_batch(target: float = 200_000, seconds: float = 6.0, sizes=(5_000
         for n, r in results.items())
 
 
-def _attribute_mix(attribution_module, seconds: float, ticks_per_due: int = 5) -> tuple[float, list]:
-    """One host's mix (``seconds`` of it) fed to an Attributor from
+def _attribute_mix(attribution_module, seconds: float, shape: str = "extreme",
+                   ticks_per_due: int = 5) -> tuple[float, list]:
+    """One host's mix (``seconds`` of it; ``shape``: "extreme", Mix's 1,024
+    serving threads, or "vllm", vllm_mix's) fed to an Attributor from
     ``attribution_module`` as the worker feeds it, with due() every
     ticks_per_due ticks (the worker's 0.25 s timer); (seconds in due(), results)."""
+    import vllm_mix
     from jitterscope.streams.host_state import HostState
 
     state = HostState()
     t0 = 1_800_000_000_000_000_000  # the same mix in every run: results compare
-    for _topic, records in setup_records("mix0", t0):
+    setup, mix = ((setup_records, Mix("mix0")) if shape == "extreme"
+                  else (vllm_mix.setup_records, vllm_mix.VllmMix("mix0", TICK_S)))
+    for _topic, records in setup("mix0", t0):
         for record in records:
             state.learn(record)
     attributor = attribution_module.Attributor(grace_ns=2_000_000_000, horizon_ns=300_000_000_000,
                                                slo_ns=300_000_000, processes=state)
-    mix, spent, out = Mix("mix0"), 0.0, []
+    spent, out = 0.0, []
     ticks = int(seconds / TICK_S)
     for tick in range(ticks + int(3 / TICK_S)):  # then 3 s more: the last grace periods end
         now = t0 + int(tick * TICK_S * 1e9)
@@ -402,28 +412,40 @@ def _attribute_mix(attribution_module, seconds: float, ticks_per_due: int = 5) -
     return spent, out
 
 
-def bench_attribution_mix(seconds: float = 4.0, rounds: int = 3) -> str:
-    """The attribution step alone under one busy host's mix at twice its
-    rate (16-process serving group, 30k serving waits/s over 128 threads,
-    interrupt and throttling records, 400 spans/s), against the module as at
-    MIX_BEFORE in the same process, alternating; asserts both attribute
-    every request the same."""
+#: attribution-mix's shapes: (name, seconds of it, what its row says)
+ATTRIBUTION_SHAPES = [
+    ("vllm", 10.0, "a vLLM-shaped host (API server of 4 threads + EngineCore of 40, ~3,500 serving waits/s, "
+                   "300 spans/s of 20 ms-1.5 s, no two windows alike)"),
+    ("extreme", 4.0, f"one busy host's mix x{SPEEDUP} (16-process serving group of 1,024 threads, "
+                     f"{SPEEDUP * BUSY_HOST['runq'] * 3 // 4:,} serving waits/s)"),
+]
+
+
+def bench_attribution_mix(rounds: int = 3, shapes: str = os.environ.get("BENCH_SHAPES", "vllm,extreme")) -> str:
+    """The attribution step alone under each of ATTRIBUTION_SHAPES, against
+    attribution and its modules as at ATTRIBUTION_BEFORE in the same
+    process, alternating; asserts both attribute every request the same."""
     from jitterscope.streams import attribution
 
-    before = _module_at(MIX_BEFORE, "streams/attribution.py")
-    took: dict[str, list[float]] = {"before": [], "after": []}
-    for r in range(rounds):
-        for label in (("before", "after") if r % 2 == 0 else ("after", "before")):
-            spent, out = _attribute_mix(before if label == "before" else attribution, seconds)
-            took[label].append(spent)
-            if label == "before":
-                expected = out
-            else:
-                result = out
-        assert result == expected, "the attribution differs from the module as at " + MIX_BEFORE
-    spans = len(result)
-    per = lambda label: spans / statistics.median(took[label])  # noqa: E731
-    return (f"| attribute one busy host's mix x{SPEEDUP} ({seconds:.0f} s: {spans:,} requests, 16-process serving "
-            f"group, {SPEEDUP * BUSY_HOST['runq'] * 3 // 4:,} serving waits/s), median of {rounds} alternating rounds | "
-            f"{per('after'):,.0f} requests/s ({_spread([spans / t for t in took['after']], '{:,.0f}')}) | "
-            f"as at {MIX_BEFORE}: {per('before'):,.0f} requests/s | {per('after') / per('before'):.2f}x |")
+    before = _modules_at(ATTRIBUTION_BEFORE, ATTRIBUTION_MODULES)["streams/attribution.py"]
+    rows = []
+    for shape, seconds, what in ATTRIBUTION_SHAPES:
+        if shape not in shapes.split(","):
+            continue
+        took: dict[str, list[float]] = {"before": [], "after": []}
+        for r in range(rounds):
+            for label in (("before", "after") if r % 2 == 0 else ("after", "before")):
+                spent, out = _attribute_mix(before if label == "before" else attribution, seconds, shape)
+                took[label].append(spent)
+                if label == "before":
+                    expected = out
+                else:
+                    result = out
+            assert result == expected, "the attribution differs from the modules as at " + ATTRIBUTION_BEFORE
+        spans = len(result)
+        rates = {label: [spans / t for t in times] for label, times in took.items()}
+        ratio = statistics.median(took["before"]) / statistics.median(took["after"])
+        rows.append(f"| attribute {what}: {seconds:.0f} s, {spans:,} requests, median of {rounds} alternating rounds | "
+                    f"{_spread(rates['after'], '{:,.0f}')} requests/s | "
+                    f"as at {ATTRIBUTION_BEFORE}: {_spread(rates['before'], '{:,.0f}')} requests/s | {ratio:.2f}x |")
+    return "\n".join(rows)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -660,11 +661,33 @@ LEDGER_BEFORE = "7b2b8d9"
 
 def _module_at(rev: str, path: str):
     """A module of this repository as committed at ``rev`` (imported from a copy)."""
+    return _load_source(f"before_{Path(path).stem}", _git_show(rev, path).decode())
+
+
+def _modules_at(rev: str, paths: list[str]) -> dict[str, object]:
+    """Several streams modules of this repository as committed at ``rev``,
+    imported from copies that import each other (not this tree's): a
+    module's neighbours as they were, so a 'before' is the whole of it.
+    Path -> module; imported in the order given (a module after those it
+    imports)."""
+    names = {path: f"before_{rev}_{Path(path).stem}" for path in paths}
+    loaded = {}
+    for path in paths:
+        source = _git_show(rev, path).decode()
+        for other, name in names.items():
+            dotted = "jitterscope." + other.removesuffix(".py").replace("/", ".")
+            source = re.sub(rf"\bfrom {re.escape(dotted)} import", f"from {name} import", source)
+        loaded[path] = _load_source(names[path], source)
+    return loaded
+
+
+def _load_source(name: str, source: str):
+    """A module from its source text, registered as ``name``."""
     import importlib.util
 
-    copy = Path(tempfile.mkdtemp()) / Path(path).name
-    copy.write_bytes(_git_show(rev, path))
-    spec = importlib.util.spec_from_file_location(f"before_{copy.stem}", copy)
+    copy = Path(tempfile.mkdtemp()) / f"{name}.py"
+    copy.write_text(source)
+    spec = importlib.util.spec_from_file_location(name, copy)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)

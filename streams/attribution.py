@@ -35,6 +35,13 @@ A wait is then split by what kept the CPU from the thread:
 - ``runq_starvation``: the rest; only this part is charged to the suspects
   (the tasks outside the group that held the CPU).
 
+Cost: due() indexes each serving group's run-queue waits once per batch
+(streams/wait_index.py: per-thread and per-key prefix sums, O(n log n) for
+the n waits the batch's windows overlap, each wait split once); a request
+then costs O((threads + keys) log n) plus its edge waits, not a walk of
+every wait in its window. Where the index cannot answer as the walk would
+(a thread's overlapping repeats), the request walks its parts.
+
 The evidence store and its interval arithmetic are streams/evidence.py, the
 carrying thread's time budget streams/thread_budget.py, and the searches for
 whom to name (the throttled cgroup, the interrupt source, the GIL holder, the
@@ -54,10 +61,11 @@ from jitterscope.schemas.events import (CgroupThrottle, GpuIoctl, GpuTelemetry, 
 from jitterscope.schemas.nvidia import ioctl_name
 from jitterscope.streams.culprits import Culprits, evictor, latest_throttle, shares_limit, split_wait
 from jitterscope.streams.gpu_events import GpuEvents, culprit as gpu_culprit
-from jitterscope.streams.evidence import (Evidence, HostEvidence, SortedEvidence, duration_ns, index_of, kth_smallest,
-                                          overlap_ns, thread_parts, union_ns)
+from jitterscope.streams.evidence import (MAX_WAITS_PER_PROCESS, Evidence, HostEvidence, SortedEvidence, duration_ns,
+                                          index_of, kth_smallest, overlap_ns, thread_parts, union_ns)
 from jitterscope.streams.thread_budget import (STALLS, ThreadBudget, carried_parts, kind_of, runq_per_thread,
                                                thread_budget)
+from jitterscope.streams.wait_index import TOP_SUSPECTS, SplitCache, Tie, WaitIndex, rank_suspects
 
 # the names importers took from here before the split into evidence, thread_budget and culprits
 __all__ = ["Attributor", "Culprits", "Evidence", "ProcessBook", "STALLS", "duration_ns", "kind_of", "overlap_ns",
@@ -72,7 +80,6 @@ class ProcessBook(Protocol):
     def serving_group(self, host: str, pid: int) -> set[int]: ...
 
 
-TOP_SUSPECTS = 3
 # Excess under max(1 ms, a quarter of the baseline) is ordinary jitter: nothing to explain.
 NO_EXCESS_NS = 1_000_000
 NO_EXCESS_SHARE = 0.25
@@ -96,6 +103,7 @@ class _Charges:
     own_threads: set[int] = field(default_factory=set)  # those threads
     ioctl: tuple[int, int, int] = (0, 0, 0)  # its GPU driver calls: (ns in all, the longest, how many)
     longest_call: GpuIoctl | None = None  # the one the alert names
+    contributed: set[int] = field(default_factory=set)  # the processes whose evidence was charged
 
 
 class Attributor:
@@ -110,7 +118,10 @@ class Attributor:
         self.min_samples = min_samples
         self.processes = processes  # serving groups and cgroups; None = each process alone, no cgroups
         self._culprits: dict[tuple[str, str, int], Culprits] = {}  # of the last due() batch
-        self._splits: dict[int, tuple] = {}  # id(wait) -> split_wait() of the whole wait, during one due()
+        self._splits = SplitCache()  # whole waits' split_wait(), kept while nothing they depend on changes
+        # during one due(): (host, serving group) -> the span of its ready windows, and its waits' index
+        self._windows: dict[tuple, tuple[int, int]] = {}
+        self._indexes: dict[tuple, WaitIndex | None] = {}
         # host -> (pid | cgroup | cpu, kind) -> evidence; requests look up their processes directly
         self._evidence: dict[str, HostEvidence] = defaultdict(lambda: defaultdict(SortedEvidence))
         self._newest: dict[str, int] = defaultdict(int)
@@ -135,6 +146,10 @@ class Attributor:
         if isinstance(event, (CgroupThrottle, IrqTime)) and not (
                 event.interval_ns and (event.throttled_ns if isinstance(event, CgroupThrottle) else event.time_ns)):
             return  # an interval with nothing to charge (or none at all): not worth its memory
+        if isinstance(event, (CgroupThrottle, IrqTime)):
+            self._splits.touched(event.host, event.ts_ns - event.interval_ns, event.ts_ns)
+            if len(self._evidence[event.host][(index_of(event), type(event))].events) >= MAX_WAITS_PER_PROCESS:
+                self._splits.forget(event.host)  # the add below drops the oldest tenth
         if event.ts_ns - duration_ns(event) < self._attributed_until.get(event.host, 0):
             self.late_evidence += 1  # some request it overlapped may already be out
         self._evidence[event.host][(index_of(event), type(event))].add(event)
@@ -186,6 +201,7 @@ class Attributor:
             del self._attributed[next(iter(self._attributed))]
 
     def _expire(self, host: str, before_ns: int) -> None:
+        self._splits.forget(host)  # a split may have leant on expired throttling or interrupts
         processes = self._evidence[host]
         for key, evidence in list(processes.items()):
             evidence.expire(before_ns)
@@ -220,6 +236,10 @@ class Attributor:
         self._culprits = {}
         ready.sort(key=lambda s: s.end_ns)
         out = []
+        for span in ready:
+            key = _batch_key(span.host, self._group(span))
+            lo, hi = self._windows.get(key, (span.start_ns, span.end_ns))
+            self._windows[key] = (min(lo, span.start_ns), max(hi, span.end_ns))
         try:
             for span in ready:
                 key = (span.host, span.boot_id, span.seq)
@@ -229,7 +249,9 @@ class Attributor:
                 self._mark_attributed(span)
                 self._attributed_until[span.host] = max(self._attributed_until.get(span.host, 0), span.end_ns)
         finally:
-            self._splits.clear()  # evidence changes between calls (and ids are reused)
+            self._splits.end_batch()
+            self._windows.clear()
+            self._indexes.clear()
         return out
 
     def baseline_ns(self, host: str, name: str) -> tuple[int, bool]:
@@ -253,22 +275,9 @@ class Attributor:
         the same span again replaces, not adds, its row."""
         duration = max(0, span.end_ns - span.start_ns)
         baseline, trusted = self.baseline_ns(span.host, span.name)
-        group = (self.processes.serving_group(span.host, span.pid) if self.processes and span.pid
-                 else {span.pid} if span.pid else None)
+        group = self._group(span)
         evidence = self._evidence.get(span.host, {})
-        parts = {kind: thread_parts(evidence, span.start_ns, span.end_ns, kind, group)
-                 for kind in (RunqEvent, GpuIoctl)}
-        contributed: set[int] = set()
-        budget = thread_budget(evidence, span, group, runq_per_thread(parts[RunqEvent]), contributed)
-        if budget.named and budget.busy() and budget.delay_ns >= DOMINANT_SHARE * (duration - baseline):
-            # The span names its thread, that thread was not mostly asleep
-            # waiting on others, and its own waits and stalls would explain
-            # the excess (else the request waited mostly on other threads of
-            # the group: vLLM's front end asleep while its throttled engine
-            # works): its own waits are the request's delay (carried_parts).
-            parts = carried_parts(parts, budget)
-        charged = self._charge(evidence, parts[RunqEvent], group, contributed)
-        charged.ioctl, charged.longest_call = _add_calls(parts[GpuIoctl], contributed)
+        charged, budget, waited = self._charges(evidence, span, group, duration - baseline)
         # one thread cannot wait twice at once, so its waits are a lower bound
         # of the delay; other threads' waits may be off the request's path
         service = duration - min(duration, budget.delay_ns)
@@ -276,7 +285,7 @@ class Attributor:
         if not baseline:
             baseline = service
         excess = max(0, duration - baseline)
-        cause, explained = _cause(excess, baseline, parts[RunqEvent], charged, budget)
+        cause, explained = _cause(excess, baseline, waited, charged, budget)
         slo = self.slo_ns or (int(self.slo_factor * baseline) if trusted else 0)
         culprit = self._culprit(evidence, span, group, cause, charged, budget)
         xid, throttle, gpu = self.gpu.during(span.host, self._gpus(span.host, group), span.start_ns, span.end_ns)
@@ -292,7 +301,7 @@ class Attributor:
             runq_waits=runq[2], suspects=charged.suspects, cause=cause, explained=round(explained, 4),
             slo_ns=slo, slo_breached=bool(slo) and duration > slo,
             gpu_ioctl_ns=ioctl[0], gpu_ioctl_max_ns=ioctl[1], gpu_ioctls=ioctl[2],
-            throttled_ns=charged.throttled, irq_ns=charged.irq, pids=sorted(contributed),
+            throttled_ns=charged.throttled, irq_ns=charged.irq, pids=sorted(charged.contributed),
             pod=info.pod if info else "", namespace=info.namespace if info else "",
             container=info.container if info else "", self_wait_ns=charged.own_ns,
             self_threads=len(charged.own_threads),
@@ -302,6 +311,69 @@ class Attributor:
             sleep_ns=budget.blocked.get("sleep", 0), on_cpu_ns=budget.on_cpu_ns(duration), culprit=culprit,
             gpu_xid=xid.xid if xid else 0, gpu_throttle=throttle,
         )
+
+    def _group(self, span: RequestSpan) -> set[int] | None:
+        """The processes whose evidence counts for the span (None: every process of the host)."""
+        return (self.processes.serving_group(span.host, span.pid) if self.processes and span.pid
+                else {span.pid} if span.pid else None)
+
+    def _charges(self, evidence: HostEvidence, span: RequestSpan, group: set[int] | None,
+                 excess: int) -> tuple[_Charges, ThreadBudget, int]:
+        """A request's charges, its carrying thread's budget, and how long
+        any of its group's threads waited: from the due() batch's index
+        (streams/wait_index.py) where it answers, else by walking the parts."""
+        index, fast = self._index(evidence, span, group), None
+        if index is not None:
+            try:
+                per_thread, fast = index.charges(span.start_ns, span.end_ns, lambda event, lo, hi: split_wait(
+                    evidence, self._record(event.host, event.pid), event, lo, hi))
+            except Tie:
+                index = None
+        runq = None if index else thread_parts(evidence, span.start_ns, span.end_ns, RunqEvent, group)
+        parts = {RunqEvent: runq, GpuIoctl: thread_parts(evidence, span.start_ns, span.end_ns, GpuIoctl, group)}
+        contributed: set[int] = set()
+        budget = thread_budget(evidence, span, group, per_thread if index else runq_per_thread(runq), contributed)
+        if budget.named and budget.busy() and budget.delay_ns >= DOMINANT_SHARE * excess:
+            # The span names its thread, that thread was not mostly asleep
+            # waiting on others, and its own waits and stalls would explain
+            # the excess (else the request waited mostly on other threads of
+            # the group: vLLM's front end asleep while its throttled engine
+            # works): its own waits are the request's delay (carried_parts).
+            if index:  # only those threads' parts are needed
+                parts[RunqEvent] = index.parts(span.start_ns, span.end_ns, {budget.tid} | budget.gil_holders)
+                index = None
+            parts = carried_parts(parts, budget)
+        if index:
+            contributed |= fast.pids
+            charged = _Charges(runq=fast.runq, suspects=fast.suspects, throttled=fast.throttled,
+                               throttles=fast.throttles, irq=fast.irq, sources=fast.sources,
+                               irq_records=fast.irq_records, own_ns=fast.own_ns, own_threads=fast.own_threads)
+            waited = index.union_ns(span.start_ns, span.end_ns)
+        else:
+            charged = self._charge(evidence, parts[RunqEvent], group, contributed)
+            waited = union_ns(parts[RunqEvent])
+        charged.ioctl, charged.longest_call = _add_calls(parts[GpuIoctl], contributed)
+        charged.contributed = contributed
+        return charged, budget, waited
+
+    def _index(self, evidence: HostEvidence, span: RequestSpan, group: set[int] | None) -> WaitIndex | None:
+        """The index of the span's group's waits over its due() batch
+        (built once a batch); None outside due() or where the walk must answer."""
+        key = _batch_key(span.host, group)
+        if key not in self._windows or span.end_ns <= span.start_ns:
+            return None
+        if key not in self._indexes:
+            lo, hi = self._windows[key]
+            self._indexes[key] = WaitIndex.build(evidence, group, lo, hi, self._whole_split)
+        return self._indexes[key]
+
+    def _whole_split(self, event: RunqEvent) -> tuple:
+        """split_wait() of a whole wait, once while what it depends on stays
+        (SplitCache): the requests served together (continuous batching)
+        overlap the same waits, and each asks, batch after batch."""
+        record = self._record(event.host, event.pid)
+        return self._splits.get(event, record, lambda: split_wait(
+            self._evidence.get(event.host, {}), record, event, event.ts_ns - event.wait_ns, event.ts_ns))
 
     def _charge(self, evidence: HostEvidence, parts: list[tuple[Evidence, int, int, bool]], group: set[int] | None,
                 contributed: set[int]) -> _Charges:
@@ -317,7 +389,6 @@ class Attributor:
         sources: dict[tuple[int, str, str], int] = defaultdict(int)
         irq_records: dict[tuple[int, str, str], IrqTime] = {}
         own_threads: set[int] = set()
-        splits = self._splits
         for event, lo, hi, whole in parts:
             part = hi - lo
             total += part
@@ -325,14 +396,8 @@ class Attributor:
                 longest = part
             count += 1
             contributed.add(event.pid)
-            # a whole wait is split once per due(): the requests served together (continuous
-            # batching) overlap the same waits, and each asks; the event stays in the evidence
-            # (and its id its own) while due() runs
-            split = splits.get(id(event)) if whole else None
-            if split is None:
-                split = split_wait(evidence, self._record(event.host, event.pid), event, lo, hi)
-                if whole:
-                    splits[id(event)] = split
+            split = (self._whole_split(event) if whole
+                     else split_wait(evidence, self._record(event.host, event.pid), event, lo, hi))
             cut, cgroup, shares, stolen = split
             throttles[cgroup] += cut
             for key, ns, record in shares:
@@ -348,10 +413,7 @@ class Attributor:
                 own_threads.add(event.suspect_tid)
             else:
                 by_suspect[event.suspect_comm][event.suspect_pid] += rest
-        ranked = sorted(by_suspect.items(), key=lambda item: -sum(item[1].values()))[:TOP_SUSPECTS]
-        suspects = [Suspect(pid=max(pids, key=pids.get), comm=comm, wait_ns=sum(pids.values()))
-                    for comm, pids in ranked]
-        return _Charges(runq=(total, longest, count), suspects=suspects, throttled=throttled, throttles=throttles,
+        return _Charges(runq=(total, longest, count), suspects=rank_suspects(by_suspect, TOP_SUSPECTS), throttled=throttled, throttles=throttles,
                         irq=irq, sources=sources, irq_records=irq_records, own_ns=own_ns, own_threads=own_threads)
 
     def _culprit(self, evidence: HostEvidence, span: RequestSpan, group: set[int] | None, cause: str,
@@ -390,6 +452,11 @@ class Attributor:
         return self.processes.processes.get((host, pid)) if self.processes else None
 
 
+def _batch_key(host: str, group: set[int] | None) -> tuple[str, frozenset[int] | None]:
+    """What a due() batch indexes waits by: the host and the serving group."""
+    return host, None if group is None else frozenset(group)
+
+
 def _add_calls(parts: list[tuple[Evidence, int, int, bool]],
                contributed: set[int]) -> tuple[tuple[int, int, int], GpuIoctl | None]:
     """A request's GPU driver call parts added up: (ns in all, the longest,
@@ -407,8 +474,7 @@ def _add_calls(parts: list[tuple[Evidence, int, int, bool]],
     return (total, longest, count), longest_call
 
 
-def _cause(excess: int, baseline: int, runq_parts: list[tuple[Evidence, int, int, bool]], charged: _Charges,
-           budget: ThreadBudget) -> tuple[str, float]:
+def _cause(excess: int, baseline: int, waited: int, charged: _Charges, budget: ThreadBudget) -> tuple[str, float]:
     """What caused a request's excess, and how much of it that explains:
     "none" when the excess is ordinary jitter, "unexplained" when no cause
     explains at least DOMINANT_SHARE of it."""
@@ -421,7 +487,6 @@ def _cause(excess: int, baseline: int, runq_parts: list[tuple[Evidence, int, int
     # not 80, beside the 50 ms its front end waited for the GIL). One thread's waits
     # never overlap: for it the two are the same.
     runq, throttled, irq, own_ns = charged.runq[0], charged.throttled, charged.irq, charged.own_ns
-    waited = union_ns(runq_parts)
     share = waited / runq if runq else 1.0
     name, ns = max((("runq_starvation", share * (runq - throttled - irq - own_ns)),
                     ("cfs_throttling", share * throttled), ("irq", share * irq),

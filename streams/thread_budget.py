@@ -90,8 +90,10 @@ def thread_budget(evidence: HostEvidence, span: RequestSpan, group: set[int] | N
             waker = f"{waker_comm}[{waker_tid}]" if waker_pid else "interrupt"
             wakers[(thread, event.kind)][waker] += hi - lo
         contributed.add(event.pid)
-    lost = {thread: runq_waits.get(thread, 0) + sum(blocked[thread].get(k, 0) for k in STALLS)
-            for thread in runq_waits.keys() | blocked.keys()}
+    # stalls summed per thread that stalled: looking every queued thread up in ``blocked``
+    # would build an empty tally apiece (a thousand threads of a large group)
+    stalls = {thread: sum(by.get(k, 0) for k in STALLS) for thread, by in blocked.items()}
+    lost = {thread: runq_waits.get(thread, 0) + stalls.get(thread, 0) for thread in runq_waits.keys() | blocked.keys()}
     named = [thread for thread in lost if thread[1] == span.tid] if span.tid else []
     carrier = named[0] if named else max(lost, key=lost.get, default=None)
     if carrier is None:
