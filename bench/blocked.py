@@ -70,7 +70,13 @@ def bench_blocked_overhead(rounds: int = 100_000, repeats: int = 3) -> str:
             "run-queue + blocked probes": lambda: Polled(RunqProbe(5_000_000, None), BlockedProbe(1_000_000)),
         }
 
-        cost, per_switch, bases = storm_costs(setups, binary, rounds, cpu, repeats)
+        costs = storm_costs(setups, binary, rounds, cpu, repeats)
+    return rows_against_runqslower(costs, cpu, repeats)
+
+
+def rows_against_runqslower(costs: tuple[dict, dict, list], cpu: int, repeats: int) -> str:
+    """storm_costs' figures as result rows, each against "runqslower 5000"."""
+    cost, per_switch, bases = costs
     med = {name: statistics.median(v) for name, v in cost.items()}
     ns = {name: statistics.median(v) for name, v in per_switch.items()}
     peer = "runqslower 5000"
@@ -78,7 +84,7 @@ def bench_blocked_overhead(rounds: int = 100_000, repeats: int = 3) -> str:
         f"| C pipe ping-pong on CPU {cpu}, {name} | {med[name]:.1%} throughput lost (median of {repeats}, range "
         f"{min(cost[name]):.1%}..{max(cost[name]):.1%}); BPF {ns[name]:,.0f} ns per switch | unloaded median "
         f"{statistics.median(bases):,.0f} round trips/s | {med[name] / med[peer]:.2f}x runqslower's loss; "
-        f"{ns[name] / ns[peer]:.2f}x its BPF time |" for name in setups)
+        f"{ns[name] / ns[peer]:.2f}x its BPF time |" for name in cost)
 
 
 GIL_HEAVY = r"""

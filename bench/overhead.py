@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -26,13 +25,36 @@ import threading
 import time
 from pathlib import Path
 
-from run import REPO, PeerTool, c_ping_pong_binary, storm_costs  # noqa: E402  (bench/ is on sys.path)
+from blocked import rows_against_runqslower  # noqa: E402  (bench/ is on sys.path)
+from run import REPO, PeerTool, c_ping_pong_binary, storm_costs  # noqa: E402
 
 
 def _free_port() -> int:
     from jitterscope.broker import free_port
 
     return free_port()
+
+
+def _started(argv: list[str], env: dict, marker: str) -> tuple[subprocess.Popen, list[str]]:
+    """A process, once a line of its output holds ``marker``; its output lines so far (kept growing)."""
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True).start()
+    deadline = time.monotonic() + 600
+    while not any(marker in line for line in lines):
+        assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)
+        time.sleep(0.2)
+    return proc, lines
+
+
+def _interrupt(proc: subprocess.Popen, timeout_s: float) -> None:
+    """Ctrl-C, as a user stops it; killed if it has not exited in ``timeout_s``."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 class WholeUp:
@@ -44,14 +66,7 @@ class WholeUp:
         env.update(JITTERSCOPE_DATA_DIR=str(data_dir), JITTERSCOPE_STREAMS_WEB_PORT=str(_free_port()),
                    JITTERSCOPE_OTLP_PORT=str(_free_port()), JITTERSCOPE_COLLECTOR_METRICS_PORT="0")
         cli = [str(REPO / ".venv/bin/jitterscope")]
-        self.proc = subprocess.Popen([*cli, "up", "--broker-port", "0", *extra], env=env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True)
-        self.lines: list[str] = []
-        threading.Thread(target=lambda: self.lines.extend(iter(self.proc.stdout.readline, "")), daemon=True).start()
-        deadline = time.monotonic() + 600
-        while not any("jitterscope up: watching" in line for line in self.lines):
-            assert self.proc.poll() is None and time.monotonic() < deadline, "".join(self.lines)
-            time.sleep(0.2)
+        self.proc, self.lines = _started([*cli, "up", "--broker-port", "0", *extra], env, "jitterscope up: watching")
         self.bpf_pid = self._collector()
 
     def _collector(self) -> int:
@@ -67,12 +82,7 @@ class WholeUp:
         raise AssertionError("no collector under up:\n" + "".join(self.lines))
 
     def close(self) -> None:
-        self.proc.send_signal(signal.SIGINT)
-        try:
-            self.proc.wait(300)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        _interrupt(self.proc, 300)  # up drains what the collector sent before it exits
 
 
 class CollectorAlone:
@@ -84,23 +94,12 @@ class CollectorAlone:
         env = {k: v for k, v in os.environ.items() if not k.startswith("JITTERSCOPE_")}
         env["JITTERSCOPE_COLLECTOR_METRICS_PORT"] = "0"
         env["JITTERSCOPE_OTLP_PORT"] = str(_free_port())
-        self.proc = subprocess.Popen([*cli, "record", "--out", str(out), "--duration", "86400"], env=env,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.lines: list[str] = []
-        threading.Thread(target=lambda: self.lines.extend(iter(self.proc.stdout.readline, "")), daemon=True).start()
-        deadline = time.monotonic() + 600
-        while not any('"collector started"' in line for line in self.lines):
-            assert self.proc.poll() is None and time.monotonic() < deadline, "".join(self.lines)
-            time.sleep(0.2)
+        self.proc, self.lines = _started([*cli, "record", "--out", str(out), "--duration", "86400"], env,
+                                         '"collector started"')
         self.bpf_pid = self.proc.pid
 
     def close(self) -> None:
-        self.proc.send_signal(signal.SIGINT)
-        try:
-            self.proc.wait(120)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        _interrupt(self.proc, 120)
 
 
 def bench_whole_up(rounds: int = 100_000, repeats: int = 3) -> str:
@@ -116,15 +115,8 @@ def bench_whole_up(rounds: int = 100_000, repeats: int = 3) -> str:
             "the collector alone (`record` to a file), default signals": lambda: CollectorAlone(Path(tmp) / "rec.gz"),
             "whole up, idle (broker, worker, collector, default signals)": lambda: WholeUp(Path(tempfile.mkdtemp(dir=tmp))),
         }
-        cost, per_switch, bases = storm_costs(setups, binary, rounds, cpu, repeats)
-    med = {name: statistics.median(v) for name, v in cost.items()}
-    ns = {name: statistics.median(v) for name, v in per_switch.items()}
-    peer = "runqslower 5000"
-    return "\n".join(
-        f"| C pipe ping-pong on CPU {cpu}, {name} | {med[name]:.1%} throughput lost (median of {repeats}, range "
-        f"{min(cost[name]):.1%}..{max(cost[name]):.1%}); BPF {ns[name]:,.0f} ns per switch | unloaded median "
-        f"{statistics.median(bases):,.0f} round trips/s | {med[name] / med[peer]:.2f}x runqslower's loss; "
-        f"{ns[name] / ns[peer]:.2f}x its BPF time |" for name in setups)
+        costs = storm_costs(setups, binary, rounds, cpu, repeats)
+    return rows_against_runqslower(costs, cpu, repeats)
 
 
 if __name__ == "__main__":
