@@ -38,6 +38,7 @@ import select
 import subprocess
 import sys
 import time
+import weakref
 from collections import OrderedDict
 from typing import BinaryIO, Callable
 
@@ -170,6 +171,7 @@ class UserSymbolsHelper:
                                       stdout=subprocess.PIPE, bufsize=0, close_fds=True)
         self._pending = b""
         _running_helpers.add(self._proc.pid)
+        self._reaper = weakref.finalize(self, _reap, self._proc)
         return self._proc
 
     def _send(self, message: dict) -> None:
@@ -193,18 +195,25 @@ class UserSymbolsHelper:
         proc, self._proc = self._proc, None
         if proc is None:
             return
-        _running_helpers.discard(proc.pid)
         self.restarts += failed
-        for pipe in (proc.stdin, proc.stdout):
-            try:
-                pipe.close()
-            except OSError:
-                pass
+        self._reaper()
+
+
+def _reap(proc: subprocess.Popen) -> None:
+    """End a helper: its pipes closed (it exits at end of input), killed if
+    it does not within 2 s. Also run when its UserSymbolsHelper is collected
+    unclosed, so no helper outlives its owner."""
+    _running_helpers.discard(proc.pid)
+    for pipe in (proc.stdin, proc.stdout):
         try:
-            proc.wait(timeout=2)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            pipe.close()
+        except OSError:
+            pass
+    try:
+        proc.wait(timeout=2)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def stack_id(comm: str, kernel: list[str], user: list[str]) -> int:

@@ -80,3 +80,15 @@ def test_forgotten_processes_leave_the_helper_too(symbolizer, getpid_address):
     symbolizer.user([getpid_address], os.getpid())
     symbolizer.forget({os.getpid()})
     assert "getpid" in symbolizer.user([getpid_address], os.getpid())[0]  # a fresh cache in the helper
+
+
+def test_a_helper_whose_owner_is_dropped_unclosed_ends_with_it(getpid_address):
+    import gc
+
+    symbolizer = Symbolizer()
+    symbolizer.user([getpid_address], os.getpid())
+    proc = symbolizer.helper._proc
+    del symbolizer
+    gc.collect()
+    assert proc.poll() is not None  # reaped, not left running beside the collector
+    assert proc.pid not in helper_pids()
