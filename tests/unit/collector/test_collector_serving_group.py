@@ -95,10 +95,11 @@ def test_the_own_tree_is_jitterscopes_own(tmp_path, tree):
     front, engine, worker = tree
     alone = Collector(Settings(data_dir=tmp_path, spool_max_mb=0), publisher=Discard())
     alone.refresh_own()
-    # this process's own symbol helpers (collector/stacks.py), if a test left one running, are its own too
-    assert alone.own == {os.getpid(): "collector"} | {pid: "collector" for pid in helper_pids()}
+    # this process's symbol helpers (collector/stacks.py), if an earlier test's are still running, are its own too
+    helpers = helper_pids()
+    assert alone.own == {os.getpid(): "collector"} | {pid: "collector" for pid in helpers}
     collector = Collector(Settings(data_dir=tmp_path, spool_max_mb=0, own_tree_pid=front.pid), publisher=Discard())
     held = collector.own  # the probes hold this very dict
     collector.update_targets()
-    assert held is collector.own and held.keys() == {os.getpid(), front.pid, engine, worker}
+    assert held is collector.own and held.keys() == {os.getpid(), front.pid, engine, worker} | helpers
     assert held[os.getpid()] == "collector" and held[front.pid] == "up"  # each named by its role
