@@ -153,6 +153,8 @@ def stacks(
     victim: Annotated[bool, typer.Option(
         "--victim", help="the waiters' stacks when preempted, instead of the culprits' (who held the CPU)")] = False,
     limit: Annotated[int, typer.Option(help="stacks at most")] = 20,
+    own: Annotated[bool, typer.Option(
+        "--own", help="also jitterscope's own processes as culprits (the cost of watching; left out by default)")] = False,
     folded: Annotated[bool, typer.Option(
         "--folded", help="folded stacks for flame graphs ('frame;frame count', count = microseconds of wait)")] = False,
     alert: Annotated[Optional[int], typer.Option(
@@ -170,4 +172,4 @@ def stacks(
     s = load_settings(config, sets, clickhouse_url=clickhouse_url, data_dir=data_dir)
     stacks_cmd.run(lambda sql, params: run_query(s, sql, {k: str(v) for k, v in params.items()})[1],
                    lambda line: print(printable(line)), since=since, start=start, end=end, host=host,
-                   victim=victim, limit=limit, folded=folded, alert=alert)
+                   victim=victim, limit=limit, folded=folded, alert=alert, own=own)

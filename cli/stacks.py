@@ -41,7 +41,7 @@ def time_range(since: str, start: str | None, end: str | None) -> tuple[int, int
 
 def run(query: store.Query, out: Callable[[str], None], *, since: str = "24h", start: str | None = None,
         end: str | None = None, host: str | None = None, victim: bool = False, limit: int = 20,
-        folded: bool = False, alert: int | None = None) -> None:
+        folded: bool = False, alert: int | None = None, own: bool = False) -> None:
     """Print what the options ask for through ``out`` (one call per line)."""
     if alert is not None:
         if not host:
@@ -64,7 +64,7 @@ def run(query: store.Query, out: Callable[[str], None], *, since: str = "24h", s
     if limit < 1:
         raise errors.BadConfig("--limit must be at least 1")
     start_ns, end_ns = time_range(since, start, end)
-    found = store.top(query, start_ns, end_ns, host or "", "victim" if victim else "suspect", limit)
+    found = store.top(query, start_ns, end_ns, host or "", "victim" if victim else "suspect", limit, own)
     if folded:
         for line in store.folded(found):
             out(line)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from html import escape
 from typing import Callable
 
+from jitterscope.schemas.events import OWN_SUSPECT_PREFIX
 from jitterscope.schemas.signals import DATABASE as DB
 
 ROLES = {"suspect": "suspect_stack", "victim": "victim_stack"}  # role -> runq_events column
@@ -49,20 +50,27 @@ _STACKS = f"""(SELECT stack_id, any(comm) AS comm, any(kernel) AS kernel, any(us
 
 
 def top(query: Query, start_ns: int, end_ns: int, host: str = "", role: str = "suspect",
-        limit: int = 20) -> list[Stack]:
+        limit: int = 20, own: bool = False) -> list[Stack]:
     """The stacks of ``role`` ("suspect": the culprits; "victim") behind the
-    most run-queue waiting in [start_ns, end_ns), on ``host`` or everywhere."""
+    most run-queue waiting in [start_ns, end_ns), on ``host`` or everywhere.
+    Culprits that are jitterscope's own processes (suspects labelled
+    ``jitterscope:<role>``) only with ``own``: on a host that runs the whole
+    `up` they can outrank the neighbours a user is looking for, and their
+    cost is the cost of watching (`doctor`, the report), not a neighbour."""
     column = ROLES[role]  # from the fixed table above, never from the user
+    skip_own = role == "suspect" and not own
     rows = query(f"""
         SELECT e.stack_id, s.comm, s.kernel, s.user, e.waits, e.wait_ns, e.hosts FROM (
             SELECT {column} AS stack_id, count() AS waits, sum(wait_ns) AS wait_ns, uniqExact(host) AS hosts
             FROM {DB}.runq_events FINAL
             WHERE ts >= fromUnixTimestamp64Nano({{start_ns:Int64}}) AND ts < fromUnixTimestamp64Nano({{end_ns:Int64}})
               AND {column} != 0 AND ({{host:String}} = '' OR host = {{host:String}})
+              AND NOT ({{skip_own:Bool}} AND startsWith(suspect_comm, {{own_prefix:String}}))
             GROUP BY stack_id) AS e
         INNER JOIN {_STACKS} AS s ON s.stack_id = e.stack_id
         ORDER BY e.wait_ns DESC, e.stack_id LIMIT {{limit:UInt32}}""",
-        {"start_ns": start_ns, "end_ns": end_ns, "host": host, "limit": limit})
+        {"start_ns": start_ns, "end_ns": end_ns, "host": host, "limit": limit, "skip_own": skip_own,
+         "own_prefix": OWN_SUSPECT_PREFIX})
     return [Stack(int(r[0]), r[1], list(r[2]), list(r[3]), int(r[4]), int(r[5]), int(r[6])) for r in rows]
 
 
