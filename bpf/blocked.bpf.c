@@ -9,9 +9,15 @@
  *
  * A block starts at sched:sched_switch, where current is the sleeper
  * (prev_state S or D; a preempted task reports 0x100, a task woken before it
- * got to switch reports 0: neither is a block) and ends at sched:sched_waking,
- * which runs in the waker's context (sched_wakeup may run later on the
- * sleeper's CPU, from the wake-list IPI, where current is whoever ran there).
+ * got to switch reports 0: neither is a block) and ends at sched:sched_wakeup,
+ * when the woken task is queued to run, where the run-queue probe's wait
+ * begins (bpf/runq.bpf.c). Its waker is noted at sched:sched_waking, which
+ * runs in the waker's context (sched_wakeup may run later on the sleeper's
+ * CPU, from the wake-list IPI, where current is whoever ran there). The time
+ * between the two -- the IPI, and on a VM the sleeping vCPU's return from
+ * the hypervisor -- is part of the block: measured beside a GIL hog on this
+ * 2-vCPU VM, 46 ms of it in 817 wakes of one serving thread (up to 2.5 ms
+ * one), most of ~1.4 ms per request that ending at the waking left out.
  * Its kind, decided at the switch-out, first match wins:
  *   gil     the thread is inside pthread_cond_timedwait on a cond inside the
  *           process's _PyRuntime object (CPython's take_gil waits for the
@@ -64,8 +70,9 @@
  *    the cause.
  *  - a wake that races the sleeper's own switch-out (the waker on another
  *    CPU fires sched_waking while the sleeper is between reading its state
- *    and the sched_switch tracepoint) is not a block: its record is removed
- *    at sched:sched_wakeup, which always follows that switch-out. (Not
+ *    and the sched_switch tracepoint) is not a block: its record, made after
+ *    that waking, is removed unsent at sched:sched_wakeup, which always
+ *    follows that switch-out. (Not
  *    rare: ~5% of the wakes of a two-thread futex ping-pong on 2 CPUs; left
  *    in place, the next wake before a real sleep would report a long one.)
  *
@@ -146,12 +153,6 @@ static __always_inline void emit_from(u64 now, u64 blocked_ns, u32 pid, u32 tid,
     events.ringbuf_submit(ev, BPF_RB_NO_WAKEUP);
 }
 
-/* Woken by the task current now. */
-static __always_inline void emit(u64 now, u64 blocked_ns, u32 pid, u32 tid, u32 kind, u32 state,
-                                 const char *comm)
-{
-    emit_from(now, blocked_ns, pid, tid, kind, state, comm, bpf_get_current_pid_tgid(), 0);
-}
 
 /* Held blocks, deleted from their map (``held`` is a copy): one event
  * when together they reach the threshold, woken by their last waker. */
@@ -164,25 +165,29 @@ static __always_inline void send_held(u32 tid, struct held_blocks *held, u32 sta
               ((u64)held->waker_pid << 32) | held->waker_tid, held->waker_comm);
 }
 
-/* One more block, ending now and woken by current, joins held ones. */
-static __always_inline void hold_more(struct held_blocks *held, u64 now, u64 blocked_ns)
+/* One more block, ending now and woken by ``waker`` (its comm; NULL:
+ * current's), joins held ones. */
+static __always_inline void hold_more(struct held_blocks *held, u64 now, u64 blocked_ns, u64 waker,
+                                      const char *waker_comm)
 {
-    u64 waker = bpf_get_current_pid_tgid();
     held->blocked_ns += blocked_ns;
     held->end_ns = now;
     held->waker_pid = waker >> 32;
     held->waker_tid = (u32)waker;
-    bpf_get_current_comm(&held->waker_comm, sizeof(held->waker_comm));
+    if (waker_comm)
+        bpf_probe_read_kernel(&held->waker_comm, sizeof(held->waker_comm), waker_comm);
+    else
+        bpf_get_current_comm(&held->waker_comm, sizeof(held->waker_comm));
 }
 
 /* The first block of a held set (``held`` zeroed by the caller). */
 static __always_inline void hold_first(struct held_blocks *held, u64 now, u64 blocked_ns, u32 tgid, u32 kind,
-                                       const char *comm)
+                                       const char *comm, u64 waker, const char *waker_comm)
 {
     held->tgid = tgid;
     held->kind = kind;
     bpf_probe_read_kernel(&held->comm, sizeof(held->comm), comm);
-    hold_more(held, now, blocked_ns);
+    hold_more(held, now, blocked_ns, waker, waker_comm);
 }
 
 /* A GIL wait that ended by its timeout, waiting to be joined by the rest
@@ -208,25 +213,27 @@ static __always_inline void flush_run(u32 tid, struct held_blocks *r)
  * at the threshold; under it, joined to the thread's run of short ones of
  * the same kind when it began within RUN_GAP_NS of the run's end (a
  * page-cache fault storm is thousands of 0.1-0.5 ms sleeps and reclaims,
- * none an event alone), else the start of a new run. The waker is current. */
+ * none an event alone), else the start of a new run. Woken by ``waker``
+ * (its comm; NULL: current's). */
 static __always_inline void add_stall(u32 tid, u32 tgid, u32 kind, u32 state, u64 start, u64 now,
-                                      u64 blocked_ns, const char *comm, u64 threshold)
+                                      u64 blocked_ns, const char *comm, u64 threshold, u64 waker,
+                                      const char *waker_comm)
 {
     struct held_blocks *run = short_runs.lookup(&tid);
     if (blocked_ns >= threshold) {
         if (run)  /* the run before it goes first */
             flush_run(tid, run);
-        emit(now, blocked_ns, tgid, tid, kind, state, comm);
+        emit_from(now, blocked_ns, tgid, tid, kind, state, comm, waker, waker_comm);
         return;
     }
     if (run && run->kind == kind && start <= run->end_ns + RUN_GAP_NS) {
-        hold_more(run, now, blocked_ns);
+        hold_more(run, now, blocked_ns, waker, waker_comm);
         return;
     }
     if (run)
         flush_run(tid, run);
     struct held_blocks fresh = {};
-    hold_first(&fresh, now, blocked_ns, tgid, kind, comm);
+    hold_first(&fresh, now, blocked_ns, tgid, kind, comm, waker, waker_comm);
     check_update(short_runs.update(&tid, &fresh));
 }
 
@@ -266,14 +273,32 @@ TRACEPOINT_PROBE(sched, sched_switch)
         flush_run(tid, run);
     struct blocked_start b = {
         .ts_ns = now, .tgid = tgid, .kind = kind,
-        .state = state & BLOCKED_STATE_D ? BLOCKED_STATE_D : BLOCKED_STATE_S, ._pad = 0,
+        .state = state & BLOCKED_STATE_D ? BLOCKED_STATE_D : BLOCKED_STATE_S, .waker = 0, .woken = 0,
     };
     bpf_get_current_comm(&b.comm, sizeof(b.comm));
     check_update(blocked_at.update(&tid, &b));
     return 0;
 }
 
+/* The waker: current, in its own context. The block goes on until the
+ * thread is queued to run (sched_wakeup). */
 TRACEPOINT_PROBE(sched, sched_waking)
+{
+    u32 tid = args->pid;
+    struct blocked_start *b = blocked_at.lookup(&tid);
+    if (!b || b->woken)
+        return 0;
+    b->waker = bpf_get_current_pid_tgid();
+    bpf_get_current_comm(&b->waker_comm, sizeof(b->waker_comm));
+    b->woken = 1;
+    return 0;
+}
+
+/* The block is over: the thread is queued to run. A record not yet woken
+ * was made after its sched_waking had already passed (try_to_wake_up
+ * waits for the task to leave its CPU, or queues the wakeup on that CPU,
+ * so this always follows the switch-out): not a block (see the top). */
+TRACEPOINT_PROBE(sched, sched_wakeup)
 {
     u32 tid = args->pid;
     struct blocked_start *b = blocked_at.lookup(&tid);
@@ -283,6 +308,8 @@ TRACEPOINT_PROBE(sched, sched_waking)
     struct blocked_start copy = {};
     __builtin_memcpy(&copy, b, sizeof(copy));
     blocked_at.delete(&tid);
+    if (!copy.woken)
+        return 0;
     if (copy.kind == BLOCKED_MEMORY)  /* the same fault may sleep again */
         check_update(fault_at.update(&tid, &now));
     u64 blocked_ns = now > copy.ts_ns ? now - copy.ts_ns : 0;
@@ -296,13 +323,14 @@ TRACEPOINT_PROBE(sched, sched_waking)
          * back in gil_pending and added to the next one. */
         struct held_blocks *p = gil_pending.lookup(&tid);
         if (p) {
-            hold_more(p, now, blocked_ns);
+            hold_more(p, now, blocked_ns, copy.waker, copy.waker_comm);
             blocked_ns = p->blocked_ns;  /* the whole take_gil so far */
         }
-        if ((bpf_get_current_pid_tgid() >> 32) != copy.tgid) {
+        if ((copy.waker >> 32) != copy.tgid) {
             if (!p) {
                 struct held_blocks fresh = {};
-                hold_first(&fresh, now, blocked_ns, copy.tgid, BLOCKED_GIL, copy.comm);
+                hold_first(&fresh, now, blocked_ns, copy.tgid, BLOCKED_GIL, copy.comm, copy.waker,
+                           copy.waker_comm);
                 check_update(gil_pending.update(&tid, &fresh));
             }
             return 0;
@@ -316,23 +344,13 @@ TRACEPOINT_PROBE(sched, sched_waking)
     if (copy.kind == BLOCKED_MEMORY || copy.kind == BLOCKED_IO) {
         if (copy.kind == BLOCKED_MEMORY && in_reclaim.lookup(&tid))
             return 0;  /* a sleep inside a reclaim: the reclaim's own event covers it */
-        add_stall(tid, copy.tgid, copy.kind, copy.state, copy.ts_ns, now, blocked_ns, copy.comm, threshold);
+        add_stall(tid, copy.tgid, copy.kind, copy.state, copy.ts_ns, now, blocked_ns, copy.comm, threshold,
+                  copy.waker, copy.waker_comm);
         return 0;
     }
     if (blocked_ns < threshold)
         return 0;
-    emit(now, blocked_ns, copy.tgid, tid, copy.kind, copy.state, copy.comm);
-    return 0;
-}
-
-/* Runs after the woken task's switch-out is complete (try_to_wake_up waits
- * for it to leave its CPU, or queues the wakeup on that CPU): a record still
- * here was made after its sched_waking had already passed (see the top). */
-TRACEPOINT_PROBE(sched, sched_wakeup)
-{
-    u32 tid = args->pid;
-    if (blocked_at.lookup(&tid))
-        blocked_at.delete(&tid);
+    emit_from(now, blocked_ns, copy.tgid, tid, copy.kind, copy.state, copy.comm, copy.waker, copy.waker_comm);
     return 0;
 }
 
@@ -353,7 +371,8 @@ static __always_inline void fault_mark(u64 *fault, u64 now)
     u64 pid_tgid = bpf_get_current_pid_tgid();
     char comm[TASK_COMM_LEN];
     bpf_get_current_comm(&comm, sizeof(comm));
-    add_stall((u32)pid_tgid, pid_tgid >> 32, BLOCKED_MEMORY, 0, prev, now, now - prev, comm, threshold);
+    add_stall((u32)pid_tgid, pid_tgid >> 32, BLOCKED_MEMORY, 0, prev, now, now - prev, comm, threshold,
+              pid_tgid, 0);
 }
 
 TRACEPOINT_PROBE(filemap, mm_filemap_fault)
@@ -416,7 +435,7 @@ static __always_inline int reclaim_end(void)
         return 0;
     char comm[TASK_COMM_LEN];
     bpf_get_current_comm(&comm, sizeof(comm));
-    add_stall(tid, pid_tgid >> 32, BLOCKED_MEMORY, 0, start, now, now - start, comm, threshold);
+    add_stall(tid, pid_tgid >> 32, BLOCKED_MEMORY, 0, start, now, now - start, comm, threshold, pid_tgid, 0);
     u64 *fault = fault_at.lookup(&tid);
     if (fault)  /* the storm's next mark counts from here: the reclaim is counted */
         *fault = now;

@@ -33,15 +33,17 @@ struct gil_range {
     u64 hi;
 };
 
-/* A watched thread off the CPU, per tid, from sched_switch to sched_waking.
- * The comm is the sleeper's: at the waking, current is the waker. */
+/* A watched thread off the CPU, per tid, from sched_switch to sched_wakeup
+ * (its waker noted at sched_waking, where current is the waker). */
 struct blocked_start {
     u64 ts_ns;          /* CLOCK_MONOTONIC when it was switched out */
+    u64 waker;          /* pid_tgid of the task current at its sched_waking; 0 until then */
     u32 tgid;
     u32 kind;           /* BLOCKED_* */
     u32 state;          /* BLOCKED_STATE_S or BLOCKED_STATE_D */
-    u32 _pad;
+    u32 woken;          /* 1 once its sched_waking has passed */
     char comm[TASK_COMM_LEN];
+    char waker_comm[TASK_COMM_LEN];
 };
 
 /* Per tid: blocks held back to be joined with the next ones into one
@@ -62,11 +64,11 @@ struct held_blocks {
 
 /* One block at or above the threshold. */
 struct blocked_event {
-    u64 ts_ns;          /* CLOCK_MONOTONIC when it was woken (a reclaim: when it ended) */
-    u64 blocked_ns;     /* switch-out -> waking (a reclaim: begin -> end, on-CPU time included) */
+    u64 ts_ns;          /* CLOCK_MONOTONIC when it was woken: queued to run (a reclaim: when it ended) */
+    u64 blocked_ns;     /* switch-out -> wakeup (a reclaim: begin -> end, on-CPU time included) */
     u32 pid;            /* tgid of the blocked thread */
     u32 tid;
-    u32 waker_pid;      /* tgid of the task current at the waking: 0 = idle CPU (an interrupt) */
+    u32 waker_pid;      /* tgid of the task current at sched_waking: 0 = idle CPU (an interrupt) */
     u32 waker_tid;
     u32 kind;           /* BLOCKED_* */
     u32 state;          /* BLOCKED_STATE_S / _D; 0 for a whole-reclaim record */
