@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -292,6 +293,15 @@ class Stack:
     def stop_all(self) -> None:
         for proc in reversed(self.procs):
             proc.stop()
+
+
+def late_evidence(stack: Stack) -> float:
+    """The worker's count of kernel evidence that came after the requests it
+    overlapped were attributed (their budgets miss it): for failure messages
+    of tests whose grace a loaded box may outrun."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{stack.web_port}/metrics", timeout=10).read().decode()
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith("jitterscope_streams_late_evidence_total"))
 
 
 def wait_until(predicate, timeout: float, what: str, proc: Proc | None = None, interval: float = 0.25):

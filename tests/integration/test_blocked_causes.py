@@ -19,13 +19,12 @@ from collections import Counter
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from jitterscope.workload import last_cpu
-from tests.conftest import remove_cgroup, span_pipeline, wait_until
+from tests.conftest import late_evidence, remove_cgroup, span_pipeline, wait_until
 from tests.slow_disk import SlowDisk
 
 pytestmark = [pytest.mark.bpf, pytest.mark.integration]
@@ -60,14 +59,6 @@ def attribution(stack, request_id: str) -> dict | None:
     names = ("cause", "culprit", "duration_ns", "excess_ns", "gil_wait_ns", "io_wait_ns", "memory_wait_ns",
              "on_cpu_ns", "runq_wait_ns", "thread_tid", "explained")
     return dict(zip(names, rows[0])) if rows else None
-
-
-def late_evidence(stack) -> float:
-    """The worker's count of kernel evidence that came after the requests it
-    overlapped were attributed (their budgets miss it)."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{stack.web_port}/metrics", timeout=10).read().decode()
-    return sum(float(line.split()[-1]) for line in text.splitlines()
-               if line.startswith("jitterscope_streams_late_evidence_total"))
 
 
 def watching(collector, pid: int) -> bool:

@@ -24,7 +24,7 @@ import pytest
 
 from jitterscope.broker import free_port
 from jitterscope.workload import last_cpu
-from tests.conftest import remove_cgroup, wait_until
+from tests.conftest import late_evidence, remove_cgroup, wait_until
 
 pytestmark = [pytest.mark.bpf, pytest.mark.integration]
 
@@ -90,7 +90,9 @@ def victim(procs: list[str], seconds: float):
 def pipeline(stack):
     otlp_port = free_port()
     # a grace long enough for throttling records from a collector slowed by a loaded 2-CPU test host
-    worker = stack.start_worker_with(JITTERSCOPE_ATTRIBUTION_GRACE_S="5", JITTERSCOPE_REQUEST_SLO_MS="30")
+    # (5 s was not: in a fresh run of the suite 33 of 75 throttled requests came out with no throttled
+    # time; alone, 75 of 75 had it)
+    worker = stack.start_worker_with(JITTERSCOPE_ATTRIBUTION_GRACE_S="15", JITTERSCOPE_REQUEST_SLO_MS="30")
     collector = stack.start_collector(
         JITTERSCOPE_TARGET_COMMS=f'["{COMM}"]', JITTERSCOPE_TARGET_RESCAN_S="1",
         JITTERSCOPE_OTLP_PORT=str(otlp_port), JITTERSCOPE_IRQ_MIN_SHARE="0")
@@ -213,5 +215,5 @@ def test_requests_of_a_standin_are_attributed_to_cfs_throttling_once_it_has_a_qu
     # come out runq_starvation. The most common cause is still throttling.
     charged = [r for r in slow if r[2] > 0]
     causes = [r[0] for r in slow]
-    assert len(slow) >= 10 and len(charged) >= 0.7 * len(slow), slow
+    assert len(slow) >= 10 and len(charged) >= 0.7 * len(slow), (f"late evidence: {late_evidence(stack)}", slow)
     assert max(set(causes), key=causes.count) == "cfs_throttling", causes
