@@ -14,10 +14,9 @@
  * begins (bpf/runq.bpf.c). Its waker is noted at sched:sched_waking, which
  * runs in the waker's context (sched_wakeup may run later on the sleeper's
  * CPU, from the wake-list IPI, where current is whoever ran there). The time
- * between the two -- the IPI, and on a VM the sleeping vCPU's return from
- * the hypervisor -- is part of the block: measured beside a GIL hog on this
- * 2-vCPU VM, 46 ms of it in 817 wakes of one serving thread (up to 2.5 ms
- * one), most of ~1.4 ms per request that ending at the waking left out.
+ * between the two (the IPI; on a VM, the idle vCPU's return from the
+ * hypervisor: 46 ms in 817 wakes of a server beside a GIL hog here, up to
+ * 2.5 ms one) is part of the block.
  * Its kind, decided at the switch-out, first match wins:
  *   gil     the thread is inside pthread_cond_timedwait on a cond inside the
  *           process's _PyRuntime object (CPython's take_gil waits for the
@@ -42,7 +41,9 @@
  *           readahead allocates for milliseconds before it sleeps).
  *           A reclaim counts whole, on-CPU part included (state 0, waker =
  *           the thread itself): the sleeps inside it are not counted again.
- *   io      any other D sleep (block I/O, O_DIRECT, fsync, NFS, ...).
+ *   io      any other D sleep (block I/O, O_DIRECT, fsync, NFS, ...), with
+ *           the device of the last bio the thread queued (block:
+ *           block_bio_queue, in its context) since it last slept in S.
  *           Memory and io stalls (blocks, reclaims) under the threshold
  *           that follow each other within RUN_GAP_NS (1 ms) are one run,
  *           sent as one event when their sum reaches it (`short_runs`):
@@ -66,22 +67,20 @@
  *  - futex, poll and network waits are all sleep: nothing tells a lock
  *    from a socket.
  *  - the waker of a wake from an interrupt is the task the interrupt found
- *    on that CPU (pid 0 when the CPU was idle): for io blocks it is rarely
- *    the cause.
+ *    on that CPU (pid 0 when the CPU was idle): for io, the device says more.
  *  - a wake that races the sleeper's own switch-out (the waker on another
  *    CPU fires sched_waking while the sleeper is between reading its state
  *    and the sched_switch tracepoint) is not a block: its record, made after
  *    that waking, is removed unsent at sched:sched_wakeup, which always
- *    follows that switch-out. (Not
- *    rare: ~5% of the wakes of a two-thread futex ping-pong on 2 CPUs; left
- *    in place, the next wake before a real sleep would report a long one.)
+ *    follows that switch-out (~5% of the wakes of a futex ping-pong on 2
+ *    CPUs: left, the next wake before a real sleep would report a long one).
  *
  * Cost: the program runs on every context switch and wakeup on the host.
  * A switch of a task that is preempted costs a bit test; one that sleeps,
  * one hash look-up (`watched`, by tgid). A wakeup costs one LRU-hash look-up
  * in sched_waking and one in sched_wakeup (a miss for unwatched tasks).
- * Page-cache faults and reclaims cost one `watched` look-up each, a page
- * inserted into the page cache one `fault_at` look-up. Only watched
+ * Page-cache faults, reclaims and bios cost one `watched` look-up each, a
+ * page inserted into the page cache one `fault_at` look-up. Only watched
  * threads pay more: up to four look-ups and one insert per block, and the
  * uprobe trap (~1-2 us) on each pthread_cond_timedwait call and return in
  * a measured CPython process.
@@ -92,10 +91,8 @@
 
 #define FAULT_WINDOW_NS 2000000ULL  /* a D sleep this soon after a filemap fault is the fault's */
 #define FAULT_CPU_GAP_NS 100000ULL  /* fault-storm marks this close: on the CPU handling faults */
-/* a GIL wait that begins this soon after one woken by its timeout continues it */
-#define GIL_CONTINUE_NS 1000000ULL
-/* memory or io blocks under the threshold this close together are one run */
-#define RUN_GAP_NS 1000000ULL
+#define GIL_CONTINUE_NS 1000000ULL  /* a GIL wait this soon after one woken by its timeout continues it */
+#define RUN_GAP_NS 1000000ULL  /* memory or io blocks under the threshold this close together are one run */
 
 #ifndef MAX_WATCHED  /* -DMAX_WATCHED=... shrinks it (tests) */
 #define MAX_WATCHED 4096
@@ -111,10 +108,11 @@ BPF_HASH(gil, u32, struct gil_range, MAX_WATCHED);       /* tgid -> its _PyRunti
 BPF_TABLE("lru_hash", u32, u64, in_gil, MAX_THREADS);
 BPF_TABLE("lru_hash", u32, u64, in_reclaim, MAX_THREADS);
 BPF_TABLE("lru_hash", u32, u64, fault_at, MAX_THREADS);
+BPF_TABLE("lru_hash", u32, u32, io_dev, MAX_THREADS);  /* tid -> the device of its last bio, until it sleeps in S */
 BPF_TABLE("lru_hash", u32, struct blocked_start, blocked_at, MAX_THREADS);
 BPF_TABLE("lru_hash", u32, struct held_blocks, gil_pending, MAX_THREADS);
 BPF_TABLE("lru_hash", u32, struct held_blocks, short_runs, MAX_THREADS);
-/* 2048 pages = 8 MiB: ~116,000 events of 72 bytes between two reads. A
+/* 2048 pages = 8 MiB: ~104,000 events of 80 bytes between two reads. A
  * real vLLM on the CPU sends ~600 a second on its own (its gloo_tcp_loop
  * threads poll every 10 ms), and a collector starved of CPU on a busy
  * 2-CPU host has gone seconds without reading: 1 MiB lost 30,000 of them. */
@@ -130,7 +128,7 @@ static __always_inline u64 threshold_ns(void)
 /* The reader polls (collector/agent.py, every 50 ms at most): a wakeup per
  * event would cost it a syscall and a context switch each. */
 static __always_inline void emit_from(u64 now, u64 blocked_ns, u32 pid, u32 tid, u32 kind, u32 state,
-                                      const char *comm, u64 waker, const char *waker_comm)
+                                      const char *comm, u64 waker, const char *waker_comm, u32 dev)
 {
     struct blocked_event *ev = events.ringbuf_reserve(sizeof(*ev));
     if (!ev) {
@@ -145,6 +143,8 @@ static __always_inline void emit_from(u64 now, u64 blocked_ns, u32 pid, u32 tid,
     ev->waker_tid = (u32)waker;
     ev->kind = kind;
     ev->state = state;
+    ev->dev = dev;
+    ev->_pad = 0;
     bpf_probe_read_kernel(&ev->comm, sizeof(ev->comm), comm);
     if (waker_comm)
         bpf_probe_read_kernel(&ev->waker_comm, sizeof(ev->waker_comm), waker_comm);
@@ -162,7 +162,7 @@ static __always_inline void send_held(u32 tid, struct held_blocks *held, u32 sta
     if (threshold == 0 || held->blocked_ns < threshold)
         return;
     emit_from(held->end_ns, held->blocked_ns, held->tgid, tid, held->kind, state, held->comm,
-              ((u64)held->waker_pid << 32) | held->waker_tid, held->waker_comm);
+              ((u64)held->waker_pid << 32) | held->waker_tid, held->waker_comm, held->dev);
 }
 
 /* One more block, ending now and woken by ``waker`` (its comm; NULL:
@@ -214,26 +214,29 @@ static __always_inline void flush_run(u32 tid, struct held_blocks *r)
  * the same kind when it began within RUN_GAP_NS of the run's end (a
  * page-cache fault storm is thousands of 0.1-0.5 ms sleeps and reclaims,
  * none an event alone), else the start of a new run. Woken by ``waker``
- * (its comm; NULL: current's). */
+ * (its comm; NULL: current's); ``dev``: an io stall's device (0 = none seen). */
 static __always_inline void add_stall(u32 tid, u32 tgid, u32 kind, u32 state, u64 start, u64 now,
                                       u64 blocked_ns, const char *comm, u64 threshold, u64 waker,
-                                      const char *waker_comm)
+                                      const char *waker_comm, u32 dev)
 {
     struct held_blocks *run = short_runs.lookup(&tid);
     if (blocked_ns >= threshold) {
         if (run)  /* the run before it goes first */
             flush_run(tid, run);
-        emit_from(now, blocked_ns, tgid, tid, kind, state, comm, waker, waker_comm);
+        emit_from(now, blocked_ns, tgid, tid, kind, state, comm, waker, waker_comm, dev);
         return;
     }
     if (run && run->kind == kind && start <= run->end_ns + RUN_GAP_NS) {
         hold_more(run, now, blocked_ns, waker, waker_comm);
+        if (dev)
+            run->dev = dev;
         return;
     }
     if (run)
         flush_run(tid, run);
     struct held_blocks fresh = {};
     hold_first(&fresh, now, blocked_ns, tgid, kind, comm, waker, waker_comm);
+    fresh.dev = dev;
     check_update(short_runs.update(&tid, &fresh));
 }
 
@@ -261,6 +264,7 @@ TRACEPOINT_PROBE(sched, sched_switch)
             kind = BLOCKED_SLEEP;
             if (fault)  /* back in user space and asleep on something else */
                 fault_at.delete(&tid);
+            io_dev.delete(&tid);  /* its last bio was for another call */
         }
     }
     if (kind != BLOCKED_GIL) {  /* a GIL wait that ended by its timeout is over */
@@ -274,7 +278,13 @@ TRACEPOINT_PROBE(sched, sched_switch)
     struct blocked_start b = {
         .ts_ns = now, .tgid = tgid, .kind = kind,
         .state = state & BLOCKED_STATE_D ? BLOCKED_STATE_D : BLOCKED_STATE_S, .waker = 0, .woken = 0,
+        .dev = 0, ._pad = 0,
     };
+    if (kind == BLOCKED_IO) {
+        u32 *dev = io_dev.lookup(&tid);
+        if (dev)
+            b.dev = *dev;
+    }
     bpf_get_current_comm(&b.comm, sizeof(b.comm));
     check_update(blocked_at.update(&tid, &b));
     return 0;
@@ -314,13 +324,9 @@ TRACEPOINT_PROBE(sched, sched_wakeup)
         check_update(fault_at.update(&tid, &now));
     u64 blocked_ns = now > copy.ts_ns ? now - copy.ts_ns : 0;
     if (copy.kind == BLOCKED_GIL) {
-        /* take_gil waits interval ms (5) at a time: a wait that times out
-         * is woken by the timer -- whoever was current where it fired, the
-         * idle task on an idle CPU -- and the thread then asks the holder
-         * to drop the GIL and waits again, until the holder signals it. The
-         * waits one take_gil makes are one event, named after the thread
-         * that dropped the GIL: a wake from outside the process is held
-         * back in gil_pending and added to the next one. */
+        /* one take_gil's waits (5 ms each, see the top) are one event, named
+         * after the thread that dropped the GIL: a wake from outside the
+         * process (its timeout) is held in gil_pending, added to the next. */
         struct held_blocks *p = gil_pending.lookup(&tid);
         if (p) {
             hold_more(p, now, blocked_ns, copy.waker, copy.waker_comm);
@@ -345,12 +351,12 @@ TRACEPOINT_PROBE(sched, sched_wakeup)
         if (copy.kind == BLOCKED_MEMORY && in_reclaim.lookup(&tid))
             return 0;  /* a sleep inside a reclaim: the reclaim's own event covers it */
         add_stall(tid, copy.tgid, copy.kind, copy.state, copy.ts_ns, now, blocked_ns, copy.comm, threshold,
-                  copy.waker, copy.waker_comm);
+                  copy.waker, copy.waker_comm, copy.dev);
         return 0;
     }
     if (blocked_ns < threshold)
         return 0;
-    emit_from(now, blocked_ns, copy.tgid, tid, copy.kind, copy.state, copy.comm, copy.waker, copy.waker_comm);
+    emit_from(now, blocked_ns, copy.tgid, tid, copy.kind, copy.state, copy.comm, copy.waker, copy.waker_comm, 0);
     return 0;
 }
 
@@ -372,7 +378,7 @@ static __always_inline void fault_mark(u64 *fault, u64 now)
     char comm[TASK_COMM_LEN];
     bpf_get_current_comm(&comm, sizeof(comm));
     add_stall((u32)pid_tgid, pid_tgid >> 32, BLOCKED_MEMORY, 0, prev, now, now - prev, comm, threshold,
-              pid_tgid, 0);
+              pid_tgid, 0, 0);
 }
 
 TRACEPOINT_PROBE(filemap, mm_filemap_fault)
@@ -408,6 +414,20 @@ TRACEPOINT_PROBE(filemap, mm_filemap_add_to_page_cache)
 }
 #endif
 
+/* A bio a watched thread queued (submit_bio, in its context): the device
+ * its next io sleep waits on (a loop device's own I/O below is its kworker's). */
+TRACEPOINT_PROBE(block, block_bio_queue)
+{
+    u64 pid_tgid = bpf_get_current_pid_tgid();
+    u32 tgid = pid_tgid >> 32;
+    if (!watched.lookup(&tgid))
+        return 0;
+    u32 tid = (u32)pid_tgid;
+    u32 dev = args->dev;
+    check_update(io_dev.update(&tid, &dev));
+    return 0;
+}
+
 static __always_inline int reclaim_begin(void)
 {
     u64 pid_tgid = bpf_get_current_pid_tgid();
@@ -435,7 +455,7 @@ static __always_inline int reclaim_end(void)
         return 0;
     char comm[TASK_COMM_LEN];
     bpf_get_current_comm(&comm, sizeof(comm));
-    add_stall(tid, pid_tgid >> 32, BLOCKED_MEMORY, 0, start, now, now - start, comm, threshold, pid_tgid, 0);
+    add_stall(tid, pid_tgid >> 32, BLOCKED_MEMORY, 0, start, now, now - start, comm, threshold, pid_tgid, 0, 0);
     u64 *fault = fault_at.lookup(&tid);
     if (fault)  /* the storm's next mark counts from here: the reclaim is counted */
         *fault = now;

@@ -42,6 +42,8 @@ struct blocked_start {
     u32 kind;           /* BLOCKED_* */
     u32 state;          /* BLOCKED_STATE_S or BLOCKED_STATE_D */
     u32 woken;          /* 1 once its sched_waking has passed */
+    u32 dev;            /* an io block: the device of the thread's last bio (kernel dev_t), 0 = none seen */
+    u32 _pad;
     char comm[TASK_COMM_LEN];
     char waker_comm[TASK_COMM_LEN];
 };
@@ -58,6 +60,8 @@ struct held_blocks {
     u32 waker_pid;      /* the last waker */
     u32 waker_tid;
     u32 kind;           /* of them all */
+    u32 dev;            /* io: the device of the last one's bio (kernel dev_t), 0 = none seen */
+    u32 _pad;
     char comm[TASK_COMM_LEN];
     char waker_comm[TASK_COMM_LEN];
 };
@@ -72,6 +76,9 @@ struct blocked_event {
     u32 waker_tid;
     u32 kind;           /* BLOCKED_* */
     u32 state;          /* BLOCKED_STATE_S / _D; 0 for a whole-reclaim record */
+    u32 dev;            /* io: the device (kernel dev_t: major << 20 | minor) of the last bio the
+                         * thread queued before it slept; 0 = none seen (other kinds: 0) */
+    u32 _pad;
     char comm[TASK_COMM_LEN];
     char waker_comm[TASK_COMM_LEN];
 };

@@ -223,7 +223,9 @@ class BlockedWait(Record, frozen=True):
     ``kind`` (BLOCKED_KINDS) says what it was blocked on; the waker is the
     task that woke it: for ``gil`` the thread that released the interpreter
     lock (the holder); pid 0 when an interrupt on an idle CPU woke it (a
-    disk completion, a timer)."""
+    disk completion, a timer). ``device``: for ``io``, the block device of
+    the last I/O the thread queued before it slept ("" where none was seen:
+    NFS, a pipe in D, a collector before this field)."""
 
     pid: U32
     tid: U32
@@ -233,6 +235,7 @@ class BlockedWait(Record, frozen=True):
     waker_pid: U32
     waker_tid: U32
     waker_comm: str
+    device: str = ""
 
 
 class IrqTime(Record, frozen=True):

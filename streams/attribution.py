@@ -420,9 +420,11 @@ class Attributor:
                  charged: _Charges, budget: ThreadBudget) -> str:
         """Whom or what the cause names: the top suspect, the throttled
         cgroup, the interrupt source, the longest GPU driver call, the
-        evictor, else who woke the carrying thread from its stalls most.
+        evictor, the device of its I/O, else who woke it from its stalls most.
         Keeps the records behind the throttling and interrupt charges for
         culprits()."""
+        if cause == "io_wait":  # the device: what woke it was whatever ran where the I/O completed
+            return budget.device()
         key = (span.host, span.boot_id, span.seq)
         if charged.throttled or charged.irq:
             throttles, sources = charged.throttles, charged.sources

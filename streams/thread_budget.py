@@ -39,6 +39,11 @@ class ThreadBudget:
     wakers: dict[str, str] = field(default_factory=dict)  # kind -> "comm[tid]" that woke it most
     gil_holders: set[int] = field(default_factory=set)  # tids of its own process that woke it from GIL waits
     gil_spans: list[tuple[int, int]] = field(default_factory=list)  # its GIL waits inside the request, in order
+    devices: dict[str, int] = field(default_factory=dict)  # block device -> ns of its io waits on it
+
+    def device(self) -> str:
+        """The device it waited on longest in io ("" where none is known)."""
+        return max(self.devices, key=self.devices.get, default="")
 
     @property
     def delay_ns(self) -> int:
@@ -74,9 +79,12 @@ def thread_budget(evidence: HostEvidence, span: RequestSpan, group: set[int] | N
     wakers: dict[tuple[tuple[int, int], str], dict[str, int]] = defaultdict(lambda: defaultdict(int))
     holders: dict[tuple[int, int], set[int]] = defaultdict(set)
     gil_spans: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)
+    devices: dict[tuple[int, int], dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for event, lo, hi, _whole in thread_parts(evidence, span.start_ns, span.end_ns, BlockedWait, group):
         thread = (event.pid, event.tid)
         blocked[thread][event.kind] += hi - lo
+        if event.device:
+            devices[thread][event.device] += hi - lo
         waker_pid, waker_tid, waker_comm = event.waker_pid, event.waker_tid, event.waker_comm
         if event.kind == "gil":
             gil_spans[thread].append((lo, hi))
@@ -101,7 +109,8 @@ def thread_budget(evidence: HostEvidence, span: RequestSpan, group: set[int] | N
     return ThreadBudget(tid=carrier[1], named=bool(named), runq_ns=runq_waits.get(carrier, 0),
                    blocked=dict(blocked.get(carrier, {})),
                    wakers={kind: max(by, key=by.get) for (thread, kind), by in wakers.items() if thread == carrier},
-                   gil_holders=holders.get(carrier, set()), gil_spans=sorted(gil_spans.get(carrier, [])))
+                   gil_holders=holders.get(carrier, set()), gil_spans=sorted(gil_spans.get(carrier, [])),
+                   devices=dict(devices.get(carrier, {})))
 
 
 def carried_parts(parts: dict[type, list[tuple[Evidence, int, int, bool]]],

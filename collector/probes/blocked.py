@@ -23,6 +23,7 @@ from typing import Iterable
 
 from jitterscope.collector import pyruntime
 from jitterscope.collector.probes import base
+from jitterscope.collector.probes.blockio import MINOR_BITS, device_name
 from jitterscope.collector.probes.interface import BccSignal, ProbeContext
 from jitterscope.common.logs import fields
 from jitterscope.schemas import events
@@ -47,13 +48,14 @@ class RawBlocked:
     waker_pid: int      # 0: an interrupt on an idle CPU
     waker_tid: int
     waker_comm: str
+    dev: int = 0        # io: the kernel dev_t of the device it waited on (0: none seen)
 
 
 def decode_event(e) -> RawBlocked:
     """A ``struct blocked_event`` (bpf/blocked.h) as BCC's ctypes view gives it."""
     kind = events.BLOCKED_KINDS[e.kind] if e.kind < len(events.BLOCKED_KINDS) else "sleep"
     return RawBlocked(e.ts_ns, e.blocked_ns, e.pid, e.tid, base.c_string(bytes(e.comm)), kind, e.state,
-                      e.waker_pid, e.waker_tid, base.c_string(bytes(e.waker_comm)))
+                      e.waker_pid, e.waker_tid, base.c_string(bytes(e.waker_comm)), e.dev)
 
 
 _wait_addresses: dict[tuple[int, int, int], tuple[int, ...]] = {}
@@ -129,7 +131,8 @@ class BlockedProbe(base.BccProbe):
             elif not on and tp in attached:
                 self._bpf.detach_tracepoint(tp)
         if not on and attached:  # a block or fault begun before has no end now: no stale start later
-            for table in (b"in_gil", b"in_reclaim", b"fault_at", b"blocked_at", b"gil_pending", b"short_runs"):
+            for table in (b"in_gil", b"in_reclaim", b"fault_at", b"io_dev", b"blocked_at", b"gil_pending",
+                          b"short_runs"):
                 self._bpf[table].clear()
 
     @property
@@ -222,6 +225,7 @@ class BlockedSignal(BccSignal):
         self._watched: set[int] = set()
         # pid -> "measured: CPython 3.11 (...)" or "not measurable: <why>", for logs and tests
         self.gil_status: dict[int, str] = {}
+        self._devices: dict[int, str] = {}  # kernel dev_t -> block device name
 
     def open(self, context: ProbeContext) -> None:
         self.ctx = context
@@ -270,7 +274,21 @@ class BlockedSignal(BccSignal):
         ctx.describe_process(raw.waker_pid)  # 0 (an interrupt on an idle CPU) is skipped
         ctx.publish(ctx.event(
             events.BlockedWait, raw.ts_ns, pid=raw.pid, tid=raw.tid, comm=raw.comm, kind=raw.kind,
-            blocked_ns=raw.blocked_ns, waker_pid=raw.waker_pid, waker_tid=raw.waker_tid, waker_comm=waker_comm))
+            blocked_ns=raw.blocked_ns, waker_pid=raw.waker_pid, waker_tid=raw.waker_tid, waker_comm=waker_comm,
+            device=self._device(raw.dev)))
+
+    def _device(self, dev: int) -> str:
+        """A kernel dev_t's block device name (loop0, nvme0n1), "" for 0 or
+        one gone; names found are kept (a device's number is its own while
+        it exists)."""
+        if not dev:
+            return ""
+        name = self._devices.get(dev)
+        if name is None:
+            name = device_name(dev >> MINOR_BITS, dev & ((1 << MINOR_BITS) - 1))
+            if name:
+                self._devices[dev] = name
+        return name
 
     def poll(self, timeout_ms: int = 0) -> None:
         if self.probe:

@@ -88,7 +88,7 @@ def _summary(a: RequestAttribution, irq: IrqTime | None) -> str:
                     f"faults read back from disk, or reclaim ({a.explained:.0%} of the excess)")
     elif a.cause == "io_wait":
         summary += (f"its thread {a.thread_tid} was blocked {_ms(a.io_wait_ns)} in uninterruptible I/O "
-                    f"({a.explained:.0%} of the excess)")
+                    f"({a.explained:.0%} of the excess)" + (f", on {a.culprit}" if a.culprit else ""))
     elif a.cause == "gpu_xid":
         summary += (f"its GPU logged Xid {a.gpu_xid} during it ({xid_info(a.gpu_xid).meaning}); nothing on the "
                     f"CPU side explains the excess")
@@ -132,8 +132,9 @@ def _remedy(a: RequestAttribution, cpus_allowed: list[int], others: list[int], t
                 f"limit it shares, or move the process that fills it (see the page-cache producers in the pages "
                 f"table)")
     if a.cause == "io_wait":
+        device = f"{a.culprit}'s" if a.culprit else "the device's"
         return (f"pid {a.pid} read or wrote storage on the request's path: keep it off the path (preload, "
-                f"asynchronous I/O), or find the device's other users (the device_io table)")
+                f"asynchronous I/O), or find {device} other users (the device_io table)")
     if a.cause == "gpu_xid":
         return f"{a.culprit or f'Xid {a.gpu_xid}'}: {xid_info(a.gpu_xid).remedy}"
     if a.cause == "gpu_throttle":

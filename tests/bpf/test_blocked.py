@@ -20,6 +20,7 @@ import pytest
 from jitterscope.collector import pyruntime
 from jitterscope.collector.probes import blocked
 from jitterscope.collector.probes.blocked import BlockedProbe, BlockedSignal
+from jitterscope.collector.probes.blockio import MINOR_BITS, disks_of
 from jitterscope.schemas import events
 from tests.conftest import wait_until
 from tests.unit.collector.probes.test_probe_decoding import fake_context
@@ -295,6 +296,10 @@ def test_direct_reads_are_io(tmp_path):
               f"{sorted(took)[len(took) // 2] / 1000:.0f} us; the loop was blocked {blocked_truth / MS:.1f} ms; "
               f"{len(io)} io events totalling {total / MS:.1f} ms; others: {summary(in_loop(('gil', 'memory', 'sleep')))}")
         assert io and all(e.state == 2 and e.pid == c.pid for e in io)
+        # each names the device the file is on (the block layer may see its partition or the disk)
+        st_dev = os.stat(data).st_dev
+        devices = {(os.major(st_dev), os.minor(st_dev)), *disks_of(st_dev)}
+        assert {(e.dev >> MINOR_BITS, e.dev & ((1 << MINOR_BITS) - 1)) for e in io} <= devices, (devices, io[:3])
         assert total >= 0.5 * blocked_truth, "the loop's blocked time is waiting for the disk"
         assert total <= blocked_truth + 1 * MS and total <= sum(took), "blocked only inside the reads"
         assert not in_loop(("memory", "gil"))

@@ -328,7 +328,8 @@ def test_disk_reads_on_the_request_path_are_io_wait(pipeline):
     last = max(requests, key=lambda r: requests[r][1])
     wait_until(lambda: attribution(stack, last), 90, "the last request attributed", worker)
     got = {r: attribution(stack, r) for r in requests}
-    right = [r for r in affected if got[r]["cause"] == "io_wait"
+    # the device is the culprit: the one whose I/Os took longest on the host while the request ran
+    right = [r for r in affected if got[r]["cause"] == "io_wait" and got[r]["culprit"] == device
              and 0.9 * DISK_DELAY_MS <= got[r]["io_wait_ns"] / MS <= got[r]["duration_ns"] / MS]
     assert len(right) >= 0.9 * len(affected), [(r, lost[r], got[r]) for r in affected if r not in right][:5]
     named = [r for r in quiet if got[r]["cause"] not in ("none", "unexplained")]

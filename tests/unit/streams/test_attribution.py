@@ -496,10 +496,10 @@ def test_priming_learns_the_stored_service_time():
 
 
 def blocked(end_ms: float, blocked_ms: float, kind: str = "gil", pid: int = 100, tid: int = 101,
-            waker: tuple[int, int, str] = (100, 177, "gil-hog")) -> BlockedWait:
+            waker: tuple[int, int, str] = (100, 177, "gil-hog"), device: str = "") -> BlockedWait:
     return BlockedWait(host="h1", boot_id="b", seq=0, ts_ns=T0 + int(end_ms * MS), pid=pid, tid=tid, comm="vllm",
                        kind=kind, blocked_ns=int(blocked_ms * MS), waker_pid=waker[0], waker_tid=waker[1],
-                       waker_comm=waker[2])
+                       waker_comm=waker[2], device=device)
 
 
 def test_gil_wait_is_the_cause_with_its_holder_and_the_budget_adds_up():
@@ -531,9 +531,22 @@ def test_sleep_is_budgeted_but_never_a_cause_and_io_and_memory_are():
         a.add_request(span(rid, start, end))
     got = {r.request_id: r for r in due_after(a, 140)}
     assert got["asleep"].cause == "unexplained" and got["asleep"].sleep_ns == 25 * MS
-    assert (got["disk"].cause, got["disk"].culprit, got["disk"].io_wait_ns) == ("io_wait", "interrupt", 25 * MS)
+    # no device known (a collector before BlockedWait.device): no culprit, not whatever ran where it completed
+    assert (got["disk"].cause, got["disk"].culprit, got["disk"].io_wait_ns) == ("io_wait", "", 25 * MS)
     assert (got["faults"].cause, got["faults"].memory_wait_ns, got["faults"].thread_tid) == (
         "memory_stall", 30 * MS, 103)
+
+
+def test_an_io_wait_names_the_device_the_carrying_thread_waited_on_longest():
+    a = Attributor(grace_ns=GRACE)
+    baseline(a)
+    a.add_evidence(blocked(70, 8, kind="io", waker=(22, 22, "ksoftirqd/1"), device="nvme0n1"))
+    a.add_evidence(blocked(85, 15, kind="io", waker=(0, 0, "swapper/1"), device="loop0"))
+    a.add_evidence(blocked(88, 30, kind="io", tid=150, device="sdb"))  # another thread's, longer: not its path
+    request = span("disk", 50, 90)
+    a.add_request(RequestSpan(**{**{f: getattr(request, f) for f in request.__struct_fields__}, "tid": 101}))
+    [r] = due_after(a, 90)
+    assert (r.cause, r.culprit, r.io_wait_ns) == ("io_wait", "loop0", 23 * MS)
 
 
 def test_the_span_s_thread_is_the_one_whose_budget_counts():

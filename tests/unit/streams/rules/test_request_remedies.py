@@ -107,3 +107,6 @@ def test_memory_and_io_stalls_get_their_own_remedies():
     assert "blocked 300 ms on memory" in memory.summary and "memory.low" in memory.remedy
     io = request_slo(attribution(cause="io_wait", io_wait_ns=280 * MS), "vllm", [0], [0, 1], NOW)
     assert "uninterruptible I/O" in io.summary and "device_io" in io.remedy
+    on = request_slo(attribution(cause="io_wait", io_wait_ns=280 * MS, culprit="nvme1n1"), "vllm", [0], [0, 1], NOW)
+    assert "uninterruptible I/O" in on.summary and on.summary.endswith("on nvme1n1")
+    assert "find nvme1n1's other users" in on.remedy
