@@ -714,3 +714,7 @@ ALTER TABLE jitterscope.runq_events_local ON CLUSTER '{cluster}' MODIFY COLUMN t
 
 ALTER TABLE jitterscope.runq_events ON CLUSTER '{cluster}' MODIFY COLUMN ts CODEC(GCD, Delta, T64, ZSTD(1)),
     MODIFY COLUMN wait_ns CODEC(GCD, T64, ZSTD(1));
+
+ALTER TABLE jitterscope.blocked_waits_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS device LowCardinality(String) DEFAULT '';
+
+ALTER TABLE jitterscope.blocked_waits ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS device LowCardinality(String) DEFAULT '';
