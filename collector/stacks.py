@@ -129,10 +129,13 @@ class UserSymbolsHelper:
     (``{"pid", "addrs"}`` -> a list of names; ``{"forget": [pids]}`` -> no
     reply). Started on first use; a helper that dies or does not answer in
     ``timeout_s`` is killed, counted in ``restarts`` and started again on the
-    next request."""
+    next request. ``own``: the collector's own processes (pid -> role), where
+    each helper is entered as it starts, not at the collector's next rescan:
+    one started in a run-queue storm ran beside the victims unlabelled."""
 
-    def __init__(self, timeout_s: float = 10.0):
+    def __init__(self, timeout_s: float = 10.0, own: dict[int, str] | None = None):
         self.timeout_s = timeout_s  # a large library's symbol table is read on its first frame
+        self.own = own
         self.restarts = 0
         self._proc: subprocess.Popen | None = None
         self._pending = b""  # what the helper wrote past the last full line
@@ -171,6 +174,8 @@ class UserSymbolsHelper:
                                       stdout=subprocess.PIPE, bufsize=0, close_fds=True)
         self._pending = b""
         _running_helpers.add(self._proc.pid)
+        if self.own is not None:
+            self.own[self._proc.pid] = "collector"  # as hostinfo.own_role names a jitterscope.collector module
         self._reaper = weakref.finalize(self, _reap, self._proc)
         return self._proc
 

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 
 from jitterscope.collector import hostinfo
-from jitterscope.collector.stacks import StackTable
+from jitterscope.collector.stacks import StackTable, Symbolizer, UserSymbolsHelper
 from jitterscope.collector.probes import base
 from jitterscope.collector.probes.interface import LatencySignal, ProbeContext
 from jitterscope.schemas import events
@@ -122,7 +122,7 @@ class RunqSignal(LatencySignal):
         s = context.settings
         self.probe = RunqProbe(int(s.runq_threshold_ms * 1_000_000), context.targets, context.thresholds,
                                stacks=s.runq_stacks)
-        self.stacks = RunqStacks(self.publish_stack)
+        self.stacks = RunqStacks(self.publish_stack, Symbolizer(helper=UserSymbolsHelper(own=context.own)))
         self.probe.open(self.on_event)
 
     def publish_stack(self, stack_id: int, pid: int, comm: str, kernel: list[str], user: list[str]) -> None:

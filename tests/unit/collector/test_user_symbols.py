@@ -93,3 +93,14 @@ def test_a_helper_whose_owner_is_dropped_unclosed_ends_with_it(getpid_address):
     gc.collect()
     assert proc.poll() is not None  # reaped, not left running beside the collector
     assert proc.pid not in helper_pids()
+
+
+def test_a_helper_is_the_collector_s_own_from_its_start():
+    own: dict[int, str] = {}
+    helper = UserSymbolsHelper(own=own)
+    symbolizer = Symbolizer(helper=helper)
+    try:
+        symbolizer.user([0x1000], os.getpid())  # any frame starts the helper
+        assert own == {helper.pid: "collector"}
+    finally:
+        symbolizer.close()
