@@ -150,19 +150,25 @@ def evictor(evidence: HostEvidence, span: RequestSpan, group: set[int] | None,
     serving group that added the most pages (page cache and allocations,
     the pages probe's counts) from EVICTOR_LOOKBACK_NS before the request
     to its end, as "comm (pid N)"; "" when none is known. Among the
-    processes under the same memory limit when any is, else host-wide.
-    A process's memory cgroup is the one its page counts carry (the
-    collector reads it with them), else its process record's: that travels
-    on another topic and may come late, or never for a short-lived process.
-    ``record_of``: a pid's process record on the span's host, None where
-    none has come (yet)."""
+    processes under the same memory limit when any is (memcg reclaim takes
+    from the cgroup whatever the node), else on the NUMA nodes where the
+    serving group's own pages landed (a node's reclaim takes from that
+    node: the archiver that filled node 1 did not evict weights on node 0),
+    else host-wide. A process's memory cgroup is the one its page counts
+    carry (the collector reads it with them), else its process record's:
+    that travels on another topic and may come late, or never for a
+    short-lived process. ``record_of``: a pid's process record on the
+    span's host, None where none has come (yet)."""
     found = evidence.get((HOST_PAGES, PagePlacement))
-    added: dict[int, int] = defaultdict(int)
+    added: dict[int, dict[int, int]] = defaultdict(lambda: defaultdict(int))  # pid -> node -> pages
     names: dict[int, str] = {}
     cgroups: dict[int, str] = {}
+    serving_nodes: set[int] = set()
     for record in found.overlapping(span.start_ns - EVICTOR_LOOKBACK_NS, span.end_ns) if found else ():
-        if record.pid and (group is None or record.pid not in group):
-            added[record.pid] += record.page_cache_pages + record.alloc_pages
+        if record.pid == span.pid or (group is not None and record.pid in group):
+            serving_nodes.add(record.node)
+        elif record.pid:
+            added[record.pid][record.node] += record.page_cache_pages + record.alloc_pages
             names[record.pid] = record.comm
             cgroups[record.pid] = record.memory_cgroup or cgroups.get(record.pid, "")
     limit = memory_limit(record_of(span.pid))
@@ -174,9 +180,12 @@ def evictor(evidence: HostEvidence, span: RequestSpan, group: set[int] | None,
         # known to be charged elsewhere did not fill it (the disk reader of an earlier pod, say)
         sharing = [pid for pid in added if shares_limit(limit, cgroups[pid])]
         candidates = sharing or [pid for pid in added if not cgroups[pid]]
-        if candidates:
-            added = {pid: added[pid] for pid in candidates}
-    if not added:
+    else:
+        candidates = [pid for pid in added if serving_nodes & added[pid].keys()] if serving_nodes else []
+        added = {pid: {node: pages for node, pages in nodes.items() if node in serving_nodes}
+                 for pid, nodes in added.items()} if candidates else added
+    totals = {pid: sum(added[pid].values()) for pid in (candidates or added)}
+    if not totals:
         return ""
-    pid = max(added, key=added.get)
+    pid = max(totals, key=totals.get)
     return f"{names[pid]} (pid {pid})"

@@ -430,13 +430,14 @@ class Handlers:
         for p in placements:
             by_process[(p.host, p.pid)].append(p)
         out = []
+        fillers = self._node_fillers(placements)
         for (host, pid), group in by_process.items():
             topo = self.state.topology.get(host)
             if topo is None:
                 continue
             process = self.state.processes.get((host, pid))
             if process and process.gpus:
-                alert = pages.remote_memory(process, group, topo, self.t, now_ns)
+                alert = pages.remote_memory(process, group, topo, self.t, now_ns, fillers.get(host))
                 if self.cooldowns.fresh(alert, pid):
                     out.append(alert)
                 continue
@@ -445,4 +446,16 @@ class Handlers:
                 alert = pages.node_filler(placement, process, topo, users, self.t, now_ns)
                 if self.cooldowns.fresh(alert, pid, placement.node):
                     out.append(alert)
+        return out
+
+    def _node_fillers(self, placements: list[events.PagePlacement]) -> dict[str, dict[int, events.PagePlacement]]:
+        """host -> node -> the placement that added the most page cache there
+        among the processes that serve no GPU (who filled an inference
+        process's own node, pushing its pages to the other)."""
+        out: dict[str, dict[int, events.PagePlacement]] = defaultdict(dict)
+        for p in placements:
+            process = self.state.processes.get((p.host, p.pid))
+            best = out[p.host].get(p.node)
+            if not (process and process.gpus) and (best is None or p.page_cache_pages > best.page_cache_pages):
+                out[p.host][p.node] = p
         return out

@@ -14,10 +14,18 @@ def _pages(p: PagePlacement) -> int:
     return p.page_cache_pages + p.alloc_pages
 
 
+def _cache_rate(p: PagePlacement) -> float:
+    """Bytes per second the process added to the node's page cache."""
+    return p.page_cache_pages * PAGE / max(p.interval_ns / 1e9, 1e-9)
+
+
 def remote_memory(process: ProcessInfo, placements: list[PagePlacement], topo: Topology,
-                  t: Thresholds, now_ns: int) -> Alert | None:
+                  t: Thresholds, now_ns: int, fillers: dict[int, PagePlacement] | None = None) -> Alert | None:
     """An inference process's new pages land mostly away from its GPU's node.
-    ``placements``: its records of one interval, one per node."""
+    ``placements``: its records of one interval, one per node. ``fillers``:
+    node -> the biggest page-cache filler of the same interval among the
+    processes that serve no GPU: where one fills the GPU's node, that is
+    why the pages went remote (the node was full), and the alert names it."""
     gpu, node, _ = gpu_context(topo, process.gpus)
     total = sum(_pages(p) for p in placements)
     if not gpu or total < t.remote_min_pages:
@@ -30,9 +38,19 @@ def remote_memory(process: ProcessInfo, placements: list[PagePlacement], topo: T
                f"new memory on node {biggest.node}, away from its GPU {gpu} on node {node}")
     remedy = (f"numactl --cpunodebind={node} --membind={node} <command>; to move what is there now: "
               f"migratepages {process.pid} {biggest.node} {node}")
+    filler = (fillers or {}).get(node)
+    if filler is not None and _cache_rate(filler) < t.filler_bytes_per_s:
+        filler = None  # the node's cache grows, but not enough to have pushed the pages away
+    if filler is not None:
+        summary += (f"; node {node} is being filled by {filler.comm} (pid {filler.pid}), "
+                    f"{_cache_rate(filler) / MB:.0f} MiB/s of page cache")
+        remedy = (f"move {filler.comm} off node {node} (numactl --membind={biggest.node}, now: migratepages "
+                  f"{filler.pid} {node} {biggest.node}) or make it use direct I/O / posix_fadvise(DONTNEED); "
+                  f"then {remedy}")
     return alert(biggest, "numa_remote_memory", "warning", process.pid, process.comm, summary, remedy, now_ns,
                  {"gpu": gpu, "gpu_node": str(node), "remote_node": str(biggest.node),
-                  "remote_share": f"{remote / total:.2f}"}, cpus_allowed=process.cpus_allowed)
+                  "remote_share": f"{remote / total:.2f}", "filled_by": f"{filler.comm} (pid {filler.pid})" if filler else ""},
+                 cpus_allowed=process.cpus_allowed)
 
 
 def node_filler(placement: PagePlacement, process: ProcessInfo | None, topo: Topology,
@@ -42,7 +60,7 @@ def node_filler(placement: PagePlacement, process: ProcessInfo | None, topo: Top
     the inference processes using it."""
     if process and process.gpus:
         return None  # inference processes are judged by remote_memory
-    rate = placement.page_cache_pages * PAGE / max(placement.interval_ns / 1e9, 1e-9)
+    rate = _cache_rate(placement)
     if rate < t.filler_bytes_per_s:
         return None
     gpus = [g for g in gpu_users if gpu_node(topo, g) == placement.node]

@@ -659,8 +659,8 @@ def test_a_named_thread_that_mostly_waited_on_its_group_leaves_the_group_s_evide
 
 
 def placement(end_ms: float, pid: int, comm: str, cache: int = 0, alloc: int = 0,
-              memory_cgroup: str = "") -> PagePlacement:
-    return PagePlacement(host="h1", boot_id="b", seq=0, ts_ns=T0 + int(end_ms * MS), pid=pid, comm=comm, node=0,
+              memory_cgroup: str = "", node: int = 0) -> PagePlacement:
+    return PagePlacement(host="h1", boot_id="b", seq=0, ts_ns=T0 + int(end_ms * MS), pid=pid, comm=comm, node=node,
                          interval_ns=1_000 * MS, page_cache_pages=cache, alloc_pages=alloc,
                          memory_cgroup=memory_cgroup)
 
@@ -676,6 +676,31 @@ def test_a_memory_stall_names_who_filled_memory_before_it_not_the_group_itself()
     a.add_request(span("mem-1", 0, 40))
     [r] = due_after(a, 40)
     assert (r.cause, r.culprit, r.memory_wait_ns) == ("memory_stall", "log-archiver (pid 700)", 30 * MS)
+
+
+def test_with_no_memory_limit_the_evictor_is_who_filled_the_serving_group_s_own_node():
+    # two nodes, no limit: a node's reclaim takes from that node, so the backup that filled node 1
+    # (the most pages on the host) did not evict the server's weights on node 0; the archiver did.
+    # With none of the group's pages seen, every node counts, as on a one-node host.
+    a = Attributor(grace_ns=GRACE)
+    baseline(a)
+    a.add_evidence(placement(-20_000, 800, "backup", cache=900_000, node=1))
+    a.add_evidence(placement(-20_000, 700, "log-archiver", cache=50_000, node=0))
+    a.add_evidence(placement(-20_000, 700, "log-archiver", cache=10, node=1))
+    a.add_evidence(placement(40, 100, "vllm", cache=20_000, node=0))  # faulting its weights back, on node 0
+    a.add_evidence(blocked(40, 30, kind="memory", waker=(0, 0, "swapper/0")))
+    a.add_request(span("mem-n0", 0, 40))
+    [r] = due_after(a, 40)
+    assert (r.cause, r.culprit) == ("memory_stall", "log-archiver (pid 700)")
+
+    elsewhere = Attributor(grace_ns=GRACE)
+    baseline(elsewhere)
+    elsewhere.add_evidence(placement(-20_000, 800, "backup", cache=900_000, node=1))
+    elsewhere.add_evidence(placement(-20_000, 700, "log-archiver", cache=50_000, node=0))
+    elsewhere.add_evidence(blocked(40, 30, kind="memory", waker=(0, 0, "swapper/0")))
+    elsewhere.add_request(span("mem-any", 0, 40))
+    [r] = due_after(elsewhere, 40)
+    assert r.culprit == "backup (pid 800)"
 
 
 @pytest.mark.parametrize("known", ["records", "archiver-record-not-in-yet", "cgroups-on-the-page-counts"])

@@ -83,6 +83,20 @@ def test_inference_memory_on_the_remote_node(topo):
     assert pages.remote_memory(process(), [placement(4242, 0, alloc=100)], topo, T, NOW) is None  # too little
 
 
+def test_remote_memory_names_who_filled_the_gpu_s_node(topo):
+    # the remote-allocation variant of the archiver story: node 1 (the GPU's) fills with a backup's
+    # page cache, so the server's new pages land on node 0; the alert says so and moves the backup first
+    remote = [placement(4242, 0, page_cache=60_000, comm="vllm"), placement(4242, 1, alloc=10_000, comm="vllm")]
+    fillers = {1: placement(777, 1, page_cache=200_000, comm="backup"), 0: placement(778, 0, page_cache=900_000)}
+    alert = pages.remote_memory(process(), remote, topo, T, NOW, fillers)
+    assert "node 1 is being filled by backup (pid 777), 78 MiB/s" in alert.summary
+    assert alert.remedy.startswith("move backup off node 1 (numactl --membind=0, now: migratepages 777 1 0)")
+    assert "migratepages 4242 0 1" in alert.remedy and alert.evidence["filled_by"] == "backup (pid 777)"
+    slow = {1: placement(777, 1, page_cache=1_000, comm="backup")}  # not enough to have pushed anything away
+    alert = pages.remote_memory(process(), remote, topo, T, NOW, slow)
+    assert "filled" not in alert.summary and alert.evidence["filled_by"] == ""
+
+
 def test_another_job_filling_the_gpu_node_is_sent_to_the_other_node(topo):
     users = {GPU4: ["vllm"]}  # node 1 serves inference, node 0 does not
     backup = placement(777, 1, page_cache=200_000, comm="backup")  # 78 MiB/s over 10 s
@@ -165,6 +179,8 @@ def test_judge_groups_page_placement_per_process(topo):
                                         placement(4242, 1, alloc=10_000, comm="vllm"),
                                         placement(777, 1, page_cache=200_000, comm="backup")], NOW)
     assert sorted(a.kind for a in alerts) == ["numa_node_filler", "numa_remote_memory"]
+    [remote] = [a for a in alerts if a.kind == "numa_remote_memory"]
+    assert remote.evidence["filled_by"] == "backup (pid 777)"  # not vllm itself, though it added more on node 0
 
 
 def test_thresholds_come_from_the_settings():
