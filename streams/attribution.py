@@ -32,6 +32,8 @@ A wait is then split by what kept the CPU from the thread:
   CPU's holder is a process of the request's serving group): more runnable
   threads than CPUs. It is never charged to a neighbour, and the group's own
   threads are never suspects.
+- idle: of the rest, what the idle task held (suspect pid 0: an idle CPU
+  waking; a VM's vCPU back from the hypervisor): run-queue time, no one's.
 - ``runq_starvation``: the rest; only this part is charged to the suspects
   (the tasks outside the group that held the CPU).
 
@@ -52,8 +54,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict, deque
-from dataclasses import dataclass, field
-
+from dataclasses import dataclass, field, fields
 from typing import Protocol
 
 from jitterscope.schemas.events import (CgroupThrottle, GpuIoctl, GpuTelemetry, GpuXid, IrqTime, ProcessInfo,
@@ -67,9 +68,8 @@ from jitterscope.streams.thread_budget import (STALLS, ThreadBudget, carried_par
                                                thread_budget)
 from jitterscope.streams.wait_index import TOP_SUSPECTS, SplitCache, Tie, WaitIndex, rank_suspects
 
-# the names importers took from here before the split into evidence, thread_budget and culprits
-__all__ = ["Attributor", "Culprits", "Evidence", "ProcessBook", "STALLS", "duration_ns", "kind_of", "overlap_ns",
-           "shares_limit"]
+# with the names importers took from here before the split into evidence, thread_budget and culprits
+__all__ = ["Attributor", "Culprits", "Evidence", "ProcessBook", "STALLS", "duration_ns", "kind_of", "overlap_ns", "shares_limit"]
 
 
 class ProcessBook(Protocol):
@@ -101,6 +101,7 @@ class _Charges:
     irq_records: dict[tuple[int, str, str], IrqTime] = field(default_factory=dict)  # each source's latest record
     own_ns: int = 0  # held by the group's own threads
     own_threads: set[int] = field(default_factory=set)  # those threads
+    idle_ns: int = 0  # held by no one: the idle task had the CPU (waking an idle CPU)
     ioctl: tuple[int, int, int] = (0, 0, 0)  # its GPU driver calls: (ns in all, the longest, how many)
     longest_call: GpuIoctl | None = None  # the one the alert names
     contributed: set[int] = field(default_factory=set)  # the processes whose evidence was charged
@@ -334,20 +335,17 @@ class Attributor:
         contributed: set[int] = set()
         budget = thread_budget(evidence, span, group, per_thread if index else runq_per_thread(runq), contributed)
         if budget.named and budget.busy() and budget.delay_ns >= DOMINANT_SHARE * excess:
-            # The span names its thread, that thread was not mostly asleep
-            # waiting on others, and its own waits and stalls would explain
-            # the excess (else the request waited mostly on other threads of
-            # the group: vLLM's front end asleep while its throttled engine
-            # works): its own waits are the request's delay (carried_parts).
+            # The span names its thread, that thread was not mostly asleep waiting on others, and its
+            # own waits and stalls would explain the excess (else the request waited mostly on other
+            # threads of the group: vLLM's front end asleep while its throttled engine works): its
+            # own waits are the request's delay (carried_parts).
             if index:  # only those threads' parts are needed
                 parts[RunqEvent] = index.parts(span.start_ns, span.end_ns, {budget.tid} | budget.gil_holders)
                 index = None
             parts = carried_parts(parts, budget)
         if index:
             contributed |= fast.pids
-            charged = _Charges(runq=fast.runq, suspects=fast.suspects, throttled=fast.throttled,
-                               throttles=fast.throttles, irq=fast.irq, sources=fast.sources,
-                               irq_records=fast.irq_records, own_ns=fast.own_ns, own_threads=fast.own_threads)
+            charged = _Charges(**{f.name: getattr(fast, f.name) for f in fields(fast) if f.name != "pids"})
             waited = index.union_ns(span.start_ns, span.end_ns)
         else:
             charged = self._charge(evidence, parts[RunqEvent], group, contributed)
@@ -384,7 +382,7 @@ class Attributor:
         # backup with workers, a pool of hogs) is one suspect to move; its pid
         # is the process that held the CPU longest.
         by_suspect: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
-        throttled = irq = own_ns = total = longest = count = 0
+        throttled = irq = own_ns = idle_ns = total = longest = count = 0
         throttles: dict[str, int] = defaultdict(int)
         sources: dict[tuple[int, str, str], int] = defaultdict(int)
         irq_records: dict[tuple[int, str, str], IrqTime] = {}
@@ -411,10 +409,13 @@ class Attributor:
             if group is not None and event.suspect_pid in group:
                 own_ns += rest
                 own_threads.add(event.suspect_tid)
+            elif event.suspect_pid == 0:
+                idle_ns += rest
             else:
                 by_suspect[event.suspect_comm][event.suspect_pid] += rest
-        return _Charges(runq=(total, longest, count), suspects=rank_suspects(by_suspect, TOP_SUSPECTS), throttled=throttled, throttles=throttles,
-                        irq=irq, sources=sources, irq_records=irq_records, own_ns=own_ns, own_threads=own_threads)
+        return _Charges(runq=(total, longest, count), suspects=rank_suspects(by_suspect, TOP_SUSPECTS),
+                        throttled=throttled, throttles=throttles, irq=irq, sources=sources, irq_records=irq_records,
+                        own_ns=own_ns, own_threads=own_threads, idle_ns=idle_ns)
 
     def _culprit(self, evidence: HostEvidence, span: RequestSpan, group: set[int] | None, cause: str,
                  charged: _Charges, budget: ThreadBudget) -> str:
@@ -490,7 +491,7 @@ def _cause(excess: int, baseline: int, waited: int, charged: _Charges, budget: T
     # never overlap: for it the two are the same.
     runq, throttled, irq, own_ns = charged.runq[0], charged.throttled, charged.irq, charged.own_ns
     share = waited / runq if runq else 1.0
-    name, ns = max((("runq_starvation", share * (runq - throttled - irq - own_ns)),
+    name, ns = max((("runq_starvation", share * (runq - throttled - irq - own_ns - charged.idle_ns)),
                     ("cfs_throttling", share * throttled), ("irq", share * irq),
                     ("self_contention", share * own_ns), ("gpu_ioctl_stall", charged.ioctl[0]),
                     *((STALLS[kind], budget.blocked.get(kind, 0)) for kind in STALLS)),

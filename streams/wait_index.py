@@ -82,6 +82,7 @@ class Charged:
     irq_records: dict[tuple, IrqTime]
     own_ns: int
     own_threads: set[int]
+    idle_ns: int
     pids: set[int] = field(default_factory=set)
 
 
@@ -157,6 +158,8 @@ class WaitIndex:
         if rest > 0:
             if self.group is not None and event.suspect_pid in self.group:
                 out += [(("own",), rest), (("own thread", event.suspect_tid), 1)]
+            elif event.suspect_pid == 0:
+                out.append((("idle",), rest))
             else:
                 out.append((("suspect", event.suspect_comm, event.suspect_pid), rest))
         return out
@@ -313,7 +316,8 @@ def _charged(totals: dict[tuple, int], runq: tuple[int, int, int], pids: set[int
                    throttles=_in_order(throttles, "throttle", first_seen) if throttled else throttles,
                    irq=totals.get(("stolen",), 0), sources=_in_order(sources, "irq", first_seen),
                    irq_records={}, own_ns=totals.get(("own",), 0),
-                   own_threads={key[1] for key, v in totals.items() if key[0] == "own thread" and v > 0}, pids=pids)
+                   own_threads={key[1] for key, v in totals.items() if key[0] == "own thread" and v > 0},
+                   idle_ns=totals.get(("idle",), 0), pids=pids)
 
 
 def _merged(intervals: list[tuple[int, int]]) -> tuple[list[int], list[int]]:

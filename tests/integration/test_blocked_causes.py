@@ -142,6 +142,7 @@ def test_gil_wait_is_explained_with_its_holder(pipeline):
     last = max(requests, key=lambda r: requests[r][1])
     wait_until(lambda: attribution(stack, last), 90, "the last request attributed", worker)
     got = {r: attribution(stack, r) for r in requests}
+    import json as _j; open("/tmp/gap/run.json", "w").write(_j.dumps({"requests": requests, "got": got, "hog": hog_tid, "lines": lines}, default=str))  # GAPDEBUG
 
     # The holder is the hog but for a few: the span exporter's thread holds
     # the GIL too when it serialises a batch, and then it is the one to name

@@ -188,6 +188,19 @@ def test_waits_behind_the_groups_own_threads_are_self_contention_not_a_neighbour
     assert result.cause == "runq_starvation" and result.self_wait_ns == 0 and result.suspects[0].comm == "jshog"
 
 
+def test_waits_held_by_the_idle_task_are_run_queue_time_charged_to_no_one():
+    """An idle CPU waking for the thread (a VM's vCPU back from the
+    hypervisor): no neighbour held it, so no suspect and no starvation,
+    but the time is in the run-queue part, not on the CPU."""
+    a = Attributor(grace_ns=GRACE)
+    baseline(a)
+    a.add_request(span("r", 0, 100))
+    for at in (20, 45, 70, 95):
+        a.add_evidence(wait(at, 20, suspect=(0, "swapper/3")))
+    [result] = due_after(a, 100)
+    assert (result.cause, result.suspects, result.runq_wait_ns) == ("unexplained", [], 80 * MS)
+
+
 def test_request_of_an_unknown_process_gets_no_evidence():
     a = Attributor(grace_ns=GRACE)
     baseline(a)

@@ -19,7 +19,7 @@ from jitterscope.streams.wait_index import SplitCache, WaitIndex
 
 MS = 1_000_000
 T0 = 1_800_000_000_000_000_000
-SERVING, ENGINE, HOGS = 100, 101, [(900, "hog"), (901, "hog"), (902, "backup"), (101, "engine")]
+SERVING, ENGINE, HOGS = 100, 101, [(900, "hog"), (901, "hog"), (902, "backup"), (101, "engine"), (0, "swapper/1")]
 
 
 class Walking(Attributor):
