@@ -11,6 +11,11 @@
  * the one that ran longest during the wait. (The task that ran last is often
  * a kernel thread that woke for a moment; blaming it would hide the hog.)
  *
+ * A serving process's thread (one with a threshold of its own) also sends
+ * its waits under that threshold, summed per burst (add_short_wait): each is
+ * too short to matter alone, but together they are part of its requests'
+ * time, which would otherwise count as time on the CPU.
+ *
  * Stacks (config.stacks) are taken only where an event can use them, because
  * a stack walk costs far more than the rest of a switch:
  *  - the suspect's, at the switch into a waiter whose wait is over its
@@ -83,6 +88,8 @@ BPF_TABLE("lru_hash", u32, struct victim_stack, victim_stacks, MAX_VICTIM_THREAD
 BPF_PERCPU_ARRAY(victim_blank, struct victim_stack, 1);  /* a zeroed value to create slots from */
 /* tid -> when it last waited over its threshold (written only with an event) */
 BPF_TABLE("lru_hash", u32, u64, long_waits, MAX_LONG_WAITERS);
+/* serving thread -> its short waits not sent yet (inserted once per thread) */
+BPF_TABLE("lru_hash", u32, struct short_waits, short_waits, MAX_VICTIM_THREADS);
 
 /* Until the collector has written the config (threshold 0), nothing is
  * tracked: the probe attaches at load, before its filters are set. */
@@ -152,6 +159,115 @@ static __always_inline void mark_runnable(u32 tid, u64 now)
     t->has_stack = 0;
 }
 
+/* Of the CPU's recent runs, the one that overlapped a wait from
+ * ``waited_from`` the most, the waiter's own and the idle task's aside:
+ * its index, -1 when none did. */
+static __always_inline int busiest_run(struct cpu_runs *cpu, u32 tid, u64 waited_from)
+{
+    u64 best = 0;
+    int best_i = -1;
+#pragma unroll
+    for (int i = 0; i < RECENT_RUNS; i++) {
+        struct cpu_run *run = &cpu->runs[i];
+        u64 from = run->start_ns > waited_from ? run->start_ns : waited_from;
+        u64 overlap = run->end_ns > from ? run->end_ns - from : 0;
+        if (run->tid != tid && run->tid != 0 && overlap > best) {
+            best = overlap;
+            best_i = i;
+        }
+    }
+    return best_i;
+}
+
+/* Wake the reader for a batch, not for every event: a wakeup each cost
+ * the collector a syscall and a context switch per event. It polls every
+ * 50 ms anyway (collector/agent.py), so an event waits at most that.
+ * (BCC 0.26 has no ringbuf_query to wake by pending bytes: count per CPU.) */
+static __always_inline u64 wakeup_flags(struct cpu_runs *cpu)
+{
+    if (cpu && ++cpu->unannounced >= WAKEUP_EVENTS) {
+        cpu->unannounced = 0;
+        return BPF_RB_FORCE_WAKEUP;
+    }
+    return BPF_RB_NO_WAKEUP;
+}
+
+/* A serving thread's held short waits leave as one event (waits > 1, no
+ * stacks), stamped with the last one's end. ``comm``: the thread's name. */
+static __always_inline void send_short_waits(const char *comm, struct cpu_runs *cpu, struct short_waits *held,
+                                             u32 tid, u32 tgid)
+{
+    struct runq_event *ev = events.ringbuf_reserve(sizeof(*ev));
+    if (ev) {
+        ev->ts_ns = held->last_ns;
+        ev->wait_ns = held->sum_ns;
+        ev->pid = tgid;
+        ev->tid = tid;
+        ev->cpu = held->cpu;
+        ev->suspect_pid = held->suspect_pid;
+        ev->suspect_tid = held->suspect_tid;
+        ev->waits = held->count;
+        bpf_probe_read_kernel(&ev->comm, sizeof(ev->comm), comm);
+        __builtin_memcpy(ev->suspect_comm, held->suspect_comm, TASK_COMM_LEN);
+        ev->victim_kernel_bytes = ev->victim_user_bytes = -1;
+        ev->suspect_kernel_bytes = ev->suspect_user_bytes = -1;
+        events.ringbuf_submit(ev, wakeup_flags(cpu));
+    } else {
+        count_drop(DROP_RINGBUF);
+    }
+    held->last_ns = held->sum_ns = held->longest_ns = 0;
+    held->count = 0;
+}
+
+/* A serving thread's wait under its threshold: too short to send alone, but
+ * a GIL-bound thread has dozens of them per request (each hand-off wakes an
+ * idle CPU: ~35 us on a VM, 1-2 ms a request), which its time budget would
+ * otherwise count as time on the CPU. Held per thread and sent summed, once
+ * they reach the threshold or when the next one comes over
+ * SHORT_WAIT_GAP_NS later (so a sum stays inside one burst, e.g. one
+ * request); a thread that never waits again keeps its last sum unsent. The
+ * sum's suspect is that of its longest wait (the prev task by default: the
+ * idle task for a wake-up of an idle CPU). */
+struct switch_names {  /* the tracepoint's names, for helpers called before its args type exists */
+    const char *prev_comm;
+    const char *next_comm;
+    u32 prev_tid;
+};
+
+static __always_inline void add_short_wait(struct switch_names *sw, struct cpu_runs *cpu, u32 tid, u32 tgid,
+                                           u64 now, u64 wait_ns, u64 threshold)
+{
+    struct short_waits *held = short_waits.lookup(&tid);
+    if (!held) {
+        struct short_waits none = {};
+        check_update(short_waits.update(&tid, &none));
+        held = short_waits.lookup(&tid);
+        if (!held)
+            return;
+    }
+    if (held->count && now - wait_ns - held->last_ns > SHORT_WAIT_GAP_NS)
+        send_short_waits(sw->next_comm, cpu, held, tid, tgid);
+    held->sum_ns += wait_ns;
+    held->last_ns = now;
+    held->count++;
+    if (wait_ns > held->longest_ns) {
+        held->longest_ns = wait_ns;
+        held->cpu = bpf_get_smp_processor_id();
+        held->suspect_pid = bpf_get_current_pid_tgid() >> 32;  /* current is still prev here */
+        held->suspect_tid = sw->prev_tid;
+        bpf_probe_read_kernel(&held->suspect_comm, sizeof(held->suspect_comm), sw->prev_comm);
+        int i = cpu ? busiest_run(cpu, tid, now - wait_ns) : -1;
+        if (cpu && i >= 0 && i < RECENT_RUNS) {
+            struct cpu_run *run = &cpu->runs[i];
+            held->suspect_pid = run->pid;
+            held->suspect_tid = run->tid;
+            __builtin_memcpy(held->suspect_comm, run->comm, TASK_COMM_LEN);
+        }
+    }
+    if (held->sum_ns >= threshold)
+        send_short_waits(sw->next_comm, cpu, held, tid, tgid);
+}
+
 TRACEPOINT_PROBE(task, task_newtask)
 {
     /* Runs in the parent: a new thread shares its tgid, a new process has its own. */
@@ -178,6 +294,7 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
 {
     u32 tid = args->pid;
     threads.delete(&tid);
+    short_waits.delete(&tid);  /* an exiting thread's last sum stays unsent */
     return 0;
 }
 
@@ -251,13 +368,22 @@ TRACEPOINT_PROBE(sched, sched_switch)
     if (!cfg)
         return 0;
     u64 threshold = cfg->threshold_ns;
+    int serving = 0;  /* a process with a threshold of its own: one whose requests are explained */
     if (cfg->has_overrides) {
         u64 *own = targets.lookup(&tgid);
-        if (own && *own)
+        if (own && *own) {
             threshold = *own;
+            serving = 1;
+        }
     }
-    if (wait_ns < threshold)
+    if (wait_ns < threshold) {
+        if (serving) {
+            struct switch_names sw = {.prev_comm = args->prev_comm, .next_comm = args->next_comm,
+                                      .prev_tid = prev_tid};
+            add_short_wait(&sw, cpu, tid, tgid, now, wait_ns, threshold);
+        }
         return 0;
+    }
     if (cfg->stacks)  /* its next preemptions are worth a stack (LRU: never "full") */
         long_waits.update(&tid, &now);
 
@@ -271,7 +397,7 @@ TRACEPOINT_PROBE(sched, sched_switch)
     ev->pid = tgid;
     ev->tid = tid;
     ev->cpu = bpf_get_smp_processor_id();
-    ev->_pad = 0;
+    ev->waits = 1;
     bpf_probe_read_kernel(&ev->comm, sizeof(ev->comm), args->next_comm);
     /* the suspect: the recent run that overlapped the wait the most */
     ev->suspect_pid = prev_tgid;
@@ -289,18 +415,7 @@ TRACEPOINT_PROBE(sched, sched_switch)
         }
     }
     if (cpu) {
-        u64 waited_from = now - wait_ns, best = 0;
-        int best_i = -1;
-#pragma unroll
-        for (int i = 0; i < RECENT_RUNS; i++) {
-            struct cpu_run *run = &cpu->runs[i];
-            u64 from = run->start_ns > waited_from ? run->start_ns : waited_from;
-            u64 overlap = run->end_ns > from ? run->end_ns - from : 0;
-            if (run->tid != tid && run->tid != 0 && overlap > best) {
-                best = overlap;
-                best_i = i;
-            }
-        }
+        int best_i = busiest_run(cpu, tid, now - wait_ns);
         if (best_i >= 0 && best_i < RECENT_RUNS) {
             struct cpu_run *run = &cpu->runs[best_i];
             ev->suspect_pid = run->pid;
@@ -318,15 +433,6 @@ TRACEPOINT_PROBE(sched, sched_switch)
         ev->suspect_user_bytes = bpf_get_stack(args, ev->suspect_user, sizeof(ev->suspect_user),
                                                BPF_F_USER_STACK);
     }
-    /* Wake the reader for a batch, not for every event: a wakeup each cost
-     * the collector a syscall and a context switch per event. It polls every
-     * 50 ms anyway (collector/agent.py), so an event waits at most that.
-     * (BCC 0.26 has no ringbuf_query to wake by pending bytes: count per CPU.) */
-    u64 flags = BPF_RB_NO_WAKEUP;
-    if (cpu && ++cpu->unannounced >= WAKEUP_EVENTS) {
-        cpu->unannounced = 0;
-        flags = BPF_RB_FORCE_WAKEUP;
-    }
-    events.ringbuf_submit(ev, flags);
+    events.ringbuf_submit(ev, wakeup_flags(cpu));
     return 0;
 }

@@ -67,7 +67,7 @@ struct runq_event {
     u32 cpu;
     u32 suspect_pid;    /* tgid of the task that ran longest on the CPU during the wait */
     u32 suspect_tid;
-    u32 _pad;
+    u32 waits;          /* 1; more when it sums a serving thread's short waits (struct short_waits) */
     char comm[TASK_COMM_LEN];
     char suspect_comm[TASK_COMM_LEN];
     /* Stacks, innermost first (bytes < 0: none taken): the waiter's where it
@@ -82,6 +82,23 @@ struct runq_event {
     u64 suspect_kernel[STACK_DEPTH];
     u64 suspect_user[STACK_DEPTH];
 };
+
+/* A serving thread's run-queue waits under its own threshold, summed (see
+ * runq.bpf.c): each is too short to send, together they are a request's
+ * missing milliseconds (an idle CPU's wake-up after each GIL hand-off). */
+struct short_waits {
+    u64 last_ns;        /* when the last one ended (0: none held) */
+    u64 sum_ns;
+    u64 longest_ns;
+    u32 count;
+    u32 cpu;            /* the longest one's CPU and suspect */
+    u32 suspect_pid;
+    u32 suspect_tid;
+    char suspect_comm[TASK_COMM_LEN];
+};
+
+/* Short waits further apart than this are sent as separate sums. */
+#define SHORT_WAIT_GAP_NS 1000000ULL
 
 /* Per-process log2 histogram of every wait, in microseconds: slot s holds
  * waits in [2^s, 2^(s+1)) us (floor(log2), as libbpf-tools runqlat). */

@@ -56,9 +56,12 @@ OWN_SUSPECT_PREFIX = "jitterscope:"
 
 
 class RunqEvent(Record, frozen=True):
-    """A thread waited at least the probe threshold for a CPU. In ns in the
-    stream; stored with ``ts_ns`` and ``wait_ns`` truncated to whole
-    microseconds (schemas/clickhouse/015_runq_microseconds.sql)."""
+    """A thread waited at least the probe threshold for a CPU -- or, with
+    ``waits`` > 1, a serving thread's waits under its threshold, summed:
+    ``wait_ns`` is their total and ``ts_ns`` the last one's end (bpf/runq.h
+    struct short_waits). In ns in the stream; stored with ``ts_ns`` and
+    ``wait_ns`` truncated to whole microseconds
+    (schemas/clickhouse/015_runq_microseconds.sql)."""
 
     pid: U32
     tid: U32
@@ -73,6 +76,7 @@ class RunqEvent(Record, frozen=True):
     # for waits worth an alert)
     victim_stack: U64 = 0
     suspect_stack: U64 = 0
+    waits: U32 = 1  # how many waits it stands for
 
 
 class LatencyHistogram(Record, frozen=True):

@@ -42,6 +42,7 @@ class RawRunqEvent:
     victim_user: tuple[int, ...] = ()
     suspect_kernel: tuple[int, ...] = ()
     suspect_user: tuple[int, ...] = ()
+    waits: int = 1  # > 1: a serving thread's short waits, summed (bpf/runq.h struct short_waits)
 
 
 def _addrs(frames, size: int) -> tuple[int, ...]:
@@ -55,7 +56,7 @@ def decode_event(e) -> RawRunqEvent:
                         base.c_string(bytes(e.comm)), base.c_string(bytes(e.suspect_comm)),
                         _addrs(e.victim_kernel, e.victim_kernel_bytes), _addrs(e.victim_user, e.victim_user_bytes),
                         _addrs(e.suspect_kernel, e.suspect_kernel_bytes),
-                        _addrs(e.suspect_user, e.suspect_user_bytes))
+                        _addrs(e.suspect_user, e.suspect_user_bytes), e.waits)
 
 
 class RunqProbe(base.LatencyProbe):
@@ -146,7 +147,7 @@ class RunqSignal(LatencySignal):
         ctx.publish(ctx.event(
             events.RunqEvent, raw.ts_ns, pid=pid, tid=raw.tid, comm=raw.comm, cpu=raw.cpu,
             wait_ns=raw.wait_ns, suspect_pid=raw.suspect_pid, suspect_tid=raw.suspect_tid,
-            suspect_comm=suspect_comm, victim_stack=victim_stack, suspect_stack=suspect_stack))
+            suspect_comm=suspect_comm, victim_stack=victim_stack, suspect_stack=suspect_stack, waits=raw.waits))
 
     def forget(self, pids: set[int]) -> None:
         super().forget(pids)

@@ -718,3 +718,7 @@ ALTER TABLE jitterscope.runq_events ON CLUSTER '{cluster}' MODIFY COLUMN ts CODE
 ALTER TABLE jitterscope.blocked_waits_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS device LowCardinality(String) DEFAULT '';
 
 ALTER TABLE jitterscope.blocked_waits ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS device LowCardinality(String) DEFAULT '';
+
+ALTER TABLE jitterscope.runq_events_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS waits UInt32 DEFAULT 1;
+
+ALTER TABLE jitterscope.runq_events ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS waits UInt32 DEFAULT 1;

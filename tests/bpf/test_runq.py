@@ -4,12 +4,15 @@ and what its filters keep out."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 
 import pytest
 
 from jitterscope.collector.probes.runq import RunqProbe
-from jitterscope.workload import HOG_COMM, VICTIM_COMM, last_cpu, starvation
+from jitterscope.workload import HOG_COMM, VICTIM_COMM, cpu_hogs, last_cpu, starvation
 
 pytestmark = pytest.mark.bpf
 
@@ -86,4 +89,49 @@ def test_a_process_can_have_its_own_finer_threshold():
             probe.set_targets(set(), {victim.pid: 2 * MS})
             seen = collect(probe, 2.5)
     assert seen and {e.pid for e in seen} == {victim.pid}
-    assert min(e.wait_ns for e in seen) >= 2 * MS
+    # its waits from 2 ms leave one by one; those under come summed (the next test)
+    assert any(e.waits == 1 and e.wait_ns >= 2 * MS for e in seen)
+    assert all(e.waits == 1 for e in seen if e.wait_ns >= 4 * MS)
+
+
+BUSY_VICTIM = """
+import sys, time
+sys.stdin.readline()
+t0, cpu0 = time.monotonic_ns(), time.thread_time_ns()
+while time.monotonic_ns() < t0 + 2_000_000_000:
+    pass
+t1, cpu1 = time.monotonic_ns(), time.thread_time_ns()
+print(t0, t1, (t1 - t0) - (cpu1 - cpu0), flush=True)  # never asleep: its time off the CPU is its run-queue wait
+"""
+
+
+def test_a_serving_thread_s_short_waits_are_summed_not_lost():
+    # a busy thread sharing its CPU with a niced hog: it waits out the hog's
+    # short slices (a tick, 4 ms here), under its threshold. Sent (summed
+    # where they come within 1 ms of each other), they add up to its time
+    # off the CPU (wall less its CPU time: it never sleeps)
+    cpu = last_cpu()
+    with RunqProbe(threshold_ns=1_000 * MS, target_pids=None) as probe, cpu_hogs(4, cpu, count=1) as [hog]:
+        os.setpriority(os.PRIO_PROCESS, hog.pid, 10)
+        seen = []
+        probe.open(seen.append)
+        victim = subprocess.Popen([sys.executable, "-c", BUSY_VICTIM], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  text=True, preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
+        try:
+            probe.set_targets(set(), {victim.pid: 5 * MS})
+            victim.stdin.write("go\n")
+            victim.stdin.flush()
+            while victim.poll() is None:
+                probe.poll(50)
+            poll_for(probe, 0.2)
+            t0, t1, off_cpu = map(int, victim.stdout.read().split())
+        finally:
+            victim.kill()
+            victim.wait()
+    inside = [e for e in seen if e.pid == victim.pid and t0 <= e.ts_ns <= t1]
+    summed = sum(e.wait_ns for e in inside)
+    detail = (summed, off_cpu, [(e.waits, e.wait_ns, e.suspect_comm) for e in inside][:20])
+    assert len([e for e in inside if e.wait_ns < 5 * MS]) >= 10, detail  # under the threshold, yet sent
+    assert all(e.wait_ns < 10 * MS for e in inside if e.waits > 1), detail
+    # off by at most the sum held back at the end (under 5 ms) and the waits astride t0 and t1
+    assert abs(summed - off_cpu) <= 0.1 * off_cpu + 5 * MS, detail

@@ -142,7 +142,6 @@ def test_gil_wait_is_explained_with_its_holder(pipeline):
     last = max(requests, key=lambda r: requests[r][1])
     wait_until(lambda: attribution(stack, last), 90, "the last request attributed", worker)
     got = {r: attribution(stack, r) for r in requests}
-    import json as _j; open("/tmp/gap/run.json", "w").write(_j.dumps({"requests": requests, "got": got, "hog": hog_tid, "lines": lines}, default=str))  # GAPDEBUG
 
     # The holder is the hog but for a few: the span exporter's thread holds
     # the GIL too when it serialises a batch, and then it is the one to name
@@ -157,21 +156,22 @@ def test_gil_wait_is_explained_with_its_holder(pipeline):
     # The budget's parts are measured, not the rest of each other: its on-CPU
     # part (what is left after the waits) is the request's CPU time, as the
     # stand-in measured it, within 10% of the wall time: over all of them, and
-    # for most of them each. Not all: GIL-slowed requests lose ~1-2 ms more off
-    # the CPU than their recorded waits (an open question; the stand-in's run
-    # delay for them is under 0.1 ms, so not a run-queue wait), and that
-    # counts as CPU. Session 13, 16 runs: with the worker's grace at 1 s, 4-13
-    # blocked events a run came after their requests were attributed (2 of 10
-    # runs failed here); with 5 s, none. Ending a block at sched_wakeup, not
-    # sched_waking, counts the wake IPI (46 ms in 817 wakes of the serving
-    # thread in one run). Still, 1 of 6 runs had under 85% of the requests
-    # within 10%: hence three in four.
+    # for nine in ten each. Session 13, 16 runs: with the worker's grace at
+    # 1 s, 4-13 blocked events a run came after their requests were
+    # attributed; with 5 s, none. Session 14 found the 1-2 ms a GIL-slowed
+    # request still lost beyond its recorded waits: dozens of ~35 us waits
+    # for the CPU after each GIL hand-off (an idle vCPU waking), each under
+    # the run-queue probe's threshold. They now come summed (bpf/runq.bpf.c
+    # add_short_wait): the on-CPU part's median error fell from 1.35 ms to
+    # 0.07 ms, measured against every off-CPU interval of the serving thread
+    # traced beside the test. (The stand-in's schedstat run delay misses
+    # most of that wait: it is not the ground truth for it.)
     cpu = {r: requests[r][2] / MS for r in requests}
     on_cpu, wall = sum(got[r]["on_cpu_ns"] for r in affected) / MS, sum(got[r]["duration_ns"] for r in affected) / MS
     assert abs(on_cpu - sum(cpu[r] for r in affected)) <= 0.1 * wall, (
         on_cpu, sum(cpu[r] for r in affected), wall, f"late evidence: {late_evidence(stack)}")
     near = [r for r in affected if abs(got[r]["on_cpu_ns"] / MS - cpu[r]) <= 0.1 * got[r]["duration_ns"] / MS]
-    assert len(near) >= 0.75 * len(affected), (f"late evidence: {late_evidence(stack)}", [
+    assert len(near) >= 0.9 * len(affected), (f"late evidence: {late_evidence(stack)}", [
         (r, f"cpu {cpu[r]:.2f} ms, run delay {requests[r][3] / MS:.2f} ms, on-CPU part {got[r]['on_cpu_ns'] / MS:.2f} ms, "
             f"GIL {got[r]['gil_wait_ns'] / MS:.2f}, runq {got[r]['runq_wait_ns'] / MS:.2f}, wall {got[r]['duration_ns'] / MS:.2f}")
         for r in affected if r not in near])

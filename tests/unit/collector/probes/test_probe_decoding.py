@@ -32,7 +32,7 @@ def comm(text: bytes) -> bytes:
 class RunqEventStruct(ctypes.Structure):  # struct runq_event
     _fields_ = [("ts_ns", ctypes.c_uint64), ("wait_ns", ctypes.c_uint64), ("pid", ctypes.c_uint32),
                 ("tid", ctypes.c_uint32), ("cpu", ctypes.c_uint32), ("suspect_pid", ctypes.c_uint32),
-                ("suspect_tid", ctypes.c_uint32), ("_pad", ctypes.c_uint32), ("comm", COMM),
+                ("suspect_tid", ctypes.c_uint32), ("waits", ctypes.c_uint32), ("comm", COMM),
                 ("suspect_comm", COMM), ("victim_kernel_bytes", ctypes.c_int64),
                 ("victim_user_bytes", ctypes.c_int64), ("suspect_kernel_bytes", ctypes.c_int64),
                 ("suspect_user_bytes", ctypes.c_int64), ("victim_kernel", ctypes.c_uint64 * 127),
@@ -46,9 +46,10 @@ NO_STACKS = RunqEventStruct.STACKS.pack(-1, -1, -1, -1, *[0] * 508)
 
 def test_runq_event_carries_the_victims_stack():
     frames = [0xffff1, 0xffff2, 0x401000] + [0] * 124
-    raw = struct.pack("<QQ6I16s16s", 1, 2, 3, 4, 0, 0, 0, 0, comm(b"a"), comm(b"b")) + \
+    raw = struct.pack("<QQ6I16s16s", 1, 2, 3, 4, 0, 0, 0, 7, comm(b"a"), comm(b"b")) + \
         RunqEventStruct.STACKS.pack(16, 8, -14, 24, *frames, *frames, *frames, *frames)
     e = runq.decode_event(RunqEventStruct.from_buffer_copy(raw))
+    assert e.waits == 7  # a serving thread's short waits, summed
     assert (e.victim_kernel, e.victim_user) == ((0xffff1, 0xffff2), (0xffff1,))
     assert (e.suspect_kernel, e.suspect_user) == ((), (0xffff1, 0xffff2, 0x401000)), "-EFAULT: none"
 
@@ -104,7 +105,7 @@ def fake_context(**kw) -> ProbeContext:
 
 # -- ring-buffer events ------------------------------------------------------------------
 def test_runq_event():
-    raw = struct.pack("<QQ6I16s16s", 5_000_000_123, 12_000_000, 41, 42, 1, 77, 78, 0,
+    raw = struct.pack("<QQ6I16s16s", 5_000_000_123, 12_000_000, 41, 42, 1, 77, 78, 1,
                       comm(b"python3"), comm(b"stress-ng\xff")) + NO_STACKS
     e = runq.decode_event(RunqEventStruct.from_buffer_copy(raw))
     assert e == runq.RawRunqEvent(ts_ns=5_000_000_123, wait_ns=12_000_000, pid=41, tid=42, cpu=1,
