@@ -179,25 +179,26 @@ def test_waits_behind_the_groups_own_threads_are_self_contention_not_a_neighbour
     assert result.cause == "self_contention" and result.self_wait_ns == 80 * MS and result.self_threads == 2
     assert [s.comm for s in result.suspects] == ["jshog"]  # the neighbour's 3 ms, kept as evidence
     # with the same waits behind a neighbour, it is the neighbour's
-    b = Attributor(grace_ns=GRACE)
-    baseline(b)
-    b.add_request(span("r", 0, 100))
-    for at in (20, 45, 70, 95):
-        b.add_evidence(wait(at, 20, suspect=(900, "jshog")))
-    [result] = due_after(b, 100)
+    result = four_waits_behind(900, "jshog")
     assert result.cause == "runq_starvation" and result.self_wait_ns == 0 and result.suspects[0].comm == "jshog"
+
+
+def four_waits_behind(suspect_pid: int, suspect_comm: str):
+    """A 100 ms request that waited 4 x 20 ms with the CPU held by the suspect: its attribution."""
+    a = Attributor(grace_ns=GRACE)
+    baseline(a)
+    a.add_request(span("r", 0, 100))
+    for at in (20, 45, 70, 95):
+        a.add_evidence(wait(at, 20, suspect=(suspect_pid, suspect_comm)))
+    [result] = due_after(a, 100)
+    return result
 
 
 def test_waits_held_by_the_idle_task_are_run_queue_time_charged_to_no_one():
     """An idle CPU waking for the thread (a VM's vCPU back from the
     hypervisor): no neighbour held it, so no suspect and no starvation,
     but the time is in the run-queue part, not on the CPU."""
-    a = Attributor(grace_ns=GRACE)
-    baseline(a)
-    a.add_request(span("r", 0, 100))
-    for at in (20, 45, 70, 95):
-        a.add_evidence(wait(at, 20, suspect=(0, "swapper/3")))
-    [result] = due_after(a, 100)
+    result = four_waits_behind(0, "swapper/3")
     assert (result.cause, result.suspects, result.runq_wait_ns) == ("unexplained", [], 80 * MS)
 
 
