@@ -225,7 +225,9 @@ static __always_inline void send_short_waits(const char *comm, struct cpu_runs *
  * otherwise count as time on the CPU. Held per thread and sent summed, once
  * they reach the threshold or when the next one comes over
  * SHORT_WAIT_GAP_NS later (so a sum stays inside one burst, e.g. one
- * request); a thread that never waits again keeps its last sum unsent. The
+ * request) -- then only if at least 1/SHORT_WAIT_MIN_PART of the threshold,
+ * so that a thread waking every few ms costs no event per wake-up; a thread
+ * that never waits again keeps its last sum unsent. The
  * sum's suspect is that of its longest wait (the prev task by default: the
  * idle task for a wake-up of an idle CPU). */
 struct switch_names {  /* the tracepoint's names, for helpers called before its args type exists */
@@ -245,8 +247,12 @@ static __always_inline void add_short_wait(struct switch_names *sw, struct cpu_r
         if (!held)
             return;
     }
-    if (held->count && now - wait_ns - held->last_ns > SHORT_WAIT_GAP_NS)
-        send_short_waits(sw->next_comm, cpu, held, tid, tgid);
+    if (held->count && now - wait_ns - held->last_ns > SHORT_WAIT_GAP_NS) {
+        if (held->sum_ns * SHORT_WAIT_MIN_PART >= threshold)
+            send_short_waits(sw->next_comm, cpu, held, tid, tgid);
+        held->last_ns = held->sum_ns = held->longest_ns = 0;  /* (sent or dropped) */
+        held->count = 0;
+    }
     held->sum_ns += wait_ns;
     held->last_ns = now;
     held->count++;

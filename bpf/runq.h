@@ -97,8 +97,11 @@ struct short_waits {
     char suspect_comm[TASK_COMM_LEN];
 };
 
-/* Short waits further apart than this are sent as separate sums. */
+/* Short waits further apart than this are sent as separate sums ... */
 #define SHORT_WAIT_GAP_NS 1000000ULL
+/* ... when their sum is at least 1/SHORT_WAIT_MIN_PART of the threshold: a
+ * thread that wakes every few ms with a few us' latency sends nothing. */
+#define SHORT_WAIT_MIN_PART 20
 
 /* Per-process log2 histogram of every wait, in microseconds: slot s holds
  * waits in [2^s, 2^(s+1)) us (floor(log2), as libbpf-tools runqlat). */

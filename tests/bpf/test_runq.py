@@ -133,5 +133,6 @@ def test_a_serving_thread_s_short_waits_are_summed_not_lost():
     detail = (summed, off_cpu, [(e.waits, e.wait_ns, e.suspect_comm) for e in inside][:20])
     assert len([e for e in inside if e.wait_ns < 5 * MS]) >= 10, detail  # under the threshold, yet sent
     assert all(e.wait_ns < 10 * MS for e in inside if e.waits > 1), detail
-    # off by at most the sum held back at the end (under 5 ms) and the waits astride t0 and t1
+    # off by at most the sum held back at the end (under 5 ms), the waits astride t0 and t1, and lone
+    # waits under 1/20 of the threshold (dropped: bpf/runq.h SHORT_WAIT_MIN_PART)
     assert abs(summed - off_cpu) <= 0.1 * off_cpu + 5 * MS, detail
