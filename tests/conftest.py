@@ -295,6 +295,17 @@ class Stack:
             proc.stop()
 
 
+def as_sent_before(records: list, *added: str) -> list:
+    """``records`` as a collector sent them before its record type gained
+    the fields ``added`` (and a migration their columns): for inserting
+    into a store migrated only that far."""
+    import msgspec
+
+    kind = type(records[0])
+    old = msgspec.defstruct(kind.__name__, [(f, object) for f in kind.__struct_fields__ if f not in added])
+    return [old(**{f: getattr(r, f) for f in old.__struct_fields__}) for r in records]
+
+
 def late_evidence(stack: Stack) -> float:
     """The worker's count of kernel evidence that came after the requests it
     overlapped were attributed (their budgets miss it): for failure messages

@@ -15,6 +15,7 @@ import pytest
 from jitterscope.reports import synthetic
 from jitterscope.schemas.events import RunqEvent
 from jitterscope.streams import clickhouse, sink
+from tests.conftest import as_sent_before
 
 pytestmark = pytest.mark.integration
 
@@ -39,7 +40,7 @@ def test_an_upgraded_store_keeps_every_event_and_stores_new_ones_in_whole_micros
         before.setattr(clickhouse, "MICROSECOND_FIELDS", {})
         clickhouse.migrate(client)
         old = [runq(s, "old") for s in range(50)]
-        clickhouse.insert_records(client, "runq_events", old)
+        clickhouse.insert_records(client, "runq_events", as_sent_before(old, "waits"))  # 017 added waits
     monkeypatch.setattr(clickhouse, "migrations", lambda: every)
     assert 15 in clickhouse.migrate(client)
 
