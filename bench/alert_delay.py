@@ -61,9 +61,10 @@ def baseline_tree(directory: Path, rev: str = BEFORE, files: list[str] = BASELIN
     for package, folder in mapping.items():
         if package != "jitterscope":
             shutil.copytree(REPO / folder, root / package.split(".", 1)[1], ignore=ignore)
+    folders = {folder: package.split(".")[1:] for package, folder in mapping.items()}  # cli -> [] (the root)
     for path in files:
         top, rest = path.split("/", 1)
-        (root / top / rest).write_bytes(_git_show(rev, path))
+        root.joinpath(*folders[top], rest).write_bytes(_git_show(rev, path))
     return directory
 
 
@@ -93,8 +94,11 @@ def _summed(text: str, prefix: str) -> float:
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(prefix))
 
 
-def storm_under_up(tree: Path | None, seconds: float = STORM_S, extra_env: dict | None = None) -> dict:
-    """One `up` run with one storm: the storm processes' alert delays (s) and up's stop summary."""
+def storm_under_up(tree: Path | None, seconds: float = STORM_S, extra_env: dict | None = None,
+                   summary_expected: bool | None = None) -> dict:
+    """One `up` run with one storm, started once `up` says it is watching:
+    the storm processes' alert delays (s) and up's stop summary (printed by
+    this tree, and by ``tree`` when ``summary_expected``)."""
     from jitterscope.broker import free_port
     from jitterscope.common.settings import load
     from jitterscope.query import query_worker, running_worker
@@ -115,10 +119,9 @@ def storm_under_up(tree: Path | None, seconds: float = STORM_S, extra_env: dict 
         lines: list[str] = []
         reader = threading.Thread(target=lambda: lines.extend(iter(up.stdout.readline, "")), daemon=True)
         reader.start()
-        log = Path(data) / "collector.log"
         try:
             deadline = time.monotonic() + 300
-            while not (log.exists() and b"collector started" in log.read_bytes()):
+            while not any(line.startswith("jitterscope up: watching") for line in lines):
                 assert up.poll() is None and time.monotonic() < deadline, "up did not start:\n" + "".join(lines)
                 time.sleep(0.2)
             pids: set[int] = set()
@@ -154,7 +157,8 @@ def storm_under_up(tree: Path | None, seconds: float = STORM_S, extra_env: dict 
         rows = [tuple(map(float, v.split(","))) for v in out.stdout.splitlines()[1:] if v.strip()]
         values = [r[0] for r in rows]
         summary = next((l.strip() for l in lines if l.startswith("alert delay")), "")
-        assert bool(summary) == (tree is None), "the baseline ran this tree's worker, or this tree printed no delay"
+        expected = tree is None if summary_expected is None else summary_expected
+        assert bool(summary) == expected, "the baseline ran this tree's worker, or this tree printed no delay"
         parked = {why: _summed(text, f'jitterscope_streams_runq_judged_late_total{{why="{why}"}}')
                   for why in ("arrived", "deadline", "overflow", "flush")}
         return {"delays": sorted(values), "rows": rows, "summary": summary, "processes": len(pids),
@@ -165,13 +169,29 @@ def _pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
 
 
-def bench_alert_delay(rounds: int = int(os.environ.get("BENCH_ALERT_ROUNDS", "2"))) -> str:
+#: the whole alert path before its storm-start and poll delays went (alert-delay-path): the collector's
+#: symbolizer started on the first stack, the ring buffer read every 50 ms, the worker's fetch wait the same
+#: whether or not records flow, and `up` saying "watching" before the worker read anything
+PATH_BEFORE = "566e688"
+PATH_FILES = ["bpf/runq.bpf.c", "bpf/runq.h", "collector/probes/runq.py", "collector/publish.py",
+              "collector/stacks.py", "streams/kafka_patches.py", "streams/app.py", "common/settings.py", "cli/up.py"]
+
+
+def bench_alert_delay_path(rounds: int = int(os.environ.get("BENCH_ALERT_ROUNDS", "2"))) -> str:
+    return bench_alert_delay(rounds, PATH_BEFORE, PATH_FILES, f"the alert path as at {PATH_BEFORE}")
+
+
+def bench_alert_delay(rounds: int = int(os.environ.get("BENCH_ALERT_ROUNDS", "2")), before: str = BEFORE,
+                      files: list[str] = BASELINE_FILES,
+                      what: str | None = None) -> str:
     runs: dict[str, list[dict]] = {"before": [], "after": []}
+    what = what or f"handler as at {before} (waits in the per-message path)"
     with tempfile.TemporaryDirectory() as tmp:
-        before_tree = baseline_tree(Path(tmp))
+        before_tree = baseline_tree(Path(tmp), before, files)
         for r in range(rounds):  # alternating, the order flipped each round
             for label in (("before", "after") if r % 2 == 0 else ("after", "before")):
-                result = storm_under_up(before_tree if label == "before" else None)
+                result = storm_under_up(before_tree if label == "before" else None,
+                                        summary_expected=label == "after" or before != BEFORE)
                 runs[label].append(result)
                 d = result["delays"]
                 print(f"<!-- round {r} {label}: {len(d)} alerts, p50 {_pct(d, 0.5):.3f} s, "
@@ -191,8 +211,8 @@ def bench_alert_delay(rounds: int = int(os.environ.get("BENCH_ALERT_ROUNDS", "2"
     median_p50 = statistics.median(_pct(run["delays"], 0.5) for run in runs["after"])
     summaries = "; ".join(run["summary"] for run in runs["after"] if run["summary"]) or "none printed"
     return (f"| run-queue alert delay (raised − wait end) in a {STORM_S:.0f} s starvation storm under `jitterscope up` "
-            f"(victim + 3 hogs, all new processes), {rounds} alternating rounds | {ours} | handler as at {BEFORE} "
-            f"(waits in the per-message path): {base} | p99 {our_p99 / base_p99:.2f}x |\n"
+            f"(victim + 3 hogs, all new processes), {rounds} alternating rounds | {ours} | {what}: {base} "
+            f"| p99 {our_p99 / base_p99:.2f}x |\n"
             f"\n`up`'s stop summary (the worker's histogram), this tree: {summaries} (median per-run p50 "
             f"{median_p50 * 1e3:,.0f} ms)\n")
 

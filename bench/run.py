@@ -857,6 +857,7 @@ BENCHES = {"decode": bench_decode, "pipeline": bench_pipeline, "probe": bench_pr
            "alert-delay": lambda: __import__("alert_delay").bench_alert_delay(),
            "alert-delay-worker": lambda: __import__("alert_delay").bench_alert_delay_worker(),
            "alert-delay-collector": lambda: __import__("alert_delay").bench_alert_delay_collector(),
+           "alert-delay-path": lambda: __import__("alert_delay").bench_alert_delay_path(),
            "blocked": lambda: __import__("blocked").bench_blocked_overhead(),
            "gil": lambda: __import__("blocked").bench_gil_cost(),
            "gil-accounting": lambda: __import__("blocked").bench_gil_accounting(),

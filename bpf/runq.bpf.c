@@ -181,11 +181,13 @@ static __always_inline int busiest_run(struct cpu_runs *cpu, u32 tid, u64 waited
 
 /* Wake the reader for a batch, not for every event: a wakeup each cost
  * the collector a syscall and a context switch per event. It polls every
- * 50 ms anyway (collector/agent.py), so an event waits at most that.
+ * 50 ms anyway (collector/agent.py), so an event waits at most that --
+ * except an ``urgent`` one (a wait the worker alerts on), which wakes it
+ * now: the poll was half of such an alert's delay.
  * (BCC 0.26 has no ringbuf_query to wake by pending bytes: count per CPU.) */
-static __always_inline u64 wakeup_flags(struct cpu_runs *cpu)
+static __always_inline u64 wakeup_flags(struct cpu_runs *cpu, int urgent)
 {
-    if (cpu && ++cpu->unannounced >= WAKEUP_EVENTS) {
+    if (cpu && (urgent || ++cpu->unannounced >= WAKEUP_EVENTS)) {
         cpu->unannounced = 0;
         return BPF_RB_FORCE_WAKEUP;
     }
@@ -211,7 +213,7 @@ static __always_inline void send_short_waits(const char *comm, struct cpu_runs *
         __builtin_memcpy(ev->suspect_comm, held->suspect_comm, TASK_COMM_LEN);
         ev->victim_kernel_bytes = ev->victim_user_bytes = -1;
         ev->suspect_kernel_bytes = ev->suspect_user_bytes = -1;
-        events.ringbuf_submit(ev, wakeup_flags(cpu));
+        events.ringbuf_submit(ev, wakeup_flags(cpu, 0));
     } else {
         count_drop(DROP_RINGBUF);
     }
@@ -439,6 +441,6 @@ TRACEPOINT_PROBE(sched, sched_switch)
         ev->suspect_user_bytes = bpf_get_stack(args, ev->suspect_user, sizeof(ev->suspect_user),
                                                BPF_F_USER_STACK);
     }
-    events.ringbuf_submit(ev, wakeup_flags(cpu));
+    events.ringbuf_submit(ev, wakeup_flags(cpu, cfg->wake_us && ev->wait_ns >= cfg->wake_us * 1000ULL));
     return 0;
 }

@@ -15,7 +15,7 @@ struct runq_config {
     u32 filter_targets; /* 0: every process; 1: only tgids in `targets` */
     u32 has_overrides;  /* some `targets` entries carry their own threshold */
     u32 stacks;         /* capture stacks for waits that leave as events (0: never) */
-    u32 _pad;
+    u32 wake_us;        /* a wait of this many us or more wakes the reader at once (0: never) */
 };
 
 /* One thread's slot (`threads`): its tgid (0 = not learned yet), when it

@@ -41,6 +41,8 @@ from jitterscope.common.settings import FINAL_FILE, Settings, default_data_dir, 
 #: the worker's counter of records stored or dead-lettered, per input topic
 #: (the family name: its samples are named ..._total)
 ACCOUNTED = "jitterscope_streams_records_accounted"
+#: the worker's counter of records decoded, per input topic
+DECODED = "jitterscope_streams_records"
 #: the worker's histogram of alert raised minus event time, per alert kind
 ALERT_DELAY = "jitterscope_streams_alert_delay_seconds"
 POLL_S = 0.5
@@ -51,6 +53,9 @@ QUIET_S = 5.0
 #: how long `up` waits for the collector's probes before it says "watching"
 #: anyway (a first BPF compile on a busy 2-core box takes a minute)
 COLLECTOR_START_S = 300.0
+#: how long `up` waits for the worker to read the collector's first records
+#: before it says "watching" anyway
+WORKER_READS_S = 60.0
 #: the old fixed wait, for a worker that cannot say what it stored
 BLIND_DRAIN_S = 3.0
 
@@ -120,14 +125,20 @@ def self_cost_line(path: Path) -> str | None:
 def parse_accounted(metrics_text: str) -> dict[str, int] | None:
     """topic -> records stored or dead-lettered, from the worker's /metrics
     text; None when the worker does not export the counter at all."""
+    return parse_per_topic(metrics_text, ACCOUNTED)
+
+
+def parse_per_topic(metrics_text: str, counter: str) -> dict[str, int] | None:
+    """topic -> the worker's ``counter`` (a family name), from its /metrics
+    text; None when the worker does not export the counter at all."""
     from prometheus_client.parser import text_string_to_metric_families
 
     found = None
     for family in text_string_to_metric_families(metrics_text):
-        if family.name == ACCOUNTED:
+        if family.name == counter:
             found = found or {}
             for sample in family.samples:
-                if sample.name == ACCOUNTED + "_total":
+                if sample.name == counter + "_total":
                     found[sample.labels.get("topic", "")] = int(sample.value)
     return found
 
@@ -243,6 +254,24 @@ class Stack:
         self.console.print(f"the collector is still starting after {timeout_s:.0f} s (compiling BPF); see {log}",
                            style="yellow", markup=False)
 
+    def _wait_for_worker_reading(self, timeout_s: float = WORKER_READS_S) -> None:
+        """Until the worker has read the collector's topology (its first
+        record): a worker still joining its group or finding its offsets held
+        every record behind that, and a storm in the first second after
+        "watching" had its first alerts 0.3-0.7 s late (bench/alert_delay.py)."""
+        if not self.settings.streams_web_port:
+            return
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self._check_children()
+            text = self._metrics(timeout=2)
+            if text and (parse_per_topic(text, DECODED) or {}).get(topics.TOPOLOGY, 0) > 0:
+                return
+            time.sleep(0.1)
+        self.console.print(f"the streams worker has not read the collector's first records after {timeout_s:.0f} s; "
+                           f"alerts wait until it does; see {self.settings.data_dir / 'streams.log'}",
+                           style="yellow", markup=False)
+
     def _check_children(self) -> None:
         for name, proc in self.children.items():
             if proc.poll() is not None:
@@ -283,6 +312,8 @@ class Stack:
             (s.data_dir / FINAL_FILE).unlink(missing_ok=True)
             self._spawn("collector", ["collector"], bootstrap)
             self._wait_for_collector()
+            status.update("waiting for the streams worker to read the collector's first records")
+            self._wait_for_worker_reading()
         target = "all processes" if not s.filters_targets else f"pids {s.target_pids} comms {s.target_comms}"
         spans = f"request spans to http://{s.otlp_bind}:{s.otlp_port}/v1/traces; " if s.otlp_port else ""
         self.console.print(

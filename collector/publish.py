@@ -36,12 +36,16 @@ class _Pending:
     first_at_ns: int = 0
 
 
+def urgent_wait_ns(settings) -> int:
+    """The run-queue wait the worker will alert on (``runq_alert_ms``), which
+    the collector hurries along when ``batch_alerts_at_once`` is on; 0 off."""
+    return int(settings.runq_alert_ms * 1_000_000) if settings.batch_alerts_at_once else 0
+
+
 def alert_worthy(settings) -> Callable[[Record], bool] | None:
-    """The Batcher's ``urgent``: a run-queue wait the worker will alert on
-    (``runq_alert_ms``), when ``batch_alerts_at_once`` is on."""
-    if not settings.batch_alerts_at_once:
+    """The Batcher's ``urgent``: a run-queue wait of ``urgent_wait_ns``."""
+    if not (alert_ns := urgent_wait_ns(settings)):
         return None
-    alert_ns = int(settings.runq_alert_ms * 1_000_000)
     return lambda record: type(record) is events.RunqEvent and record.wait_ns >= alert_ns
 
 

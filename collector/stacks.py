@@ -89,6 +89,16 @@ class Symbolizer:
             out.append(name)
         return out
 
+    def warm(self) -> None:
+        """Do now what the first stack would wait for: BCC reads the kernel's
+        symbol table on its first look-up, and the helper takes a Python start
+        and BCC's import. Paid inline, that was the first alerts' 0.6 s in a
+        starvation storm (bench/RESULTS.md)."""
+        from bcc import BPF
+
+        BPF.ksym(0)
+        self.helper.start()
+
     def user(self, addrs: list[int], pid: int) -> list[str]:
         names = self._processes.get(pid)
         if names is None:
@@ -158,6 +168,12 @@ class UserSymbolsHelper:
                 pass
             self._stop(failed=True)
         return None
+
+    def start(self) -> None:
+        """Start the helper now rather than on first use (it answers once
+        it has imported BCC; nothing waits for that here)."""
+        if self._proc is None:
+            self._start()
 
     def forget(self, pids: set[int]) -> None:
         if self._proc:

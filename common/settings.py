@@ -61,6 +61,9 @@ class KafkaSettings(BaseModel):
     kafka_session_timeout_s: float = Field(10.0, description="consumer-group session timeout")
     kafka_fetch_max_wait_ms: int = Field(
         100, ge=1, le=10_000, description="longest a consumer fetch waits for data (bounds alert delay)")
+    kafka_fetch_busy_wait_ms: int = Field(
+        20, ge=1, le=10_000, description="the streams worker's fetch wait right after a fetch that brought "
+                                         "records (the embedded broker holds every fetch its full wait)")
     kafka_max_message_bytes: int = Field(
         900_000, ge=10_000, description="a Kafka message is split below this many bytes (brokers refuse > 1 MB)")
     # Topics: every topic gets the same count (records are keyed by host, and

@@ -153,7 +153,7 @@ class StreamsWorker(StorePath, AttributionTick):
 
     def _build_app(self, bootstrap_servers: str) -> faust.App:
         s = self.settings
-        kafka_patches.apply(s.kafka_fetch_max_wait_ms)
+        kafka_patches.apply(s.kafka_fetch_max_wait_ms, s.kafka_fetch_busy_wait_ms)
         app = faust_app(s, bootstrap_servers)
 
         def raw_topic(name: str):

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Two patches to the Kafka clients under Faust, applied by the streams
-worker's process only (``apply``): a shorter consumer fetch wait, and no
-commits into a broker log that went backwards."""
+"""Three patches to the Kafka clients under Faust, applied by the streams
+worker's process only (``apply``): a shorter consumer fetch wait, shorter
+still while records flow, and no commits into a broker log that went
+backwards."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import logging
 log = logging.getLogger("jitterscope.streams")
 
 
-def apply(fetch_max_wait_ms: int) -> None:
-    """Both patches; call before the Faust app starts its consumer."""
+def apply(fetch_max_wait_ms: int, fetch_busy_wait_ms: int) -> None:
+    """Every patch; call before the Faust app starts its consumer."""
     _cap_fetch_wait(fetch_max_wait_ms)
+    _shorter_wait_while_busy(fetch_max_wait_ms, fetch_busy_wait_ms)
     _guard_commits()
 
 
@@ -35,6 +37,27 @@ def _cap_fetch_wait(max_wait_ms: int) -> None:
             super().__init__(*args, **kwargs)
 
     aiokafka.AIOKafkaConsumer = Consumer
+
+
+def _shorter_wait_while_busy(idle_ms: int, busy_ms: int) -> None:
+    """Tansu sleeps out a fetch's whole wait even when it found records at
+    once (its fetch loop sleeps before it checks ``min_bytes``), so every
+    record waits up to the fetch wait for delivery: with 100 ms, an alert's
+    p99 was about 110 ms in a steady storm. After a fetch that brought
+    records the next one asks for ``busy_ms``; after an empty one, ``idle_ms``
+    again, so an idle worker fetches no more often than before. A real Kafka
+    answers a fetch as soon as it has data, where this changes nothing."""
+    from aiokafka.consumer.fetcher import Fetcher
+
+    original = getattr(Fetcher, "_jitterscope_original_fetch", Fetcher._proc_fetch_request)
+
+    async def _proc_fetch_request(self, assignment, node_id, request):
+        brought = await original(self, assignment, node_id, request)
+        self._fetch_max_wait_ms = min(busy_ms, idle_ms) if brought else idle_ms
+        return brought
+
+    Fetcher._jitterscope_original_fetch = original
+    Fetcher._proc_fetch_request = _proc_fetch_request
 
 
 def _guard_commits() -> None:

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 
 from jitterscope.collector import hostinfo
+from jitterscope.collector.publish import urgent_wait_ns
 from jitterscope.collector.stacks import StackTable, Symbolizer, UserSymbolsHelper
 from jitterscope.collector.probes import base
 from jitterscope.collector.probes.interface import LatencySignal, ProbeContext
@@ -64,11 +65,13 @@ class RunqProbe(base.LatencyProbe):
     decode = staticmethod(decode_event)
 
     def __init__(self, threshold_ns: int, target_pids: set[int] | None = None,
-                 thresholds: dict[int, int] | None = None, stacks: bool = True):
+                 thresholds: dict[int, int] | None = None, stacks: bool = True, wake_ns: int = 0):
         """``target_pids`` None watches every process; ``thresholds`` gives
         some processes their own event threshold (ns); ``stacks`` False
-        takes no stacks."""
+        takes no stacks; a wait of ``wake_ns`` or more (0: none) wakes the
+        reader at once rather than at its next poll."""
         super().__init__()
+        self.wake_us = wake_ns // 1000
         self.threshold_ns = max(1, threshold_ns)  # 0 means "not configured" to the kernel
         self.filtering = target_pids is not None
         self.stacks = stacks
@@ -92,6 +95,7 @@ class RunqProbe(base.LatencyProbe):
         leaf.filter_targets = int(self.filtering)
         leaf.has_overrides = int(bool(thresholds))
         leaf.stacks = int(self.stacks)
+        leaf.wake_us = self.wake_us
         config[ctypes.c_int(0)] = leaf
 
 
@@ -122,8 +126,10 @@ class RunqSignal(LatencySignal):
         self.ctx = context
         s = context.settings
         self.probe = RunqProbe(int(s.runq_threshold_ms * 1_000_000), context.targets, context.thresholds,
-                               stacks=s.runq_stacks)
+                               stacks=s.runq_stacks, wake_ns=urgent_wait_ns(s))
         self.stacks = RunqStacks(self.publish_stack, Symbolizer(helper=UserSymbolsHelper(own=context.own)))
+        if s.runq_stacks:
+            self.stacks.symbolizer.warm()
         self.probe.open(self.on_event)
 
     def publish_stack(self, stack_id: int, pid: int, comm: str, kernel: list[str], user: list[str]) -> None:

@@ -136,3 +136,20 @@ def test_a_serving_thread_s_short_waits_are_summed_not_lost():
     # off by at most the sum held back at the end (under 5 ms), the waits astride t0 and t1, and lone
     # waits under 1/20 of the threshold (dropped: bpf/runq.h SHORT_WAIT_MIN_PART)
     assert abs(summed - off_cpu) <= 0.1 * off_cpu + 5 * MS, detail
+
+
+def test_an_alert_worthy_wait_wakes_the_reader_at_once():
+    """Waits leave the kernel without a wakeup until WAKEUP_EVENTS wait on a
+    CPU (bpf/runq.bpf.c); one of ``wake_ns`` or more wakes the reader by
+    itself, so the first wakeup comes with fewer than that and one such."""
+    wakeup_events = 128
+    with RunqProbe(threshold_ns=1 * MS, target_pids=set(), wake_ns=10 * MS) as probe:
+        seen = []
+        probe.open(seen.append)
+        with starvation(seconds=4, hogs=3, delay=0.3) as victim:
+            probe.set_targets({victim.pid})
+            probe._bpf.ring_buffer_poll(120_000)  # returns at the first wakeup
+            woken_with = list(seen)
+    assert woken_with, "3 hogs on the victim's CPU make it wait 10 ms or more within the storm"
+    assert len(woken_with) < wakeup_events, "the reader was woken by a full batch, not by the long wait"
+    assert any(e.wait_ns >= 10 * MS for e in woken_with)

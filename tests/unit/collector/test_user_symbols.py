@@ -104,3 +104,16 @@ def test_a_helper_is_the_collector_s_own_from_its_start():
         assert own == {helper.pid: "collector"}
     finally:
         symbolizer.close()
+
+
+def test_warming_starts_the_helper_and_loads_kernel_symbols_before_any_stack(getpid_address):
+    own: dict[int, str] = {}
+    symbolizer = Symbolizer(helper=UserSymbolsHelper(own=own))
+    try:
+        symbolizer.warm()  # what the first stack of a storm would otherwise wait for
+        assert symbolizer.helper.pid and own == {symbolizer.helper.pid: "collector"}
+        started = symbolizer.helper.pid
+        assert "getpid" in symbolizer.user([getpid_address], os.getpid())[0]
+        assert symbolizer.helper.pid == started  # the first stack used the warm helper
+    finally:
+        symbolizer.close()
