@@ -2,21 +2,24 @@
 """`bench/run.py alert-delay`: how long after a run-queue wait ends its alert
 is raised (``raised − ts``), in a starvation storm on this host under
 `jitterscope up` (embedded broker, the real collector and its BPF probes, one
-streams worker, chDB), against the same storm with the worker's run-queue
-handler as at BEFORE, in the same run.
+streams worker, chDB), against the same storm with the alert path as at
+BEFORE, in the same run.
 
-At BEFORE the handler waited inside the per-message path (up to 1 s for a
-process or topology record, 2 s for a throttling record), so every record
-behind a waiting one waited too; now such a wait is parked and the handler
-returns (streams/handlers.py). The baseline is this tree with BASELINE_FILES
-as committed at BEFORE, run through PYTHONPATH (bench/mix.py does the same
-for its hot path).
+At BEFORE the collector started its symbolizer on the first stack (the
+storm's), read the ring buffer every 50 ms whatever it held, the worker
+fetched with the same wait whether or not records flowed (the embedded
+broker holds every fetch its full wait), and `up` said "watching" before the
+worker had read anything. (The sections of bench/RESULTS.md before
+2026-12-03 compared against f0e043d, whose worker no longer runs beside
+today's modules.) The baseline is this tree with BASELINE_FILES as committed
+at BEFORE, run through PYTHONPATH (bench/mix.py does the same for its hot
+path).
 
 Each run starts `up` fresh (watching every process, as `make up` does), runs
 `jitterscope.workload.starvation()` (a victim with a bursty loop pinned to one
 CPU with three CPU hogs; every one of them is a process new to the collector,
-so its first waits arrive before its process record) once the collector has
-started, waits until the storm's stored alerts stand still, stops `up` with
+so its first waits arrive before its process record) once `up` says it is
+watching, waits until the storm's stored alerts stand still, stops `up` with
 Ctrl-C and reads the storm processes' run-queue alerts from the store. Runs
 alternate the two trees (this machine is shared and noisy). The figures are
 over all the alerts of each tree's runs together; `up`'s own stop summary
@@ -40,11 +43,15 @@ from pathlib import Path
 
 from run import REPO, StreamsWorker, _git_show  # noqa: E402  (bench/ is on sys.path when run.py runs)
 
-#: the worker before alerts stopped waiting in the per-message path
-BEFORE = "f0e043d"
-#: the files that make the baseline: the run-queue handler, the host state it waited on, and the worker
-#: as it was (without the parked waits' timer)
-BASELINE_FILES = ["streams/handlers.py", "streams/host_state.py", "streams/app.py"]
+#: the alert path before its storm-start and poll delays went
+BEFORE = "566e688"
+#: what made those delays: the collector's run-queue probe, symbolizer and batching, the worker's fetch
+#: patches and its settings, and `up`
+BASELINE_FILES = ["bpf/runq.bpf.c", "bpf/runq.h", "collector/probes/runq.py", "collector/publish.py",
+                  "collector/stacks.py", "streams/kafka_patches.py", "streams/app.py", "common/settings.py",
+                  "cli/up.py"]
+#: the same for the worker alone (alert-delay-worker)
+WORKER_FILES = ["streams/kafka_patches.py", "streams/app.py", "common/settings.py"]
 VICTIM = "jsalertdelay"  # not the demo's name: other runs on this machine may use that one
 CLI = [sys.executable, "-m", "jitterscope.cli"]
 STORM_S = 10.0
@@ -94,11 +101,9 @@ def _summed(text: str, prefix: str) -> float:
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(prefix))
 
 
-def storm_under_up(tree: Path | None, seconds: float = STORM_S, extra_env: dict | None = None,
-                   summary_expected: bool | None = None) -> dict:
+def storm_under_up(tree: Path | None, seconds: float = STORM_S, extra_env: dict | None = None) -> dict:
     """One `up` run with one storm, started once `up` says it is watching:
-    the storm processes' alert delays (s) and up's stop summary (printed by
-    this tree, and by ``tree`` when ``summary_expected``)."""
+    the storm processes' alert delays (s) and up's stop summary."""
     from jitterscope.broker import free_port
     from jitterscope.common.settings import load
     from jitterscope.query import query_worker, running_worker
@@ -157,8 +162,7 @@ def storm_under_up(tree: Path | None, seconds: float = STORM_S, extra_env: dict 
         rows = [tuple(map(float, v.split(","))) for v in out.stdout.splitlines()[1:] if v.strip()]
         values = [r[0] for r in rows]
         summary = next((l.strip() for l in lines if l.startswith("alert delay")), "")
-        expected = tree is None if summary_expected is None else summary_expected
-        assert bool(summary) == expected, "the baseline ran this tree's worker, or this tree printed no delay"
+        assert summary, "up printed no alert delay at stop"
         parked = {why: _summed(text, f'jitterscope_streams_runq_judged_late_total{{why="{why}"}}')
                   for why in ("arrived", "deadline", "overflow", "flush")}
         return {"delays": sorted(values), "rows": rows, "summary": summary, "processes": len(pids),
@@ -169,29 +173,13 @@ def _pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
 
 
-#: the whole alert path before its storm-start and poll delays went (alert-delay-path): the collector's
-#: symbolizer started on the first stack, the ring buffer read every 50 ms, the worker's fetch wait the same
-#: whether or not records flow, and `up` saying "watching" before the worker read anything
-PATH_BEFORE = "566e688"
-PATH_FILES = ["bpf/runq.bpf.c", "bpf/runq.h", "collector/probes/runq.py", "collector/publish.py",
-              "collector/stacks.py", "streams/kafka_patches.py", "streams/app.py", "common/settings.py", "cli/up.py"]
-
-
-def bench_alert_delay_path(rounds: int = int(os.environ.get("BENCH_ALERT_ROUNDS", "2"))) -> str:
-    return bench_alert_delay(rounds, PATH_BEFORE, PATH_FILES, f"the alert path as at {PATH_BEFORE}")
-
-
-def bench_alert_delay(rounds: int = int(os.environ.get("BENCH_ALERT_ROUNDS", "2")), before: str = BEFORE,
-                      files: list[str] = BASELINE_FILES,
-                      what: str | None = None) -> str:
+def bench_alert_delay(rounds: int = int(os.environ.get("BENCH_ALERT_ROUNDS", "2"))) -> str:
     runs: dict[str, list[dict]] = {"before": [], "after": []}
-    what = what or f"handler as at {before} (waits in the per-message path)"
     with tempfile.TemporaryDirectory() as tmp:
-        before_tree = baseline_tree(Path(tmp), before, files)
+        before_tree = baseline_tree(Path(tmp))
         for r in range(rounds):  # alternating, the order flipped each round
             for label in (("before", "after") if r % 2 == 0 else ("after", "before")):
-                result = storm_under_up(before_tree if label == "before" else None,
-                                        summary_expected=label == "after" or before != BEFORE)
+                result = storm_under_up(before_tree if label == "before" else None)
                 runs[label].append(result)
                 d = result["delays"]
                 print(f"<!-- round {r} {label}: {len(d)} alerts, p50 {_pct(d, 0.5):.3f} s, "
@@ -211,8 +199,8 @@ def bench_alert_delay(rounds: int = int(os.environ.get("BENCH_ALERT_ROUNDS", "2"
     median_p50 = statistics.median(_pct(run["delays"], 0.5) for run in runs["after"])
     summaries = "; ".join(run["summary"] for run in runs["after"] if run["summary"]) or "none printed"
     return (f"| run-queue alert delay (raised − wait end) in a {STORM_S:.0f} s starvation storm under `jitterscope up` "
-            f"(victim + 3 hogs, all new processes), {rounds} alternating rounds | {ours} | {what}: {base} "
-            f"| p99 {our_p99 / base_p99:.2f}x |\n"
+            f"(victim + 3 hogs, all new processes), {rounds} alternating rounds | {ours} | the alert path as at "
+            f"{BEFORE}: {base} | p99 {our_p99 / base_p99:.2f}x |\n"
             f"\n`up`'s stop summary (the worker's histogram), this tree: {summaries} (median per-run p50 "
             f"{median_p50 * 1e3:,.0f} ms)\n")
 
@@ -333,7 +321,7 @@ def synthetic_storm(tree: Path | None, seconds: float = 10.0) -> dict[str, list[
 def bench_alert_delay_worker(rounds: int = int(os.environ.get("BENCH_ALERT_ROUNDS", "2"))) -> str:
     runs: dict[str, list[dict]] = {"before": [], "after": []}
     with tempfile.TemporaryDirectory() as tmp:
-        before_tree = baseline_tree(Path(tmp))
+        before_tree = baseline_tree(Path(tmp), files=WORKER_FILES)
         for r in range(rounds):
             for label in (("before", "after") if r % 2 == 0 else ("after", "before")):
                 runs[label].append(synthetic_storm(before_tree if label == "before" else None))
@@ -351,6 +339,6 @@ def bench_alert_delay_worker(rounds: int = int(os.environ.get("BENCH_ALERT_ROUND
         before = sorted(x for run in runs["before"] for x in run.get(kind, []))
         rows.append(f"| one host's replayed storm ({RATE:,}/s run-queue events, 1 message per {TICK_S * 1e3:.0f} ms, "
                     f"a new process every {NEW_EVERY_S:g} s, a gone one every {GONE_EVERY_S:g} s) → 1 worker, "
-                    f"{rounds} alternating rounds: {what} | {figures('after', kind)} | handler as at {BEFORE}: "
+                    f"{rounds} alternating rounds: {what} | {figures('after', kind)} | the worker as at {BEFORE}: "
                     f"{figures('before', kind)} | p99 {_pct(after, 0.99) / _pct(before, 0.99):.2f}x |")
     return "\n".join(rows)

@@ -53,6 +53,52 @@ class Polled:
             probe.close()
 
 
+class EmptyTracepoints:
+    """BCC programs that return at once on the run-queue probe's
+    tracepoints: what attaching through BCC costs per hit before any work.
+    For a classic tracepoint the kernel copies the arguments into a perf
+    record on each hit; a raw one (``raw``), like runqslower's tp_btf
+    programs, is handed the arguments in place."""
+
+    TRACEPOINTS = ("sched:sched_switch", "sched:sched_wakeup", "sched:sched_wakeup_new", "task:task_newtask",
+                   "sched:sched_process_exit")
+
+    def __init__(self, raw: bool = False):
+        from bcc import BPF
+
+        if raw:
+            text = "".join(f"RAW_TRACEPOINT_PROBE({tp.split(':')[1]}) {{ return 0; }}\n" for tp in self.TRACEPOINTS)
+        else:
+            text = "".join(f"TRACEPOINT_PROBE({tp.replace(':', ', ')}) {{ return 0; }}\n" for tp in self.TRACEPOINTS)
+        self._bpf = BPF(text=text)
+
+    def program_fds(self) -> dict[str, int]:
+        return {name.decode(errors="replace"): fn.fd for name, fn in self._bpf.funcs.items()}
+
+    def close(self) -> None:
+        self._bpf.cleanup()
+
+
+def bench_tracepoint_glue(rounds: int = 100_000, repeats: int = 3) -> str:
+    """runqslower against empty BCC programs on our tracepoints, and against our probe."""
+    from jitterscope.collector.probes.runq import RunqProbe
+    from jitterscope.collector.selfcost import BpfStats
+
+    assert Path("/usr/sbin/runqslower").exists(), "runqslower missing: apt-get install libbpf-tools"
+    cpu = 0
+    os.sched_setaffinity(0, set(os.sched_getaffinity(0)) - {cpu} or {cpu})
+    with tempfile.TemporaryDirectory() as tmp, BpfStats():
+        binary = c_ping_pong_binary(Path(tmp))
+        setups = {
+            "runqslower 5000": lambda: PeerTool("/usr/sbin/runqslower", "5000"),
+            "empty BCC programs on the run-queue probe's 5 classic tracepoints": EmptyTracepoints,
+            "empty BCC programs on the same 5 as raw tracepoints": lambda: EmptyTracepoints(raw=True),
+            "our run-queue probe": lambda: Polled(RunqProbe(5_000_000, None)),
+        }
+        costs = storm_costs(setups, binary, rounds, cpu, repeats)
+    return rows_against_runqslower(costs, cpu, repeats)
+
+
 def bench_blocked_overhead(rounds: int = 100_000, repeats: int = 3) -> str:
     from jitterscope.collector.probes.blocked import BlockedProbe
     from jitterscope.collector.probes.runq import RunqProbe

@@ -158,10 +158,13 @@ class Mix:
         return out
 
 
-def schedule(hosts: int, seconds: float, t0_ns: int) -> list[tuple[float, str, bytes, bytes, int]]:
+def schedule(hosts: int, seconds: float, t0_ns: int, shape: str = "busy") -> list[tuple[float, str, bytes, bytes, int]]:
     """(send at, s after start; topic; key; NDJSON payload; records) of
-    ``seconds`` of the mix, the records stamped t0_ns + their send time."""
-    mixes = [Mix(f"mix{h}") for h in range(hosts)]
+    ``seconds`` of the mix (``shape``: "busy", Mix's hosts, or "vllm",
+    vllm_mix's), the records stamped t0_ns + their send time."""
+    import vllm_mix
+
+    mixes = [Mix(f"mix{h}") if shape == "busy" else vllm_mix.VllmMix(f"mix{h}", TICK_S) for h in range(hosts)]
     out = []
     for tick in range(int(seconds / TICK_S)):
         at = tick * TICK_S
@@ -209,14 +212,18 @@ class MixWorker(StreamsWorker):
 
         return query_worker(self._running_worker(self._settings), sql, {})[1]
 
-    def setup(self, hosts: int) -> None:
-        now = time.time_ns()
+    def setup(self, hosts: int, shape: str = "busy") -> None:
+        import vllm_mix
+
+        now, setup = time.time_ns(), setup_records if shape == "busy" else vllm_mix.setup_records
+        processes = 0
         for h in range(hosts):
-            for topic, records in setup_records(f"mix{h}", now):
+            for topic, records in setup(f"mix{h}", now):
                 self.producer.produce(topic, batches.encode_batch(records), key=f"mix{h}".encode())
+                processes += len(records) if topic == topics.PROCESSES else 0
         self.producer.flush(30)
         deadline = time.monotonic() + 60
-        while self.sql("SELECT count() FROM jitterscope.processes WHERE host LIKE 'mix%'")[0][0] < hosts * (len(SERVING) + len(SUSPECTS) + len(OTHERS)):
+        while self.sql("SELECT count() FROM jitterscope.processes WHERE host LIKE 'mix%'")[0][0] < processes:
             assert time.monotonic() < deadline, "process records not stored"
             time.sleep(0.2)
 
@@ -271,13 +278,13 @@ def top_functions(raw: Path, n: int = 12) -> list[tuple[str, float, float]]:
     return threads + [(f, c / total, incl[f] / total) for f, c in own.most_common(n)]
 
 
-def _paced(worker: MixWorker, hosts: int, seconds: float) -> dict:
+def _paced(worker: MixWorker, hosts: int, seconds: float, shape: str = "busy") -> dict:
     """The mix of ``hosts`` produced paced, stamped at send time: the run-queue
     alert delay (p50, p99, count) and the records/s stored meanwhile."""
     time.sleep(3)  # let the attribution of the phase before drain
     lead = 5 + seconds  # generation time
     t_start = time.time() + lead
-    messages = schedule(hosts, seconds, int(t_start * 1e9))
+    messages = schedule(hosts, seconds, int(t_start * 1e9), shape)
     assert time.time() < t_start, "generating the paced mix took longer than its lead"
     before = worker.stored()
     t0 = time.perf_counter() + (t_start - time.time())
@@ -292,14 +299,14 @@ def _paced(worker: MixWorker, hosts: int, seconds: float) -> dict:
 
 
 def measure(tree: Path | None, hosts: int, seconds: float, label: str, profile_dir: Path | None,
-            paced_hosts: tuple[int, ...] = (), **worker_settings: str) -> dict:
+            paced_hosts: tuple[int, ...] | None = None, shape: str = "busy", **worker_settings: str) -> dict:
     """Capacity at ``hosts`` hosts, then the alert delay paced at each of
-    ``paced_hosts`` (default: ``hosts``)."""
+    ``paced_hosts`` (default: ``hosts``; none: ())."""
     settings = dict(request_slo_ms="300", runq_alert_ms="10") | worker_settings
     with MixWorker(tree=tree, **settings) as worker:
-        worker.setup(hosts)
+        worker.setup(hosts, shape)
         # capacity: the whole mix at once
-        messages = schedule(hosts, seconds, time.time_ns() - int(seconds * 1e9))
+        messages = schedule(hosts, seconds, time.time_ns() - int(seconds * 1e9), shape)
         total = sum(m[4] for m in messages)
         spy = _profile(worker.proc.pid, int(seconds * 3), profile_dir, label) if profile_dir else None
         before = worker.stored()
@@ -309,7 +316,7 @@ def measure(tree: Path | None, hosts: int, seconds: float, label: str, profile_d
         capacity = total / (done - t0)
         if spy:
             spy[1].wait()
-        paced = {n: _paced(worker, n, seconds) for n in paced_hosts or (hosts,)}
+        paced = {n: _paced(worker, n, seconds, shape) for n in (paced_hosts if paced_hosts is not None else (hosts,))}
     top = top_functions(spy[0]) if spy and spy[0].exists() else []
     return dict(capacity=capacity, total=total, paced=paced, top=top)
 
@@ -356,6 +363,38 @@ def bench_pipeline_mix(target: float = 200_000, seconds: float = 6.0, rounds: in
         if result["top"]:
             lines.append(f"\npy-spy top (self, inclusive), {label}, capacity phase, first round:\n")
             lines += [f"    {own:5.1%} {incl:5.1%}  {fn}" for fn, own, incl in result["top"]]
+    return "\n".join(lines)
+
+
+def vllm_host_rate() -> float:
+    """Records per second one vLLM-shaped host sends (bench/vllm_mix.py), counted over 10 s of it."""
+    import vllm_mix
+
+    mix = vllm_mix.VllmMix("rate", TICK_S)
+    ticks = int(10 / TICK_S)
+    return sum(len(records) for tick in range(ticks) for _topic, records in mix.tick(tick, 10**18)) / 10
+
+
+def bench_vllm_capacity(target: float = 200_000, seconds: float = 6.0, rounds: int = 2) -> str:
+    """This tree's worker under enough vLLM-shaped hosts to offer ``target``
+    records/s, every rule on: capacity (the mix at once) and a py-spy
+    profile of the first round (the worker's hot path has changed too much
+    since MIX_BEFORE for that baseline to run beside today's modules; the
+    alert delay has its own benches, and this mix's waits stay under the
+    10 ms alarm)."""
+    rate = vllm_host_rate()
+    hosts = max(1, round(target / rate))
+    with tempfile.TemporaryDirectory() as tmp:
+        runs = [measure(None, hosts, seconds, f"vllm-{r}", Path(tmp) if r == 0 else None, paced_hosts=(),
+                        shape="vllm") for r in range(rounds)]
+    cap = [r["capacity"] for r in runs]
+    lines = [f"| vLLM-shaped hosts (bench/vllm_mix.py, {rate:,.0f} records/s each) x{hosts} "
+             f"({hosts * rate:,.0f} records/s offered), every rule on → 1 Faust worker → chDB: capacity "
+             f"({runs[0]['total']:,} records at once), {rounds} rounds (range) | {_spread(cap, '{:,.0f}')} records/s "
+             f"stored | the goal: {target:,.0f} records/s | {statistics.median(cap) / target:.2f}x |"]
+    if runs[0]["top"]:
+        lines.append("\npy-spy top (self, inclusive), capacity phase, first round:\n")
+        lines += [f"    {own:5.1%} {incl:5.1%}  {fn}" for fn, own, incl in runs[0]["top"]]
     return "\n".join(lines)
 
 

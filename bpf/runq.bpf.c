@@ -194,6 +194,12 @@ static __always_inline u64 wakeup_flags(struct cpu_runs *cpu, int urgent)
     return BPF_RB_NO_WAKEUP;
 }
 
+static __always_inline void clear_short_waits(struct short_waits *held)
+{
+    held->last_ns = held->sum_ns = held->longest_ns = 0;
+    held->count = 0;
+}
+
 /* A serving thread's held short waits leave as one event (waits > 1, no
  * stacks), stamped with the last one's end. ``comm``: the thread's name. */
 static __always_inline void send_short_waits(const char *comm, struct cpu_runs *cpu, struct short_waits *held,
@@ -217,8 +223,7 @@ static __always_inline void send_short_waits(const char *comm, struct cpu_runs *
     } else {
         count_drop(DROP_RINGBUF);
     }
-    held->last_ns = held->sum_ns = held->longest_ns = 0;
-    held->count = 0;
+    clear_short_waits(held);
 }
 
 /* A serving thread's wait under its threshold: too short to send alone, but
@@ -252,8 +257,8 @@ static __always_inline void add_short_wait(struct switch_names *sw, struct cpu_r
     if (held->count && now - wait_ns - held->last_ns > SHORT_WAIT_GAP_NS) {
         if (held->sum_ns * SHORT_WAIT_MIN_PART >= threshold)
             send_short_waits(sw->next_comm, cpu, held, tid, tgid);
-        held->last_ns = held->sum_ns = held->longest_ns = 0;  /* (sent or dropped) */
-        held->count = 0;
+        else
+            clear_short_waits(held);  /* too little to send: dropped */
     }
     held->sum_ns += wait_ns;
     held->last_ns = now;
