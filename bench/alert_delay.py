@@ -24,6 +24,10 @@ Ctrl-C and reads the storm processes' run-queue alerts from the store. Runs
 alternate the two trees (this machine is shared and noisy). The figures are
 over all the alerts of each tree's runs together; `up`'s own stop summary
 (the worker's alert-delay histogram on /metrics) is shown for this tree.
+
+`bench/run.py alert-delay-steady` does the same with one host's steady rate
+of alerts instead of a storm (``bursts``: one alert every half second on an
+otherwise quiet host, where most fetches before an alert come back empty).
 """
 
 from __future__ import annotations
@@ -101,13 +105,56 @@ def _summed(text: str, prefix: str) -> float:
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(prefix))
 
 
-def storm_under_up(tree: Path | None, seconds: float = STORM_S, extra_env: dict | None = None) -> dict:
-    """One `up` run with one storm, started once `up` says it is watching:
-    the storm processes' alert delays (s) and up's stop summary."""
+def storm(seconds: float) -> set[int]:
+    """The starvation storm (a victim and 3 CPU hogs on one CPU), run to its
+    end; its processes' pids."""
+    from jitterscope.workload import HOG_COMM, starvation
+
+    pids: set[int] = set()
+    with starvation(seconds=seconds, hogs=3, delay=1.0, name=VICTIM) as victim:
+        pids.add(victim.pid)
+        while len(pids) < 4 and victim.poll() is None:
+            pids.update(_children_named(HOG_COMM))
+            time.sleep(0.05)
+    return pids
+
+
+#: one hog burst every BURST_EVERY_S: the sparse alerts of an otherwise quiet host (alert-delay-steady)
+BURST_EVERY_S, BURST_S = 0.5, 0.02
+_SPINNER = "import os, time\nos.sched_setaffinity(0, {{{cpu}}})\nend = time.time() + {seconds}\n"
+_BURSTS = (_SPINNER + "os.nice(-20)\nwhile time.time() < end:\n    time.sleep({every})\n    t = time.time()\n"
+           "    while time.time() - t < {burst}: pass\n")
+
+
+def bursts(seconds: float) -> set[int]:
+    """A victim spinning on one CPU and a nice -20 hog that spins BURST_S
+    there every BURST_EVERY_S: one wait of ~BURST_S, so one alert, per burst
+    and nothing in between. Run to its end; the victim's pid."""
+    from jitterscope.workload import last_cpu
+
+    cpu = last_cpu()
+    victim = subprocess.Popen([sys.executable, "-c", (_SPINNER + "while time.time() < end: pass\n").format(
+        cpu=cpu, seconds=seconds)])
+    hog = subprocess.Popen([sys.executable, "-c", _BURSTS.format(cpu=cpu, seconds=seconds, every=BURST_EVERY_S,
+                                                                 burst=BURST_S)])
+    try:
+        victim.wait(seconds + 60)
+    finally:
+        for proc in (victim, hog):
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+    return {victim.pid}
+
+
+def storm_under_up(tree: Path | None, seconds: float = STORM_S, extra_env: dict | None = None,
+                   workload=storm) -> dict:
+    """One `up` run with one ``workload`` (seconds -> the pids whose alerts
+    count), started once `up` says it is watching: their alert delays (s)
+    and up's stop summary."""
     from jitterscope.broker import free_port
     from jitterscope.common.settings import load
     from jitterscope.query import query_worker, running_worker
-    from jitterscope.workload import HOG_COMM, starvation
 
     with tempfile.TemporaryDirectory() as data:
         web = free_port()
@@ -129,12 +176,7 @@ def storm_under_up(tree: Path | None, seconds: float = STORM_S, extra_env: dict 
             while not any(line.startswith("jitterscope up: watching") for line in lines):
                 assert up.poll() is None and time.monotonic() < deadline, "up did not start:\n" + "".join(lines)
                 time.sleep(0.2)
-            pids: set[int] = set()
-            with starvation(seconds=seconds, hogs=3, delay=1.0, name=VICTIM) as victim:
-                pids.add(victim.pid)
-                while len(pids) < 4 and victim.poll() is None:
-                    pids.update(_children_named(HOG_COMM))
-                    time.sleep(0.05)
+            pids = workload(seconds)
             # every alert of the storm stored: their count stood still (the host's other processes may
             # raise alerts all along, so not the worker's whole count)
             worker = running_worker(load(data_dir=Path(data)))
@@ -173,13 +215,24 @@ def _pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
 
 
-def bench_alert_delay(rounds: int = int(os.environ.get("BENCH_ALERT_ROUNDS", "2"))) -> str:
+STORM_WHAT = f"a {STORM_S:.0f} s starvation storm under `jitterscope up` (victim + 3 hogs, all new processes)"
+STEADY_S = 60.0
+STEADY_WHAT = (f"{STEADY_S:.0f} s of sparse alerts under `jitterscope up` (a nice -20 hog spinning "
+               f"{BURST_S * 1e3:.0f} ms on the victim's CPU every {BURST_EVERY_S:g} s: one alert a burst)")
+
+
+def bench_alert_delay_steady(rounds: int = int(os.environ.get("BENCH_ALERT_ROUNDS", "2"))) -> str:
+    return bench_alert_delay(rounds, bursts, STEADY_S, STEADY_WHAT)
+
+
+def bench_alert_delay(rounds: int = int(os.environ.get("BENCH_ALERT_ROUNDS", "2")), workload=storm,
+                      seconds: float = STORM_S, what: str = STORM_WHAT) -> str:
     runs: dict[str, list[dict]] = {"before": [], "after": []}
     with tempfile.TemporaryDirectory() as tmp:
         before_tree = baseline_tree(Path(tmp))
         for r in range(rounds):  # alternating, the order flipped each round
             for label in (("before", "after") if r % 2 == 0 else ("after", "before")):
-                result = storm_under_up(before_tree if label == "before" else None)
+                result = storm_under_up(before_tree if label == "before" else None, seconds, workload=workload)
                 runs[label].append(result)
                 d = result["delays"]
                 print(f"<!-- round {r} {label}: {len(d)} alerts, p50 {_pct(d, 0.5):.3f} s, "
@@ -198,9 +251,8 @@ def bench_alert_delay(rounds: int = int(os.environ.get("BENCH_ALERT_ROUNDS", "2"
     base, base_p99 = figures("before")
     median_p50 = statistics.median(_pct(run["delays"], 0.5) for run in runs["after"])
     summaries = "; ".join(run["summary"] for run in runs["after"] if run["summary"]) or "none printed"
-    return (f"| run-queue alert delay (raised − wait end) in a {STORM_S:.0f} s starvation storm under `jitterscope up` "
-            f"(victim + 3 hogs, all new processes), {rounds} alternating rounds | {ours} | the alert path as at "
-            f"{BEFORE}: {base} | p99 {our_p99 / base_p99:.2f}x |\n"
+    return (f"| run-queue alert delay (raised − wait end) in {what}, {rounds} alternating rounds | {ours} | "
+            f"the alert path as at {BEFORE}: {base} | p99 {our_p99 / base_p99:.2f}x |\n"
             f"\n`up`'s stop summary (the worker's histogram), this tree: {summaries} (median per-run p50 "
             f"{median_p50 * 1e3:,.0f} ms)\n")
 
