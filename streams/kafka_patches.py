@@ -11,11 +11,10 @@ import logging
 log = logging.getLogger("jitterscope.streams")
 
 
-def apply(fetch_max_wait_ms: int, fetch_busy_wait_ms: int | None = None) -> None:
-    """Every patch; call before the Faust app starts its consumer. Without
-    ``fetch_busy_wait_ms`` every fetch waits ``fetch_max_wait_ms``."""
+def apply(fetch_max_wait_ms: int, fetch_busy_wait_ms: int) -> None:
+    """Every patch; call before the Faust app starts its consumer."""
     _cap_fetch_wait(fetch_max_wait_ms)
-    _shorter_wait_while_busy(fetch_max_wait_ms, fetch_busy_wait_ms or fetch_max_wait_ms)
+    _shorter_wait_while_busy(fetch_max_wait_ms, fetch_busy_wait_ms)
     _guard_commits()
 
 
