@@ -11,6 +11,11 @@ running, no spans: the idle host of issue 18 part 5. The BPF time per
 switch is the kernel's count for the collector's programs (fdinfo of the
 collector process). ``up`` runs on every CPU, as a user's does.
 
+The last row is the same whole `up` with empty programs on the three
+syscall tracepoints the GPU ioctl probe held attached on every host until
+2026-12-03 (b50c068), GPU or not: it now attaches them only while a process
+holds a GPU device open, and the row is what that saves a GPU-less host.
+
     .venv/bin/python bench/run.py whole-up
 """
 
@@ -25,7 +30,7 @@ import threading
 import time
 from pathlib import Path
 
-from blocked import rows_against_runqslower  # noqa: E402  (bench/ is on sys.path)
+from blocked import EmptyTracepoints, rows_against_runqslower  # noqa: E402  (bench/ is on sys.path)
 from run import REPO, PeerTool, c_ping_pong_binary, storm_costs  # noqa: E402
 
 
@@ -85,6 +90,26 @@ class WholeUp:
         _interrupt(self.proc, 300)  # up drains what the collector sent before it exits
 
 
+class SyscallTracepoints(EmptyTracepoints):
+    """Programs that return at once where b50c068's GPU ioctl probe sat on
+    every host: any attached syscall tracepoint sends every syscall of every
+    process down the kernel's traced path."""
+
+    TRACEPOINTS = ("syscalls:sys_enter_ioctl", "syscalls:sys_exit_ioctl", "syscalls:sys_enter_close")
+
+
+class UpWithSyscallTracepoints(WholeUp):
+    """A whole `up` as b50c068 ran it on a host with no GPU user."""
+
+    def __init__(self, data_dir: Path):
+        super().__init__(data_dir)
+        self.syscalls = SyscallTracepoints()
+
+    def close(self) -> None:
+        self.syscalls.close()
+        super().close()
+
+
 class CollectorAlone:
     """The collector by itself, as a fleet host runs it (its broker and
     workers elsewhere): `jitterscope record` into a file, until closed."""
@@ -102,7 +127,7 @@ class CollectorAlone:
         _interrupt(self.proc, 120)
 
 
-def bench_whole_up(rounds: int = 100_000, repeats: int = 3) -> str:
+def bench_whole_up(rounds: int = 100_000, repeats: int = 5) -> str:
     from jitterscope.collector.selfcost import BpfStats
 
     assert Path("/usr/sbin/runqslower").exists(), "runqslower missing: apt-get install libbpf-tools"
@@ -114,6 +139,8 @@ def bench_whole_up(rounds: int = 100_000, repeats: int = 3) -> str:
             "runqslower 5000": lambda: PeerTool("/usr/sbin/runqslower", "5000"),
             "the collector alone (`record` to a file), default signals": lambda: CollectorAlone(Path(tmp) / "rec.gz"),
             "whole up, idle (broker, worker, collector, default signals)": lambda: WholeUp(Path(tempfile.mkdtemp(dir=tmp))),
+            "whole up, idle, with the syscall tracepoints b50c068's GPU probe attached on every host":
+                lambda: UpWithSyscallTracepoints(Path(tempfile.mkdtemp(dir=tmp))),
         }
         costs = storm_costs(setups, binary, rounds, cpu, repeats)
     return rows_against_runqslower(costs, cpu, repeats)

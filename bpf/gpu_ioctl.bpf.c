@@ -6,7 +6,10 @@
  * kernels lack). Only calls on (tgid, fd) pairs in `watched` are timed: the
  * collector finds the fds that processes hold open on GPU device files
  * (/dev/nvidiaN, /dev/nvidia-uvm) and writes them there, so every other
- * ioctl on the host costs one hash look-up at entry and one at exit.
+ * ioctl on the host costs one hash look-up at entry and one at exit. An
+ * attached syscall tracepoint also sends every syscall of every process
+ * down the kernel's traced path, whatever it is: the loader attaches these
+ * only while some fd is watched (collector/probes/gpu_ioctl.py).
  *
  * Reads only tracepoint arguments and BPF helpers, never kernel structs.
  * Every watched call goes into a per-process log2 histogram; calls at or

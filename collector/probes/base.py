@@ -190,6 +190,8 @@ class BccProbe:
 
     def __init__(self):
         self._bpf = load(self.source, self.defines)
+        # BCC attached every TRACEPOINT_PROBE at load: tracepoint -> its program
+        self._tracepoints = {tp: b"tracepoint__" + tp.replace(b":", b"__") for tp in self._bpf.tracepoint_fds}
 
     @staticmethod
     def decode(raw):
@@ -241,6 +243,22 @@ class BccProbe:
         """In-kernel map updates that failed (a bounded map full): state the
         kernel could not keep -- a wait not timed, a count not made."""
         return self._lost(DROP_MAP_FULL)
+
+    def attach_tracepoints(self, on: bool) -> bool:
+        """Attach (``on``) or detach the program's tracepoints; whether any
+        was attached before. For probes with nothing to watch at times: their
+        programs would still run on every hit, for nothing."""
+        attached = set(self._bpf.tracepoint_fds)
+        for tp, fn in self._tracepoints.items():
+            if on and tp not in attached:
+                self._bpf.attach_tracepoint(tp=tp, fn_name=fn)
+            elif not on and tp in attached:
+                self._bpf.detach_tracepoint(tp)
+        return bool(attached)
+
+    @property
+    def attached(self) -> bool:
+        return bool(self._bpf.tracepoint_fds)
 
     def close(self) -> None:
         self._bpf.cleanup()

@@ -99,8 +99,6 @@ class BlockedProbe(base.BccProbe):
         super().__init__()
         self.threshold_ns = max(1, threshold_ns)  # 0 means "not configured" to the kernel
         self._uprobes: dict[int, list[bytes]] = {}  # pid -> its uprobe event names
-        # BCC attached every TRACEPOINT_PROBE at load: tracepoint -> its program
-        self._tracepoints = {tp: b"tracepoint__" + tp.replace(b":", b"__") for tp in self._bpf.tracepoint_fds}
         self.set_watched(watched)
         config = self._bpf[b"config"]
         leaf = config.Leaf()
@@ -124,20 +122,10 @@ class BlockedProbe(base.BccProbe):
         none, every context switch and wakeup on the host would still run
         the programs to find nothing (313 ns of BPF per switch measured, the
         idle host's largest share after the run-queue probe's)."""
-        attached = set(self._bpf.tracepoint_fds)
-        for tp, fn in self._tracepoints.items():
-            if on and tp not in attached:
-                self._bpf.attach_tracepoint(tp=tp, fn_name=fn)
-            elif not on and tp in attached:
-                self._bpf.detach_tracepoint(tp)
-        if not on and attached:  # a block or fault begun before has no end now: no stale start later
+        if self.attach_tracepoints(on) and not on:  # a block or fault begun before has no end now: no stale start later
             for table in (b"in_gil", b"in_reclaim", b"fault_at", b"io_dev", b"blocked_at", b"gil_pending",
                           b"short_runs"):
                 self._bpf[table].clear()
-
-    @property
-    def attached(self) -> bool:
-        return bool(self._bpf.tracepoint_fds)
 
     def watched(self) -> set[int]:
         return {k.value for k in self._bpf[b"watched"].keys()}

@@ -115,6 +115,14 @@ class GpuIoctlProbe(base.LatencyProbe):
                 pass
         for pid, fd in wanted - current:
             watched[watched.Key(pid, fd)] = watched.Leaf(1)
+        # Attached only while some fd is watched. A syscall tracepoint, once
+        # attached, sends every syscall of every process on the host down
+        # the kernel's slow (traced) path, whatever the program does: one
+        # empty program on sys_enter_ioctl cost a pipe ping-pong 8.5% of its
+        # round trips, 0.31x all of runqslower's loss (bench/run.py
+        # whole-up, 2026-12-03). A host with no GPU user pays nothing.
+        if self.attach_tracepoints(bool(wanted)) and not wanted:
+            self._bpf[b"in_flight"].clear()  # calls entered before have no exit now: no stale start later
 
     def watched(self) -> set[tuple[int, int]]:
         return {(k.pid, k.fd) for k in self._bpf[b"watched"].keys()}

@@ -88,6 +88,7 @@ def test_only_watched_fds_are_timed_and_unwatching_stops_them():
 
             probe.set_watched(set())
             assert probe.watched() == set()
+            assert not probe.attached, "nothing watched: no syscall of the host takes the traced path"
             h.ioctls(20)
             drain(probe)
             assert len(seen) == 50, "an unwatched pair leaves no events"
@@ -99,7 +100,9 @@ def test_only_watched_fds_are_timed_and_unwatching_stops_them():
 def test_calls_under_the_threshold_are_only_in_the_histogram():
     with helper() as h:
         with GpuIoctlProbe(threshold_ns=10 * 1_000_000_000) as probe:
+            assert not probe.attached, "attached only once some fd is watched"
             probe.set_watched({(h.pid, h.device_fd)})
+            assert probe.attached
             seen = []
             probe.open(seen.append)
             h.ioctls(30)
