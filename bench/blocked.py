@@ -126,11 +126,15 @@ def rows_against_runqslower(costs: tuple[dict, dict, list], cpu: int, repeats: i
     med = {name: statistics.median(v) for name, v in cost.items()}
     ns = {name: statistics.median(v) for name, v in per_switch.items()}
     peer = "runqslower 5000"
+    # the ratio of each round's two losses as well: a round's setups run minutes apart at most, so
+    # pairing them takes out the drift between rounds that the medians of whole runs keep
+    paired = {name: [mine / theirs for mine, theirs in zip(cost[name], cost[peer])] for name in cost}
     return "\n".join(
         f"| C pipe ping-pong on CPU {cpu}, {name} | {med[name]:.1%} throughput lost (median of {repeats}, range "
         f"{min(cost[name]):.1%}..{max(cost[name]):.1%}); BPF {ns[name]:,.0f} ns per switch | unloaded median "
-        f"{statistics.median(bases):,.0f} round trips/s | {med[name] / med[peer]:.2f}x runqslower's loss; "
-        f"{ns[name] / ns[peer]:.2f}x its BPF time |" for name in cost)
+        f"{statistics.median(bases):,.0f} round trips/s | {med[name] / med[peer]:.2f}x runqslower's loss "
+        f"(paired by round: median {statistics.median(paired[name]):.2f}x, range {min(paired[name]):.2f}.."
+        f"{max(paired[name]):.2f}x); {ns[name] / ns[peer]:.2f}x its BPF time |" for name in cost)
 
 
 GIL_HEAVY = r"""

@@ -16,7 +16,7 @@ syscall tracepoints the GPU ioctl probe held attached on every host until
 2026-12-03 (b50c068), GPU or not: it now attaches them only while a process
 holds a GPU device open, and the row is what that saves a GPU-less host.
 
-    .venv/bin/python bench/run.py whole-up
+    .venv/bin/python bench/run.py whole-up     # BENCH_REPEATS=N for N rounds (5)
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ class CollectorAlone:
         _interrupt(self.proc, 120)
 
 
-def bench_whole_up(rounds: int = 100_000, repeats: int = 5) -> str:
+def bench_whole_up(rounds: int = 100_000, repeats: int = int(os.environ.get("BENCH_REPEATS", 5))) -> str:
     from jitterscope.collector.selfcost import BpfStats
 
     assert Path("/usr/sbin/runqslower").exists(), "runqslower missing: apt-get install libbpf-tools"
@@ -144,6 +144,73 @@ def bench_whole_up(rounds: int = 100_000, repeats: int = 5) -> str:
         }
         costs = storm_costs(setups, binary, rounds, cpu, repeats)
     return rows_against_runqslower(costs, cpu, repeats)
+
+
+SYSCALL_LOOP_C = r"""
+/* `sysloop N CPU`: N getppid() calls pinned to CPU; prints ns per call. */
+#define _GNU_SOURCE
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+int main(int argc, char **argv)
+{
+    long n = atol(argv[1]);
+    cpu_set_t cpus;
+    CPU_ZERO(&cpus);
+    CPU_SET(atoi(argv[2]), &cpus);
+    sched_setaffinity(0, sizeof(cpus), &cpus);
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    for (long i = 0; i < n; i++)
+        syscall(SYS_getppid);
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    printf("%.1f\n", ((b.tv_sec - a.tv_sec) * 1e9 + (b.tv_nsec - a.tv_nsec)) / n);
+    return 0;
+}
+"""
+
+
+def bench_syscall_tracepoints(calls: int = 2_000_000, repeats: int = int(os.environ.get("BENCH_REPEATS", 8))) -> str:
+    """What an attached syscall tracepoint costs every other syscall of the
+    host: a getppid() loop (no program of ours runs for it) with nothing
+    loaded, with the GPU ioctl probe watching nothing (detached, as now),
+    and with the same probe's tracepoints attached, as b50c068 held them on
+    every host. Alternating rounds, best of 3 loops each; the ratio is the
+    median of each round's pair, so drift between rounds cancels."""
+    import statistics
+
+    from jitterscope.collector.probes.gpu_ioctl import GpuIoctlProbe
+
+    cpu = 0
+    os.sched_setaffinity(0, set(os.sched_getaffinity(0)) - {cpu} or {cpu})
+    with tempfile.TemporaryDirectory() as tmp:
+        source, binary = Path(tmp) / "sysloop.c", Path(tmp) / "sysloop"
+        source.write_text(SYSCALL_LOOP_C)
+        subprocess.run(["gcc", "-O2", "-o", str(binary), str(source)], check=True)
+
+        def ns_per_call() -> float:
+            return min(float(subprocess.run([str(binary), str(calls), str(cpu)], capture_output=True, check=True,
+                                            text=True).stdout) for _ in range(3))
+
+        names = ("nothing loaded", "the GPU ioctl probe, nothing watched (detached)",
+                 "the GPU ioctl probe's syscall tracepoints attached (b50c068, every host)")
+        runs: dict[str, list[float]] = {name: [] for name in names}
+        for _ in range(repeats):
+            runs[names[0]].append(ns_per_call())
+            with GpuIoctlProbe(threshold_ns=5_000_000) as probe:
+                assert not probe.attached
+                runs[names[1]].append(ns_per_call())
+                probe.attach_tracepoints(True)
+                runs[names[2]].append(ns_per_call())
+    base = runs[names[0]]
+    return "\n".join(
+        f"| getppid() loop on CPU {cpu}, {name} | {statistics.median(v):.0f} ns per call (median of {repeats}, range "
+        f"{min(v):.0f}..{max(v):.0f}) | nothing loaded: {statistics.median(base):.0f} ns | "
+        f"{statistics.median([a / b for a, b in zip(v, base)]):.2f}x (paired by round) |" for name, v in runs.items())
 
 
 if __name__ == "__main__":

@@ -863,7 +863,8 @@ BENCHES = {"decode": bench_decode, "pipeline": bench_pipeline, "probe": bench_pr
            "blocked": lambda: __import__("blocked").bench_blocked_overhead(),
            "gil": lambda: __import__("blocked").bench_gil_cost(),
            "gil-accounting": lambda: __import__("blocked").bench_gil_accounting(),
-           "whole-up": lambda: __import__("overhead").bench_whole_up()}
+           "whole-up": lambda: __import__("overhead").bench_whole_up(),
+           "syscall-tracepoints": lambda: __import__("overhead").bench_syscall_tracepoints()}
 
 
 def main(names: list[str]) -> None:

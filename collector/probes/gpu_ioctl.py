@@ -117,10 +117,9 @@ class GpuIoctlProbe(base.LatencyProbe):
             watched[watched.Key(pid, fd)] = watched.Leaf(1)
         # Attached only while some fd is watched. A syscall tracepoint, once
         # attached, sends every syscall of every process on the host down
-        # the kernel's slow (traced) path, whatever the program does: one
-        # empty program on sys_enter_ioctl cost a pipe ping-pong 8.5% of its
-        # round trips, 0.31x all of runqslower's loss (bench/run.py
-        # whole-up, 2026-12-03). A host with no GPU user pays nothing.
+        # the kernel's slow (traced) path, whatever the program does: these
+        # three made a getppid() loop 1.40-1.45x slower (bench/run.py
+        # syscall-tracepoints). A host with no GPU user pays nothing.
         if self.attach_tracepoints(bool(wanted)) and not wanted:
             self._bpf[b"in_flight"].clear()  # calls entered before have no exit now: no stale start later
 

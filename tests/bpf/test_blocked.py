@@ -217,7 +217,9 @@ def test_gil_waits_name_the_holder_and_account_for_the_lost_time(cpus):
               f"{summary([e for e in seen if e.tid == b['b'] and e.kind != 'gil'])}")
         assert blocked_truth > 0.2 * wall, "premise: two threads share one GIL, the stepper waits for it"
         assert total >= 0.5 * blocked_truth, "most of the stepper's blocked time is GIL waits"
-        assert total <= blocked_truth + 5 * MS, "and never more than it was blocked"
+        # the kernel's run delay starts at the enqueue, the probe's block ends at sched_wakeup just after it:
+        # that gap counts as both blocked and runnable (a few us an event; more if the host steals the vCPU there)
+        assert total <= blocked_truth + 5 * MS + len(evs) * 20_000, "and never more than it was blocked"
         assert by_holder >= 0.6 * len(evs), "the waker is the thread that held the GIL"
         assert all(e.pid == c.pid and e.state == 1 for e in evs)
 

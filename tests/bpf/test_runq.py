@@ -97,19 +97,24 @@ def test_a_process_can_have_its_own_finer_threshold():
 BUSY_VICTIM = """
 import sys, time
 sys.stdin.readline()
-t0, cpu0 = time.monotonic_ns(), time.thread_time_ns()
+def run_delay():  # the kernel's own count of ns runnable on a run queue (schedstat's second field)
+    return int(open("/proc/thread-self/schedstat").read().split()[1])
+t0, delay0 = time.monotonic_ns(), run_delay()
 while time.monotonic_ns() < t0 + 2_000_000_000:
     pass
-t1, cpu1 = time.monotonic_ns(), time.thread_time_ns()
-print(t0, t1, (t1 - t0) - (cpu1 - cpu0), flush=True)  # never asleep: its time off the CPU is its run-queue wait
+t1, delay1 = time.monotonic_ns(), run_delay()
+print(t0, t1, delay1 - delay0, flush=True)
 """
 
 
 def test_a_serving_thread_s_short_waits_are_summed_not_lost():
     # a busy thread sharing its CPU with a niced hog: it waits out the hog's
     # short slices (a tick, 4 ms here), under its threshold. Sent (summed
-    # where they come within 1 ms of each other), they add up to its time
-    # off the CPU (wall less its CPU time: it never sleeps)
+    # where they come within 1 ms of each other), they add up to the kernel's
+    # own run-delay count. (Not to wall less CPU time: on a VM the kernel's
+    # CPU time leaves out what the host stole from the vCPU while the thread
+    # ran, PARAVIRT_TIME_ACCOUNTING, so that counted it as waiting: 224 ms
+    # against the probe's 188 once in `make test`.)
     cpu = last_cpu()
     with RunqProbe(threshold_ns=1_000 * MS, target_pids=None) as probe, cpu_hogs(4, cpu, count=1) as [hog]:
         os.setpriority(os.PRIO_PROCESS, hog.pid, 10)
@@ -124,18 +129,18 @@ def test_a_serving_thread_s_short_waits_are_summed_not_lost():
             while victim.poll() is None:
                 probe.poll(50)
             poll_for(probe, 0.2)
-            t0, t1, off_cpu = map(int, victim.stdout.read().split())
+            t0, t1, run_delay = map(int, victim.stdout.read().split())
         finally:
             victim.kill()
             victim.wait()
     inside = [e for e in seen if e.pid == victim.pid and t0 <= e.ts_ns <= t1]
     summed = sum(e.wait_ns for e in inside)
-    detail = (summed, off_cpu, [(e.waits, e.wait_ns, e.suspect_comm) for e in inside][:20])
+    detail = (summed, run_delay, [(e.waits, e.wait_ns, e.suspect_comm) for e in inside][:20])
     assert len([e for e in inside if e.wait_ns < 5 * MS]) >= 10, detail  # under the threshold, yet sent
     assert all(e.wait_ns < 10 * MS for e in inside if e.waits > 1), detail
     # off by at most the sum held back at the end (under 5 ms), the waits astride t0 and t1, and lone
     # waits under 1/20 of the threshold (dropped: bpf/runq.h SHORT_WAIT_MIN_PART)
-    assert abs(summed - off_cpu) <= 0.1 * off_cpu + 5 * MS, detail
+    assert abs(summed - run_delay) <= 0.1 * run_delay + 5 * MS, detail
 
 
 def test_an_alert_worthy_wait_wakes_the_reader_at_once():
