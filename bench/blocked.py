@@ -120,21 +120,27 @@ def bench_blocked_overhead(rounds: int = 100_000, repeats: int = 3) -> str:
     return rows_against_runqslower(costs, cpu, repeats)
 
 
-def rows_against_runqslower(costs: tuple[dict, dict, list], cpu: int, repeats: int) -> str:
+def rows_against_runqslower(costs: tuple[dict, dict, list, dict], cpu: int, repeats: int) -> str:
     """storm_costs' figures as result rows, each against "runqslower 5000"."""
-    cost, per_switch, bases = costs
+    cost, per_switch, bases, cpu_extra = costs
     med = {name: statistics.median(v) for name, v in cost.items()}
     ns = {name: statistics.median(v) for name, v in per_switch.items()}
     peer = "runqslower 5000"
-    # the ratio of each round's two losses as well: a round's setups run minutes apart at most, so
-    # pairing them takes out the drift between rounds that the medians of whole runs keep
-    paired = {name: [mine / theirs for mine, theirs in zip(cost[name], cost[peer])] for name in cost}
+
+    def paired(figures: dict[str, list[float]], name: str) -> str:
+        # each round's figure over runqslower's of the same round: a round's setups run minutes apart at
+        # most, so pairing them takes out the drift between rounds that the medians of whole runs keep
+        ratios = [mine / theirs for mine, theirs in zip(figures[name], figures[peer])]
+        return f"paired by round: median {statistics.median(ratios):.2f}x, range {min(ratios):.2f}..{max(ratios):.2f}x"
+
     return "\n".join(
         f"| C pipe ping-pong on CPU {cpu}, {name} | {med[name]:.1%} throughput lost (median of {repeats}, range "
-        f"{min(cost[name]):.1%}..{max(cost[name]):.1%}); BPF {ns[name]:,.0f} ns per switch | unloaded median "
-        f"{statistics.median(bases):,.0f} round trips/s | {med[name] / med[peer]:.2f}x runqslower's loss "
-        f"(paired by round: median {statistics.median(paired[name]):.2f}x, range {min(paired[name]):.2f}.."
-        f"{max(paired[name]):.2f}x); {ns[name] / ns[peer]:.2f}x its BPF time |" for name in cost)
+        f"{min(cost[name]):.1%}..{max(cost[name]):.1%}); BPF {ns[name]:,.0f} ns per switch; the ping-pong's CPU "
+        f"+{statistics.median(cpu_extra[name]):,.0f} ns per round trip (range {min(cpu_extra[name]):,.0f}.."
+        f"{max(cpu_extra[name]):,.0f}) | unloaded median {statistics.median(bases):,.0f} round trips/s | "
+        f"{med[name] / med[peer]:.2f}x runqslower's loss ({paired(cost, name)}); "
+        f"{statistics.median(cpu_extra[name]) / statistics.median(cpu_extra[peer]):.2f}x its CPU per round trip "
+        f"({paired(cpu_extra, name)}); {ns[name] / ns[peer]:.2f}x its BPF time |" for name in cost)
 
 
 GIL_HEAVY = r"""

@@ -9,7 +9,10 @@ beside a whole `up` -- broker,
 streams worker and collector with every default signal, nothing else
 running, no spans: the idle host of issue 18 part 5. The BPF time per
 switch is the kernel's count for the collector's programs (fdinfo of the
-collector process). ``up`` runs on every CPU, as a user's does.
+collector process). ``up`` runs on every CPU, as a user's does. Each row
+also gives the ping-pong's own CPU time per round trip over the unloaded
+run's (bench/run.py storm_costs): steal-free, so steadier on a VM than
+throughput, though blind to other processes taking the ping-pong's CPU.
 
 The last row is the same whole `up` with empty programs on the three
 syscall tracepoints the GPU ioctl probe held attached on every host until

@@ -467,19 +467,34 @@ def _bpf_ns_per_switch(before: dict, after: dict) -> float:
     return sum(ns for ns, _cnt, _name in ran.values()) / switches if switches else float("nan")
 
 
-def storm_costs(setups: dict, binary: Path, rounds: int, cpu: int, repeats: int) -> tuple[dict, dict, list]:
+def storm_costs(setups: dict, binary: Path, rounds: int, cpu: int, repeats: int) -> tuple[dict, dict, list, dict]:
     """Each setup (name -> a factory of something loaded, with close()) in
     turn, ``repeats`` rounds: the C ping-pong storm's (``binary``, ``rounds``
     on ``cpu``, best of 3 runs) lost throughput against the best unloaded
-    run of the same round, and the
-    kernel's BPF time per switch of what the setup loaded. Returns ({name:
-    [loss per round]}, {name: [ns per switch per round]}, [unloaded rate per
-    round])."""
+    run of the same round, the kernel's BPF time per switch of what the
+    setup loaded, and the ping-pong's own CPU time per round trip over the
+    unloaded run's. The CPU time is the steadier measure on a VM: the
+    kernel leaves out of it what the host steals from the vCPU
+    (PARAVIRT_TIME_ACCOUNTING), which throughput pays; it holds the BPF
+    programs and their tracepoint glue, run in the ping-pong's context,
+    not other processes taking its CPU. Returns ({name: [loss per round]},
+    {name: [ns per switch per round]}, [unloaded rate per round], {name:
+    [extra CPU ns per round trip per round]})."""
+    import resource
+
     from jitterscope.collector.selfcost import scan_programs
 
-    def best() -> float:
-        return max(float(subprocess.run([str(binary), str(rounds), str(cpu)], capture_output=True,
-                                        check=True, text=True).stdout) for _ in range(3))
+    def best() -> tuple[float, float]:
+        """(round trips/s, CPU ns per round trip) of the fastest of 3 runs."""
+        runs = []
+        for _ in range(3):
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            rate = float(subprocess.run([str(binary), str(rounds), str(cpu)], capture_output=True, check=True,
+                                        text=True).stdout)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu_s = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+            runs.append((rate, cpu_s * 1e9 / rounds))
+        return max(runs)
 
     def programs(loaded) -> dict:
         if isinstance(loaded, PeerTool) or hasattr(loaded, "bpf_pid"):
@@ -489,22 +504,25 @@ def storm_costs(setups: dict, binary: Path, rounds: int, cpu: int, repeats: int)
 
     cost: dict[str, list[float]] = {name: [] for name in setups}
     per_switch: dict[str, list[float]] = {name: [] for name in setups}
+    cpu_extra: dict[str, list[float]] = {name: [] for name in setups}
     bases = []
     for _ in range(repeats):
-        base, rates = [best()], {}
+        base, runs = [best()], {}
         for name, setup in setups.items():
             loaded = setup()
             try:
                 before = programs(loaded)
-                rates[name] = best()
+                runs[name] = best()
                 per_switch[name].append(_bpf_ns_per_switch(before, programs(loaded)))
             finally:
                 loaded.close()
             base.append(best())
-        bases.append(max(base))
-        for name, rate in rates.items():
-            cost[name].append(1 - rate / max(base))
-    return cost, per_switch, bases
+        base_rate, base_cpu = max(base)
+        bases.append(base_rate)
+        for name, (rate, cpu_ns) in runs.items():
+            cost[name].append(1 - rate / base_rate)
+            cpu_extra[name].append(cpu_ns - base_cpu)
+    return cost, per_switch, bases, cpu_extra
 
 
 def bench_probe_peers(rounds: int = 100_000, repeats: int = 3) -> str:
@@ -536,7 +554,7 @@ def bench_probe_peers(rounds: int = 100_000, repeats: int = 3) -> str:
             "runqslower 5000": lambda: PeerTool("/usr/sbin/runqslower", "5000"),
             "runqlat": lambda: PeerTool("/usr/sbin/runqlat"),
         }
-        cost, per_switch, bases = storm_costs(setups, binary, rounds, cpu, repeats)
+        cost, per_switch, bases, _ = storm_costs(setups, binary, rounds, cpu, repeats)
     med = {name: statistics.median(v) for name, v in cost.items()}
     ns = {name: statistics.median(v) for name, v in per_switch.items()}
     dearer = max(("runqslower 5000", "runqlat"), key=lambda n: med[n])
