@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 from blocked import EmptyTracepoints, rows_against_runqslower  # noqa: E402  (bench/ is on sys.path)
-from run import REPO, PeerTool, c_ping_pong_binary, storm_costs  # noqa: E402
+from run import PINNED_C_MAIN, REPO, PeerTool, c_binary, c_ping_pong_binary, storm_costs  # noqa: E402
 
 
 def _free_port() -> int:
@@ -151,21 +151,8 @@ def bench_whole_up(rounds: int = 100_000, repeats: int = int(os.environ.get("BEN
 
 SYSCALL_LOOP_C = r"""
 /* `sysloop N CPU`: N getppid() calls pinned to CPU; prints ns per call. */
-#define _GNU_SOURCE
-#include <sched.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <sys/syscall.h>
-#include <time.h>
-#include <unistd.h>
-
-int main(int argc, char **argv)
-{
+""" + PINNED_C_MAIN + r"""
     long n = atol(argv[1]);
-    cpu_set_t cpus;
-    CPU_ZERO(&cpus);
-    CPU_SET(atoi(argv[2]), &cpus);
-    sched_setaffinity(0, sizeof(cpus), &cpus);
     struct timespec a, b;
     clock_gettime(CLOCK_MONOTONIC, &a);
     for (long i = 0; i < n; i++)
@@ -191,9 +178,7 @@ def bench_syscall_tracepoints(calls: int = 2_000_000, repeats: int = int(os.envi
     cpu = 0
     os.sched_setaffinity(0, set(os.sched_getaffinity(0)) - {cpu} or {cpu})
     with tempfile.TemporaryDirectory() as tmp:
-        source, binary = Path(tmp) / "sysloop.c", Path(tmp) / "sysloop"
-        source.write_text(SYSCALL_LOOP_C)
-        subprocess.run(["gcc", "-O2", "-o", str(binary), str(source)], check=True)
+        binary = c_binary(Path(tmp), "sysloop", SYSCALL_LOOP_C)
 
         def ns_per_call() -> float:
             return min(float(subprocess.run([str(binary), str(calls), str(cpu)], capture_output=True, check=True,

@@ -197,24 +197,30 @@ def bench_probe(rounds: int = 100_000) -> str:
             f"(~{per_switch_ns:.0f} ns per switch) |")
 
 
-PING_PONG_C = r"""
-/* Two processes on one CPU bounce a byte over two pipes: every round trip is
- * two wakeups and two context switches, nothing else. Prints round trips/s. */
+# What the C loads below share: ``main(argc, argv)`` pins itself to the CPU in argv[2].
+PINNED_C_MAIN = r"""
 #define _GNU_SOURCE
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 int main(int argc, char **argv)
 {
-    long rounds = atol(argv[1]);
     cpu_set_t set;
     CPU_ZERO(&set);
     CPU_SET(atoi(argv[2]), &set);
     sched_setaffinity(0, sizeof(set), &set);
+"""
+
+PING_PONG_C = r"""
+/* Two processes on one CPU bounce a byte over two pipes: every round trip is
+ * two wakeups and two context switches, nothing else. Prints round trips/s. */
+""" + PINNED_C_MAIN + r"""
+    long rounds = atol(argv[1]);
     int a[2], b[2];
     char c = 'x';
     if (pipe(a) || pipe(b))
@@ -240,12 +246,15 @@ int main(int argc, char **argv)
 """
 
 
-def c_ping_pong_binary(directory: Path) -> Path:
-    binary = directory / "pingpong"
-    source = directory / "pingpong.c"
-    source.write_text(PING_PONG_C)
+def c_binary(directory: Path, name: str, text: str) -> Path:
+    binary, source = directory / name, directory / f"{name}.c"
+    source.write_text(text)
     subprocess.run(["gcc", "-O2", "-o", str(binary), str(source)], check=True)
     return binary
+
+
+def c_ping_pong_binary(directory: Path) -> Path:
+    return c_binary(directory, "pingpong", PING_PONG_C)
 
 
 PACED_WAKEUPS_C = r"""
