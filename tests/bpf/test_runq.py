@@ -111,10 +111,10 @@ def test_a_serving_thread_s_short_waits_are_summed_not_lost():
     # a busy thread sharing its CPU with a niced hog: it waits out the hog's
     # short slices (a tick, 4 ms here), under its threshold. Sent (summed
     # where they come within 1 ms of each other), they add up to the kernel's
-    # own run-delay count. (Not to wall less CPU time: on a VM the kernel's
-    # CPU time leaves out what the host stole from the vCPU while the thread
-    # ran, PARAVIRT_TIME_ACCOUNTING, so that counted it as waiting: 224 ms
-    # against the probe's 188 once in `make test`.)
+    # own run-delay count. (Not to wall less CPU time, which on a VM also
+    # counts as waiting what the host stole from the vCPU while the thread
+    # ran -- the kernel's CPU time leaves that out, PARAVIRT_TIME_ACCOUNTING
+    # -- and which once read 224 ms against the probe's 188 in `make test`.)
     cpu = last_cpu()
     with RunqProbe(threshold_ns=1_000 * MS, target_pids=None) as probe, cpu_hogs(4, cpu, count=1) as [hog]:
         os.setpriority(os.PRIO_PROCESS, hog.pid, 10)
