@@ -452,8 +452,10 @@ class RequestAttribution(Record, frozen=True):
     # threads than CPUs (self-contention), never a neighbour's doing
     self_wait_ns: U64 = 0
     self_threads: U32 = 0  # distinct threads of the group that held the CPUs it waited for
-    # its duration less the run-queue waits of its most-delayed thread: what
-    # it would have taken uncontended, and what the baseline learns (0: unknown)
+    # its duration less the run-queue waits and stalls of the thread that
+    # carried it, save its waits behind its own group's threads (how the
+    # service always runs): what it would have taken with no one else in the
+    # way, and what the baseline learns (0: unknown)
     service_ns: U64 = 0
     gpu_ioctl_call: str = ""  # the longest slow GPU driver call's name (schemas/nvidia.py), "" for none
     # The time budget of the thread that carried it (the group's thread that

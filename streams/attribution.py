@@ -62,10 +62,10 @@ from jitterscope.schemas.events import (CgroupThrottle, GpuIoctl, GpuTelemetry, 
 from jitterscope.schemas.nvidia import ioctl_name
 from jitterscope.streams.culprits import Culprits, evictor, latest_throttle, shares_limit, split_wait
 from jitterscope.streams.gpu_events import GpuEvents, culprit as gpu_culprit
-from jitterscope.streams.evidence import (MAX_WAITS_PER_PROCESS, Evidence, HostEvidence, SortedEvidence, duration_ns,
-                                          index_of, kth_smallest, overlap_ns, thread_parts, union_ns)
-from jitterscope.streams.thread_budget import (STALLS, ThreadBudget, carried_parts, kind_of, runq_per_thread,
-                                               thread_budget)
+from jitterscope.streams.evidence import (MAX_WAITS_PER_PROCESS, Evidence, HostEvidence, SortedEvidence, add_calls,
+                                          duration_ns, index_of, kth_smallest, overlap_ns, thread_parts, union_ns)
+from jitterscope.streams.thread_budget import (STALLS, ThreadBudget, behind_own_ns, carried_parts, kind_of,
+                                               runq_per_thread, thread_budget)
 from jitterscope.streams.wait_index import TOP_SUSPECTS, SplitCache, Tie, WaitIndex, rank_suspects
 
 # with the names importers took from here before the split into evidence, thread_budget and culprits
@@ -257,10 +257,10 @@ class Attributor:
 
     def baseline_ns(self, host: str, name: str) -> tuple[int, bool]:
         """Rolling median of this host's requests of this name, each less its
-        most-delayed thread's run-queue waits (``service_ns``: what it would
-        have taken uncontended), and whether enough were seen to judge
-        against it. Learning plain durations during a contention made the
-        contention the normal: no excess left to explain."""
+        carrying thread's waits but those behind its own group (``service_ns``:
+        what it would have taken with no one else in the way), and whether
+        enough were seen to judge against it. Learning plain durations during
+        a contention made the contention the normal: no excess left to explain."""
         samples = self._durations.get((host, name))
         if not samples:
             return 0, False
@@ -278,10 +278,13 @@ class Attributor:
         baseline, trusted = self.baseline_ns(span.host, span.name)
         group = self._group(span)
         evidence = self._evidence.get(span.host, {})
-        charged, budget, waited = self._charges(evidence, span, group, duration - baseline)
+        charged, budget, waited, routine = self._charges(evidence, span, group, duration - baseline)
         # one thread cannot wait twice at once, so its waits are a lower bound
-        # of the delay; other threads' waits may be off the request's path
-        service = duration - min(duration, budget.delay_ns)
+        # of the delay; other threads' waits may be off the request's path. Its
+        # waits behind its own group stay in: routine where the group has more
+        # busy threads than CPUs (a real vLLM on 2), learning them away named
+        # quiet requests self_contention.
+        service = duration - min(duration, max(0, budget.delay_ns - routine))
         self._durations[(span.host, span.name)].append(service)
         if not baseline:
             baseline = service
@@ -319,9 +322,10 @@ class Attributor:
                 else {span.pid} if span.pid else None)
 
     def _charges(self, evidence: HostEvidence, span: RequestSpan, group: set[int] | None,
-                 excess: int) -> tuple[_Charges, ThreadBudget, int]:
-        """A request's charges, its carrying thread's budget, and how long
-        any of its group's threads waited: from the due() batch's index
+                 excess: int) -> tuple[_Charges, ThreadBudget, int, int]:
+        """A request's charges, its carrying thread's budget, how long any of
+        its group's threads waited, and how long its carrying thread waited
+        behind the group's own threads: from the due() batch's index
         (streams/wait_index.py) where it answers, else by walking the parts."""
         index, fast = self._index(evidence, span, group), None
         if index is not None:
@@ -334,6 +338,8 @@ class Attributor:
         parts = {RunqEvent: runq, GpuIoctl: thread_parts(evidence, span.start_ns, span.end_ns, GpuIoctl, group)}
         contributed: set[int] = set()
         budget = thread_budget(evidence, span, group, per_thread if index else runq_per_thread(runq), contributed)
+        routine = behind_own_ns(index.parts(span.start_ns, span.end_ns, {budget.tid}) if index else runq,
+                                budget.tid, group) if budget.tid and group else 0
         if budget.named and budget.busy() and budget.delay_ns >= DOMINANT_SHARE * excess:
             # The span names its thread, that thread was not mostly asleep waiting on others, and its
             # own waits and stalls would explain the excess (else the request waited mostly on other
@@ -350,9 +356,10 @@ class Attributor:
         else:
             charged = self._charge(evidence, parts[RunqEvent], group, contributed)
             waited = union_ns(parts[RunqEvent])
-        charged.ioctl, charged.longest_call = _add_calls(parts[GpuIoctl], contributed)
+        charged.ioctl, charged.longest_call = add_calls(parts[GpuIoctl], contributed)
         charged.contributed = contributed
-        return charged, budget, waited
+        # a wait throttled or taken by interrupts is not routine, whoever held the CPU before
+        return charged, budget, waited, max(0, routine - charged.throttled - charged.irq)
 
     def _index(self, evidence: HostEvidence, span: RequestSpan, group: set[int] | None) -> WaitIndex | None:
         """The index of the span's group's waits over its due() batch
@@ -458,23 +465,6 @@ class Attributor:
 def _batch_key(host: str, group: set[int] | None) -> tuple[str, frozenset[int] | None]:
     """What a due() batch indexes waits by: the host and the serving group."""
     return host, None if group is None else frozenset(group)
-
-
-def _add_calls(parts: list[tuple[Evidence, int, int, bool]],
-               contributed: set[int]) -> tuple[tuple[int, int, int], GpuIoctl | None]:
-    """A request's GPU driver call parts added up: (ns in all, the longest,
-    how many), and the longest call (the one the alert names)."""
-    total = longest = count = 0
-    longest_call = None
-    for event, lo, hi, _whole in parts:
-        part = hi - lo
-        total += part
-        if part > longest:
-            longest = part
-            longest_call = event
-        count += 1
-        contributed.add(event.pid)
-    return (total, longest, count), longest_call
 
 
 def _cause(excess: int, baseline: int, waited: int, charged: _Charges, budget: ThreadBudget) -> tuple[str, float]:

@@ -168,3 +168,20 @@ def thread_parts(evidence: HostEvidence, start_ns: int, end_ns: int, kind: type,
             out.append((event, lo, hi, whole))
             covered = hi
     return out
+
+
+def add_calls(parts: list[tuple[Evidence, int, int, bool]],
+              contributed: set[int]) -> tuple[tuple[int, int, int], GpuIoctl | None]:
+    """A request's GPU driver call parts added up: (ns in all, the longest,
+    how many), and the longest call (the one the alert names)."""
+    total = longest = count = 0
+    longest_call = None
+    for event, lo, hi, _whole in parts:
+        part = hi - lo
+        total += part
+        if part > longest:
+            longest = part
+            longest_call = event
+        count += 1
+        contributed.add(event.pid)
+    return (total, longest, count), longest_call

@@ -68,6 +68,12 @@ def runq_per_thread(parts: list[tuple[Evidence, int, int, bool]]) -> dict[tuple[
     return thread_waits
 
 
+def behind_own_ns(parts: list[tuple[Evidence, int, int, bool]], tid: int, group: set[int]) -> int:
+    """Run-queue ns of thread ``tid``, of a request's run-queue parts, behind
+    its own serving group's threads (self-contention)."""
+    return sum(hi - lo for event, lo, hi, _whole in parts if event.tid == tid and event.suspect_pid in group)
+
+
 def thread_budget(evidence: HostEvidence, span: RequestSpan, group: set[int] | None,
                   runq_waits: dict[tuple[int, int], int], contributed: set[int]) -> ThreadBudget:
     """The time budget of the thread that carried the request: the span's

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 
+import msgspec
 import pytest
 
 from jitterscope.schemas.events import BlockedWait, PagePlacement, RequestSpan, RunqEvent
@@ -497,6 +498,32 @@ def test_a_baseline_learned_during_contention_does_not_make_it_normal():
     assert result.baseline_ns == 11 * MS and result.excess_ns == 43 * MS
     assert result.cause == "runq_starvation" and result.suspects[0].comm == "jshog"
     assert result.slo_breached is False  # 54 ms < 5 x 11 ms: slow, explained, within the objective
+
+
+def own_wait(on_cpu_ms: float, wait_ms: float, seq: int = 0) -> RunqEvent:
+    """A wait of the serving thread behind its own group's engine thread."""
+    return msgspec.structs.replace(wait(on_cpu_ms, wait_ms, seq=seq), suspect_pid=100, suspect_tid=150,
+                                   suspect_comm="VLLM::EngineCor")
+
+
+def test_routine_waits_behind_its_own_threads_are_learned_as_normal_and_only_more_is_named():
+    """A real vLLM on 2 CPUs: every request's front end waits ~20 ms behind
+    its engine's threads. That is how the service runs, so the baseline keeps
+    it, and a quiet request is not named self_contention; one that waited
+    far longer behind them is."""
+    a = Attributor(grace_ns=GRACE, processes=book(process(100)))
+    for i in range(30):  # 60 ms of work, 20 ms of it behind its own engine, one every 100 ms
+        a.add_request(span(f"r{i}", i * 100, i * 100 + 80))
+        a.add_evidence(own_wait(i * 100 + 70, 20, seq=i))
+    learned = due_after(a, 30 * 100)
+    assert all(r.service_ns == 80 * MS and r.self_wait_ns == 20 * MS for r in learned)
+    a.add_request(span("quiet", 5_000, 5_090))  # 90 ms: 25 ms behind its engine
+    a.add_evidence(own_wait(5_080, 25, seq=100))
+    a.add_request(span("batched", 6_000, 6_160))  # 160 ms: 100 ms behind its engine
+    a.add_evidence(own_wait(6_150, 100, seq=101))
+    quiet, batched = sorted(due_after(a, 6_160), key=lambda r: r.start_ns)
+    assert (quiet.baseline_ns, quiet.excess_ns, quiet.cause) == (80 * MS, 10 * MS, "none")
+    assert batched.cause == "self_contention" and batched.excess_ns == 80 * MS and batched.self_wait_ns == 100 * MS
 
 
 def test_priming_learns_the_stored_service_time():
