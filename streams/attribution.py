@@ -338,8 +338,6 @@ class Attributor:
         parts = {RunqEvent: runq, GpuIoctl: thread_parts(evidence, span.start_ns, span.end_ns, GpuIoctl, group)}
         contributed: set[int] = set()
         budget = thread_budget(evidence, span, group, per_thread if index else runq_per_thread(runq), contributed)
-        routine = behind_own_ns(index.parts(span.start_ns, span.end_ns, {budget.tid}) if index else runq,
-                                budget.tid, group) if budget.tid and group else 0
         if budget.named and budget.busy() and budget.delay_ns >= DOMINANT_SHARE * excess:
             # The span names its thread, that thread was not mostly asleep waiting on others, and its
             # own waits and stalls would explain the excess (else the request waited mostly on other
@@ -358,6 +356,10 @@ class Attributor:
             waited = union_ns(parts[RunqEvent])
         charged.ioctl, charged.longest_call = add_calls(parts[GpuIoctl], contributed)
         charged.contributed = contributed
+        # the carrying thread's parts are whole in the walked (or carried) parts; the index is asked
+        # for them only where it answered for the whole group
+        routine = behind_own_ns(index.parts(span.start_ns, span.end_ns, {budget.tid}) if index
+                                else parts[RunqEvent], budget.tid, group) if budget.tid and group else 0
         # a wait throttled or taken by interrupts is not routine, whoever held the CPU before
         return charged, budget, waited, max(0, routine - charged.throttled - charged.irq)
 

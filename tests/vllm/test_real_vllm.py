@@ -204,7 +204,7 @@ def test_a_real_vllm_is_grouped_and_its_injected_causes_are_found(served, vllm_c
     assert len(throttled) >= 0.8 * len(slow_limited), summary
     # The hog delays a request two ways: the front end waits for the GIL it holds, and the engine waits
     # for the CPU it holds (self_contention: the hog is a thread of the group). Where neither is half the
-    # excess the request is "unexplained": 13-20 of 20 were named gil_contention over 9 runs (2026-12-04,
+    # excess the request is "unexplained": 13-20 of 20 were named gil_contention over 13 runs (2026-12-04,
     # this tree and the one before). Never a cause outside the group.
     assert len(gil) >= 0.6 * len(slow_hogged), summary
     assert {got[r]["cause"] for r in slow_hogged} <= {"gil_contention", "self_contention", "unexplained"}, summary
