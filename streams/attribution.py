@@ -24,7 +24,9 @@ A wait is then split by what kept the CPU from the thread:
   was spread evenly: throttled_ns x overlap / interval_ns, at most the
   overlap. Exception: when nothing else ran on the CPU during the wait (its
   suspect is the idle task, pid 0), a runnable thread can only have been
-  held back by its quota, and the whole overlap is throttling.
+  held back by its quota, and the whole overlap is throttling -- with the
+  quota period before the interval (cpu.stat counts a throttled stretch
+  when it ends: streams/throttle_index.py, ``throttled_span``).
 - ``irq``: interrupt time on the wait's CPU during the wait: each
   overlapping IrqTime interval's time_ns prorated by the overlap (again
   assuming an even spread), at most what the wait has left after throttling.
@@ -67,6 +69,7 @@ from jitterscope.streams.evidence import (MAX_WAITS_PER_PROCESS, Evidence, HostE
 from jitterscope.streams.thread_budget import (STALLS, ThreadBudget, behind_own_ns, carried_parts, kind_of,
                                                runq_per_thread, thread_budget)
 from jitterscope.streams.wait_index import TOP_SUSPECTS, SplitCache, Tie, WaitIndex, rank_suspects
+from jitterscope.streams.throttle_index import throttled_span
 
 # with the names importers took from here before the split into evidence, thread_budget and culprits
 __all__ = ["Attributor", "Culprits", "Evidence", "ProcessBook", "STALLS", "duration_ns", "kind_of", "overlap_ns", "shares_limit"]
@@ -148,7 +151,8 @@ class Attributor:
                 event.interval_ns and (event.throttled_ns if isinstance(event, CgroupThrottle) else event.time_ns)):
             return  # an interval with nothing to charge (or none at all): not worth its memory
         if isinstance(event, (CgroupThrottle, IrqTime)):
-            self._splits.touched(event.host, event.ts_ns - event.interval_ns, event.ts_ns)
+            since = throttled_span(event)[0] if isinstance(event, CgroupThrottle) else event.ts_ns - event.interval_ns
+            self._splits.touched(event.host, since, event.ts_ns)
             if len(self._evidence[event.host][(index_of(event), type(event))].events) >= MAX_WAITS_PER_PROCESS:
                 self._splits.forget(event.host)  # the add below drops the oldest tenth
         if event.ts_ns - duration_ns(event) < self._attributed_until.get(event.host, 0):

@@ -22,6 +22,7 @@ from typing import Callable
 from jitterscope.schemas.events import (BlockedWait, CgroupThrottle, IrqTime, PagePlacement, ProcessInfo, RequestSpan,
                                         RunqEvent)
 from jitterscope.streams.evidence import HOST_PAGES, HostEvidence, overlap_ns
+from jitterscope.streams.throttle_index import throttled_span
 
 #: how far before a memory stall to look for who filled memory: an archiver
 #: that buffered its logs a while ago still holds what it took
@@ -77,18 +78,28 @@ def split_wait(evidence: HostEvidence, info: ProcessInfo | None, event: RunqEven
 def throttled(evidence: HostEvidence, info: ProcessInfo | None, event: RunqEvent, lo: int, hi: int) -> tuple[int, str]:
     """How much of a wait's part [lo, hi] its cgroup (or an ancestor) was
     throttled, and which cgroup: the one that explains the most. ``info``:
-    the waiting process's record."""
+    the waiting process's record. When the idle task ran next, nothing but
+    the quota held the thread back: every overlapping interval counts in
+    full, from when its throttled time can have begun (``throttled_span``,
+    as the run-queue rule counts it); else each record's throttled time is
+    spread over its interval."""
     if not info or not info.cgroup:
         return 0, ""
     best, which = 0, ""
+    idle_next = event.suspect_pid == 0
     for path in cgroup_ancestors(info.cgroup):
         found = evidence.get((path, CgroupThrottle))
-        if found is None:
+        if not found or not found.events:
             continue
         ns = 0
-        for record in found.overlapping(lo, hi):
-            part = overlap_ns(record, lo, hi)
-            ns += part if event.suspect_pid == 0 else min(part, record.throttled_ns * part // record.interval_ns)
+        reach = found.events[-1].period_us * 1000 if idle_next else 0  # a span begins up to a period early
+        for record in found.overlapping(lo, hi + reach):
+            if idle_next:
+                begin, end = throttled_span(record)
+                ns += max(0, min(hi, end) - max(lo, begin))
+            else:
+                part = overlap_ns(record, lo, hi)
+                ns += min(part, record.throttled_ns * part // record.interval_ns)
         if ns > best:
             best, which = ns, path
     return min(best, hi - lo), which

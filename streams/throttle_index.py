@@ -3,7 +3,9 @@
 throttled thread from a starved one (streams/rules/runq.py) and for the
 cfs_throttling rule. Fed by the handlers from the cgroup_throttle topic.
 
-A CgroupThrottle record covers (ts_ns - interval_ns, ts_ns]. The collector
+A CgroupThrottle record covers (ts_ns - interval_ns, ts_ns]: its counters
+moved then. The throttled time it reports may have begun earlier
+(``throttled_span``). The collector
 sends one per interval for every quota cgroup that ran (collector/probes/
 throttle.py), so the newest record of a cgroup also says up to when its
 throttling is known: a run-queue wait that ended later is judged once the
@@ -23,6 +25,19 @@ def contains(parent: str, cgroup: str) -> bool:
     """``cgroup`` is ``parent`` or below it (a pod's quota limits its containers)."""
     parent = parent.rstrip("/")
     return cgroup == parent or cgroup.startswith(parent + "/")
+
+
+def throttled_span(record: CgroupThrottle) -> tuple[int, int]:
+    """When the throttled time a record reports can have been spent: its
+    interval, and one quota period before it when it throttled. cpu.stat
+    counts a throttled stretch (nr_throttled and throttled_time) when it
+    ends, at the period timer that refills the quota (measured on 6.18: both
+    move at the moment the thread runs again), so a stretch that ends in
+    this interval may have begun in the previous one, whose record then
+    shows none of it. (A stretch over several periods moves nr_throttled at
+    each period's timer, so one period back is enough.)"""
+    begin = record.ts_ns - record.interval_ns
+    return (begin - record.period_us * 1000 if record.nr_throttled else begin), record.ts_ns
 
 
 class ThrottleIndex:
@@ -47,9 +62,10 @@ class ThrottleIndex:
         return min(ends) if ends else 0
 
     def throttled(self, host: str, cgroup: str, start_ns: int, end_ns: int) -> list[CgroupThrottle]:
-        """Records of quota cgroups above ``cgroup`` that throttled during [start_ns, end_ns]."""
+        """Records of quota cgroups above ``cgroup`` that throttled during
+        [start_ns, end_ns] (``throttled_span``)."""
         out = []
         for c in self.limits(host, cgroup):
             out.extend(r for r in self._records[host][c]
-                       if r.nr_throttled and r.ts_ns - r.interval_ns < end_ns and r.ts_ns > start_ns)
+                       if r.nr_throttled and throttled_span(r)[0] < end_ns and r.ts_ns > start_ns)
         return out

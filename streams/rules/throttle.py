@@ -12,6 +12,7 @@ import msgspec
 
 from jitterscope.schemas.events import Alert, CgroupThrottle, ProcessInfo, RunqEvent
 from jitterscope.streams.rules.base import Thresholds
+from jitterscope.streams.throttle_index import throttled_span
 
 MS = 1_000_000
 
@@ -21,12 +22,13 @@ def throttled_during(records: list[CgroupThrottle], start_ns: int, end_ns: int, 
     spread evenly over its interval (a record is all the sampler knows).
     ``whole``: the CPU was idle while the thread waited (the task that ran
     next was the idle task), so a runnable thread can only have been held
-    back by its quota: every overlapping throttled interval counts in full
-    (streams/attribution.py charges requests the same way)."""
+    back by its quota: every overlapping throttled interval counts in full,
+    from when its throttled time can have begun (``throttled_span``;
+    streams/culprits.py charges requests the same way)."""
     total = 0
     for r in records:
-        begin = r.ts_ns - r.interval_ns
-        overlap = min(r.ts_ns, end_ns) - max(begin, start_ns)
+        begin, end = throttled_span(r) if whole else (r.ts_ns - r.interval_ns, r.ts_ns)
+        overlap = min(end, end_ns) - max(begin, start_ns)
         if overlap > 0 and r.interval_ns:
             total += overlap if whole else min(overlap, r.throttled_ns * overlap // r.interval_ns)
     return min(total, end_ns - start_ns)

@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
@@ -110,6 +111,27 @@ def alerts(stack, pid: int) -> list:
                        "ORDER BY ts", pid=pid)
 
 
+def why_blamed(stack, path: str, pid: int) -> list:
+    """For a failure message: each runq_starvation alert of ``pid`` naming
+    the idle task, with how long after the wait it was raised, the
+    throttling records of ``path`` around the wait, and the worker's count
+    of parked waits judged late (by why)."""
+    blamed = stack.query(
+        "SELECT toUnixTimestamp64Nano(ts), wait_ns, toUnixTimestamp64Nano(raised) FROM jitterscope.alerts "
+        "WHERE pid = {pid:UInt32} AND kind = 'runq_starvation' AND suspect_pid = 0", pid=pid)
+    out = []
+    for end, wait, raised in blamed:
+        records = stack.query(
+            "SELECT toUnixTimestamp64Nano(ts) - {end:Int64}, interval_ns, nr_periods, nr_throttled, throttled_ns "
+            "FROM jitterscope.cgroup_throttle FINAL WHERE cgroup = {cg:String} AND ts > fromUnixTimestamp64Nano("
+            "{lo:Int64}) AND ts < fromUnixTimestamp64Nano({hi:Int64}) ORDER BY ts",
+            end=end, cg=path, lo=end - wait - SECOND, hi=end + SECOND)
+        out.append({"wait_ms": wait / MS, "raised_after_ms": (raised - end) / MS,
+                    "records (ts - wait end, interval, periods, throttled, ns)": records})
+    text = urllib.request.urlopen(f"http://127.0.0.1:{stack.web_port}/metrics", timeout=10).read().decode()
+    return out + [line for line in text.splitlines() if line.startswith("jitterscope_streams_runq_judged_late")]
+
+
 def caught_up(stack, worker, since_ns: int) -> None:
     """Everything the collector published up to ``since_ns`` is judged and
     stored: IRQ records (every 250 ms, the timer tick always makes some)
@@ -145,7 +167,7 @@ def test_a_throttled_victim_is_cfs_throttling_not_a_neighbour(pipeline):
     # machine another test's hogs may really crowd the CPU as well; waits
     # they cause are rightly runq_starvation naming them.)
     blamed_idle = [a for a in raised if a[0] == "runq_starvation" and a[1] == 0]
-    assert blamed_idle == [], blamed_idle
+    assert blamed_idle == [], (blamed_idle, why_blamed(stack, path, v.pid))
     print(f"\n[measured] throttled victim: {throttled} of {periods} periods throttled, "
           f"{throttled_ns / MS:.0f} ms; {waits} waits >= 10 ms; alerts {sorted(set(kinds))}")
     kind, suspect, summary, remedy = next(a for a in raised if a[0] == "cfs_throttling")

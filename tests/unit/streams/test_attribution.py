@@ -398,6 +398,19 @@ def test_a_pod_level_limit_throttles_its_containers_and_an_idle_cpu_means_thrott
     assert a.culprits(result).throttle.cgroup == "/kubepods/pod1"
 
 
+def test_an_idle_cpu_wait_is_charged_to_the_throttling_counted_after_the_interval_it_began_in():
+    """cpu.stat counts a throttled stretch when it ends: a wait from 40 to
+    90 ms, across a sampler boundary at 80 ms, shows only in the record of
+    (80, 330]. The CPU sat idle, so all of it is the quota's."""
+    a = Attributor(grace_ns=GRACE, processes=book(process(100, group=100, cgroup="/kubepods/pod1/c1")))
+    baseline(a)
+    a.add_request(span("r", 0, 100, pid=100))
+    a.add_evidence(wait(90, 50, pid=100, suspect=(0, "swapper/3")))
+    a.add_evidence(throttle(end_ms=330, interval_ms=250, throttled_ms=60))
+    [result] = due_after(a, 330)
+    assert result.throttled_ns == 50 * MS and result.cause == "cfs_throttling"
+
+
 def test_throttling_of_another_cgroup_or_time_is_not_charged():
     a = Attributor(grace_ns=GRACE, processes=book(process(100, group=100, cgroup="/kubepods/pod1/c1")))
     baseline(a)

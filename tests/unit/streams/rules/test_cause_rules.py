@@ -100,8 +100,9 @@ def test_runq_wait_during_throttling_is_not_blamed_on_the_neighbour():
     alert = runq.runq_starvation(wait(suspect=777), 10 * MS, process(), list(range(8)), NOW, records)
     assert alert.kind == "cfs_throttling" and alert.suspect_pid == 0 and "cgroup " + CG in alert.summary
     assert "taskset" not in alert.remedy and "cpu.cfs_quota_us" in alert.remedy
-    # no throttling overlaps the wait, or too little of it: the neighbour is named
-    assert index.throttled(HOST, CG, NOW - 500 * MS, NOW - 300 * MS) == []
+    # no throttling overlaps the wait (the record's interval and the period
+    # before it: throttled_span), or too little of it: the neighbour is named
+    assert index.throttled(HOST, CG, NOW - 500 * MS, NOW - 350 * MS) == []
     little = [throttled(20)]
     assert runq.runq_starvation(wait(suspect=777), 10 * MS, process(), list(range(8)), NOW, little).kind \
         == "runq_starvation"
@@ -121,6 +122,36 @@ def test_runq_handler_waits_for_the_covering_record_then_blames_the_quota():
     # the cgroup's quiet period: no second alert, and above all no neighbour blamed
     assert [a.kind for a in own] == ["cfs_throttling"] and h.parked == 0
     assert h.due() == []
+
+
+def test_a_throttled_stretch_is_counted_from_before_the_interval_whose_counters_it_moved():
+    """cpu.stat moves nr_throttled and throttled_time when a throttled
+    stretch ends. The CI run that failed: a thread first throttled 30 ms
+    before a sampler boundary, run again 6.5 ms after it. The interval
+    before the boundary shows no throttling; the one after it does. With
+    the idle task next, the wait is the quota's, not the kernel's."""
+    boundary = NOW - 200 * MS
+    before = throttled(0, ts_ns=boundary, nr_throttled=0)  # it ran under its quota, then was throttled
+    after = throttled(80, ts_ns=boundary + 250 * MS, nr_throttled=2)
+    stretch = wait(36.5, ts_ns=boundary + int(6.5 * MS))
+    index = ThrottleIndex()
+    index.add(before)
+    index.add(after)
+    records = index.throttled(HOST, CG, stretch.ts_ns - stretch.wait_ns, stretch.ts_ns)
+    assert records == [after]
+    alert = runq.runq_starvation(stretch, 10 * MS, process(), list(range(8)), NOW, records)
+    assert alert.kind == "cfs_throttling" and "~36 ms throttled during the wait" in alert.summary
+    # another task ran next: it may have held the CPU, and the spread counts (6.5 of 36.5 ms at most)
+    assert runq.runq_starvation(wait(36.5, ts_ns=stretch.ts_ns, suspect=777), 10 * MS, process(), list(range(8)),
+                                NOW, records).kind == "runq_starvation"
+    # through the handler, as the worker judges it: the quota's alert (raised
+    # by the record itself) says it all, the kernel is not blamed
+    h = Handlers(state(process()))
+    assert [a.kind for a in run(h, topics.CGROUP_THROTTLE, [before, after])] == ["cfs_throttling"]
+    assert run(h, topics.RUNQ, [stretch]) == [] and h.parked == 0
+    # a period before the interval, no more
+    assert throttle.throttled_during([after], boundary - 150 * MS, boundary - 100 * MS, whole=True) == 0
+    assert throttle.throttled_during([after], boundary - 150 * MS, boundary, whole=True) == 100 * MS
 
 
 def test_runq_handler_unthrottled_cgroup_still_names_the_neighbour():
