@@ -32,8 +32,8 @@ A wait is then split by what kept the CPU from the thread:
   assuming an even spread), at most what the wait has left after throttling.
 - ``self_contention``: of the rest, what the group's own threads held (the
   CPU's holder is a process of the request's serving group): more runnable
-  threads than CPUs. It is never charged to a neighbour, and the group's own
-  threads are never suspects.
+  threads than CPUs; never a neighbour's, and the group's threads are never
+  suspects. Waits behind its GIL's holders weigh for ``gil_contention``.
 - idle: of the rest, what the idle task held (suspect pid 0: an idle CPU
   waking; a VM's vCPU back from the hypervisor): run-queue time, no one's.
 - ``runq_starvation``: the rest; only this part is charged to the suspects
@@ -104,6 +104,7 @@ class _Charges:
     irq_records: dict[tuple[int, str, str], IrqTime] = field(default_factory=dict)  # each source's latest record
     own_ns: int = 0  # held by the group's own threads
     own_threads: set[int] = field(default_factory=set)  # those threads
+    behind_gil_holders: int = 0  # ns the carrying thread waited for a CPU behind the threads that held its GIL
     idle_ns: int = 0  # held by no one: the idle task had the CPU (waking an idle CPU)
     ioctl: tuple[int, int, int] = (0, 0, 0)  # its GPU driver calls: (ns in all, the longest, how many)
     longest_call: GpuIoctl | None = None  # the one the alert names
@@ -362,8 +363,9 @@ class Attributor:
         charged.contributed = contributed
         # the carrying thread's parts are whole in the walked (or carried) parts; the index is asked
         # for them only where it answered for the whole group
-        routine = behind_own_ns(index.parts(span.start_ns, span.end_ns, {budget.tid}) if index
-                                else parts[RunqEvent], budget.tid, group) if budget.tid and group else 0
+        routine, charged.behind_gil_holders = behind_own_ns(
+            index.parts(span.start_ns, span.end_ns, {budget.tid}) if index else parts[RunqEvent], budget,
+            group) if budget.tid and group else (0, 0)
         # a wait throttled or taken by interrupts is not routine, whoever held the CPU before
         return charged, budget, waited, max(0, routine - charged.throttled - charged.irq)
 
@@ -487,10 +489,12 @@ def _cause(excess: int, baseline: int, waited: int, charged: _Charges, budget: T
     # never overlap: for it the two are the same.
     runq, throttled, irq, own_ns = charged.runq[0], charged.throttled, charged.irq, charged.own_ns
     share = waited / runq if runq else 1.0
+    holders = min(own_ns, charged.behind_gil_holders)  # its GIL's holders held its CPU too: one culprit
+    stalls = {STALLS[kind]: budget.blocked.get(kind, 0) for kind in STALLS}
+    stalls["gil_contention"] += int(share * holders)
     name, ns = max((("runq_starvation", share * (runq - throttled - irq - own_ns - charged.idle_ns)),
                     ("cfs_throttling", share * throttled), ("irq", share * irq),
-                    ("self_contention", share * own_ns), ("gpu_ioctl_stall", charged.ioctl[0]),
-                    *((STALLS[kind], budget.blocked.get(kind, 0)) for kind in STALLS)),
-                   key=lambda c: c[1])
+                    ("self_contention", share * (own_ns - holders)), ("gpu_ioctl_stall", charged.ioctl[0]),
+                    *stalls.items()), key=lambda c: c[1])
     explained = min(1.0, ns / excess)
     return (name if explained >= DOMINANT_SHARE else "unexplained"), explained

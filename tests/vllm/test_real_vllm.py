@@ -134,6 +134,24 @@ def attributions(stack, prefix: str) -> dict[str, dict]:
     return {row[0]: dict(zip(names, row)) for row in rows}
 
 
+def waits_during(stack, pids: list[int], start_ns: int, end_ns: int) -> str:
+    """For an odd request's line: the group's run-queue waits (waiter <-
+    the CPU's holder) and blocked waits (waiter, kind <- waker) that ended
+    in its window, the longest five of each, in ms."""
+    window = dict(pids=pids, lo=start_ns, hi=end_ns)
+    runq = stack.query(
+        "SELECT concat(comm, '[', toString(tid), '] <- ', suspect_comm, '[', toString(suspect_tid), ']'), "
+        "sum(wait_ns) AS ns FROM jitterscope.runq_events FINAL WHERE pid IN {pids:Array(UInt32)} "
+        "AND ts BETWEEN fromUnixTimestamp64Nano({lo:Int64}) AND fromUnixTimestamp64Nano({hi:Int64}) "
+        "GROUP BY 1 ORDER BY ns DESC LIMIT 5", **window)
+    blocked = stack.query(
+        "SELECT concat(comm, '[', toString(tid), '] ', kind, ' <- ', waker_comm, '[', toString(waker_tid), ']'), "
+        "sum(blocked_ns) AS ns FROM jitterscope.blocked_waits FINAL WHERE pid IN {pids:Array(UInt32)} "
+        "AND ts BETWEEN fromUnixTimestamp64Nano({lo:Int64}) AND fromUnixTimestamp64Nano({hi:Int64}) "
+        "GROUP BY 1 ORDER BY ns DESC LIMIT 5", **window)
+    return "; ".join(f"{who} {ns / MS:.0f}" for who, ns in runq + blocked)
+
+
 def cpu_stat(group: Path) -> dict[str, int]:
     return {k: int(v) for k, v in (line.split() for line in (group / "cpu.stat").read_text().splitlines())}
 
@@ -171,6 +189,7 @@ def test_a_real_vllm_is_grouped_and_its_injected_causes_are_found(served, vllm_c
     last = max(hogged, key=lambda r: hogged[r][1])
     wait_until(lambda: last in attributions(stack, "hog-"), 180, "the last request attributed", worker)
     got = {**attributions(stack, "base-"), **attributions(stack, "limit-"), **attributions(stack, "hog-")}
+    spans = {r: (start, end) for phase in (base, limited, hogged) for r, (start, end) in phase.items()}
     assert set(base) | set(limited) | set(hogged) <= set(got), "requests without an attribution"
 
     # ground truth, the test's own: wall times as the client saw them, and the kernel's throttling count
@@ -201,6 +220,7 @@ def test_a_real_vllm_is_grouped_and_its_injected_causes_are_found(served, vllm_c
     for r in odd:  # what the next reader of a failure needs
         print(f"[odd] {r} wall {wall[r]:.1f} ms: " + ", ".join(
             f"{k} {v / MS:.1f} ms" if k.endswith("_ns") else f"{k} {v}" for k, v in got[r].items() if k != "request_id"))
+        print(f"[odd]   waits: {waits_during(stack, sorted(processes), *spans[r])}")
     assert len(throttled) >= 0.8 * len(slow_limited), summary
     # The hog delays a request two ways: the front end waits for the GIL it holds, and the engine waits
     # for the CPU it holds (self_contention: the hog is a thread of the group). Where neither is half the

@@ -675,6 +675,36 @@ def test_a_gil_holder_kept_off_the_cpu_is_the_cause_behind_the_gil_wait():
     assert (r.cause, r.throttled_ns, r.gil_wait_ns) == ("cfs_throttling", 30 * MS, 30 * MS)
 
 
+def test_a_gil_hog_that_also_holds_the_cpu_is_one_cause_not_two_halves():
+    """A thread that holds the GIL and a CPU delays the front end both
+    ways: 30 ms waiting for its GIL, 30 ms in the run queue behind it (and
+    10 behind the engine). The run queue alone was half the 80 ms excess,
+    self-contention; but the hog did most of both, so the lock it holds is
+    the cause, and it is the culprit. Behind the engine, the same waits
+    stay self-contention."""
+    def request(behind: tuple[int, int, str]):
+        a = Attributor(grace_ns=GRACE, processes=book(process(100, group=100), process(200, group=100)))
+        baseline(a)
+        for end in (10, 30, 50):
+            a.add_evidence(blocked(end, 10, tid=101, waker=(100, 177, "gil-hog")))
+        for end in (20, 40, 60):
+            a.add_evidence(RunqEvent(host="h1", boot_id="b", seq=0, ts_ns=T0 + end * MS, pid=100, tid=101,
+                                     comm="vllm", cpu=0, wait_ns=10 * MS, suspect_pid=behind[0],
+                                     suspect_tid=behind[1], suspect_comm=behind[2]))
+        a.add_evidence(RunqEvent(host="h1", boot_id="b", seq=0, ts_ns=T0 + 80 * MS, pid=100, tid=101, comm="vllm",
+                                 cpu=0, wait_ns=10 * MS, suspect_pid=200, suspect_tid=201, suspect_comm="engine"))
+        named = span("gil-7", 0, 90)
+        a.add_request(RequestSpan(**{**{f: getattr(named, f) for f in named.__struct_fields__}, "tid": 101}))
+        [r] = due_after(a, 90)
+        return r
+
+    r = request((100, 177, "gil-hog"))
+    assert (r.cause, r.culprit, r.gil_wait_ns, r.self_wait_ns) == ("gil_contention", "gil-hog[177]", 30 * MS, 40 * MS)
+    assert r.explained == pytest.approx(60 / 80, abs=1e-3)
+    r = request((200, 202, "engine"))
+    assert (r.cause, r.self_wait_ns, r.explained) == ("self_contention", 40 * MS, 0.5)
+
+
 def test_group_threads_queued_together_weigh_once_beside_the_front_end_s_gil_wait():
     """A model's 8 worker threads queued behind each other for the same
     10 ms are 10 ms of the request's delay, not 80, beside the 30 ms its
