@@ -47,7 +47,8 @@ every wait in its window. Where the index cannot answer as the walk would
 (a thread's overlapping repeats), the request walks its parts.
 
 The evidence store and its interval arithmetic are streams/evidence.py, the
-carrying thread's time budget streams/thread_budget.py, and the searches for
+carrying thread's time budget streams/thread_budget.py, which cause the
+charges name streams/causes.py, and the searches for
 whom to name (the throttled cgroup, the interrupt source, the GIL holder, the
 evictor) streams/culprits.py.
 """
@@ -56,12 +57,13 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict, deque
-from dataclasses import dataclass, field, fields
+from dataclasses import fields
 from typing import Protocol
 
 from jitterscope.schemas.events import (CgroupThrottle, GpuIoctl, GpuTelemetry, GpuXid, IrqTime, ProcessInfo,
                                         RequestAttribution, RequestSpan, RunqEvent, Suspect)
 from jitterscope.schemas.nvidia import ioctl_name
+from jitterscope.streams.causes import DOMINANT_SHARE, Charges, self_contention_ns, weigh
 from jitterscope.streams.culprits import Culprits, evictor, latest_throttle, shares_limit, split_wait
 from jitterscope.streams.gpu_events import GpuEvents, culprit as gpu_culprit
 from jitterscope.streams.evidence import (MAX_WAITS_PER_PROCESS, Evidence, HostEvidence, SortedEvidence, add_calls,
@@ -83,32 +85,7 @@ class ProcessBook(Protocol):
     def serving_group(self, host: str, pid: int) -> set[int]: ...
 
 
-# Excess under max(1 ms, a quarter of the baseline) is ordinary jitter: nothing to explain.
-NO_EXCESS_NS = 1_000_000
-NO_EXCESS_SHARE = 0.25
-DOMINANT_SHARE = 0.5  # a cause must explain at least half the excess to be named
 REMEMBERED_KEYS = 1_000_000  # attributed span keys kept, to skip redelivered spans
-
-
-@dataclass
-class _Charges:
-    """What a request's run-queue waits and GPU driver calls add up to, and
-    whom and what its run-queue waits are charged to."""
-
-    runq: tuple[int, int, int] = (0, 0, 0)  # its run-queue parts: (ns in all, the longest, how many)
-    suspects: list[Suspect] = field(default_factory=list)  # the top TOP_SUSPECTS outside the group
-    throttled: int = 0  # ns its cgroup's (or an ancestor's) throttling explains
-    throttles: dict[str, int] = field(default_factory=dict)  # the same per cgroup
-    irq: int = 0  # ns interrupts took from it
-    sources: dict[tuple[int, str, str], int] = field(default_factory=dict)  # the same per (cpu, kind, source)
-    irq_records: dict[tuple[int, str, str], IrqTime] = field(default_factory=dict)  # each source's latest record
-    own_ns: int = 0  # held by the group's own threads
-    own_threads: set[int] = field(default_factory=set)  # those threads
-    behind_gil_holders: int = 0  # ns the carrying thread waited for a CPU behind the threads that held its GIL
-    idle_ns: int = 0  # held by no one: the idle task had the CPU (waking an idle CPU)
-    ioctl: tuple[int, int, int] = (0, 0, 0)  # its GPU driver calls: (ns in all, the longest, how many)
-    longest_call: GpuIoctl | None = None  # the one the alert names
-    contributed: set[int] = field(default_factory=set)  # the processes whose evidence was charged
 
 
 class Attributor:
@@ -132,6 +109,8 @@ class Attributor:
         self._newest: dict[str, int] = defaultdict(int)
         self._pending: list[RequestSpan] = []
         self._durations: dict[tuple[str, str], deque[int]] = defaultdict(lambda: deque(maxlen=baseline_window))
+        # per (host, name): the self-contention of requests no one thread carried (causes.py)
+        self._own_waits: dict[tuple[str, str], deque[int]] = defaultdict(lambda: deque(maxlen=baseline_window))
         self._attributed_until: dict[str, int] = {}
         self._events_per_host: dict[str, int] = defaultdict(int)
         self.max_events_per_host = max_events_per_host
@@ -271,6 +250,17 @@ class Attributor:
             return 0, False
         return int(statistics.median(samples)), len(samples) >= self.min_samples
 
+    def _usual_own(self, span: RequestSpan, charged: Charges, waited: int) -> int:
+        """The self-contention requests of this name that no one thread
+        carried usually have (the median of the recent ones, before this
+        one; 0 for a carried request, or before min_samples were seen)."""
+        if charged.carried:
+            return 0
+        seen = self._own_waits[(span.host, span.name)]
+        usual = int(statistics.median(seen)) if len(seen) >= self.min_samples else 0
+        seen.append(self_contention_ns(charged, waited))
+        return usual
+
     def culprits(self, done: RequestAttribution) -> Culprits:
         """The throttled cgroup and the interrupt source behind a request of
         the last due() batch (empty when none was charged)."""
@@ -294,7 +284,7 @@ class Attributor:
         if not baseline:
             baseline = service
         excess = max(0, duration - baseline)
-        cause, explained = _cause(excess, baseline, waited, charged, budget)
+        cause, explained = weigh(excess, baseline, waited, charged, budget, self._usual_own(span, charged, waited))
         slo = self.slo_ns or (int(self.slo_factor * baseline) if trusted else 0)
         culprit = self._culprit(evidence, span, group, cause, charged, budget)
         xid, throttle, gpu = self.gpu.during(span.host, self._gpus(span.host, group), span.start_ns, span.end_ns)
@@ -327,7 +317,7 @@ class Attributor:
                 else {span.pid} if span.pid else None)
 
     def _charges(self, evidence: HostEvidence, span: RequestSpan, group: set[int] | None,
-                 excess: int) -> tuple[_Charges, ThreadBudget, int, int]:
+                 excess: int) -> tuple[Charges, ThreadBudget, int, int]:
         """A request's charges, its carrying thread's budget, how long any of
         its group's threads waited, and how long its carrying thread waited
         behind the group's own threads: from the due() batch's index
@@ -343,7 +333,8 @@ class Attributor:
         parts = {RunqEvent: runq, GpuIoctl: thread_parts(evidence, span.start_ns, span.end_ns, GpuIoctl, group)}
         contributed: set[int] = set()
         budget = thread_budget(evidence, span, group, per_thread if index else runq_per_thread(runq), contributed)
-        if budget.named and budget.busy() and budget.delay_ns >= DOMINANT_SHARE * excess:
+        charged_by_one = budget.named and budget.busy() and budget.delay_ns >= DOMINANT_SHARE * excess
+        if charged_by_one:
             # The span names its thread, that thread was not mostly asleep waiting on others, and its
             # own waits and stalls would explain the excess (else the request waited mostly on other
             # threads of the group: vLLM's front end asleep while its throttled engine works): its
@@ -354,12 +345,13 @@ class Attributor:
             parts = carried_parts(parts, budget)
         if index:
             contributed |= fast.pids
-            charged = _Charges(**{f.name: getattr(fast, f.name) for f in fields(fast) if f.name != "pids"})
+            charged = Charges(**{f.name: getattr(fast, f.name) for f in fields(fast) if f.name != "pids"})
             waited = index.union_ns(span.start_ns, span.end_ns)
         else:
             charged = self._charge(evidence, parts[RunqEvent], group, contributed)
             waited = union_ns(parts[RunqEvent])
         charged.ioctl, charged.longest_call = add_calls(parts[GpuIoctl], contributed)
+        charged.carried = charged_by_one
         charged.contributed = contributed
         # the carrying thread's parts are whole in the walked (or carried) parts; the index is asked
         # for them only where it answered for the whole group
@@ -389,7 +381,7 @@ class Attributor:
             self._evidence.get(event.host, {}), record, event, event.ts_ns - event.wait_ns, event.ts_ns))
 
     def _charge(self, evidence: HostEvidence, parts: list[tuple[Evidence, int, int, bool]], group: set[int] | None,
-                contributed: set[int]) -> _Charges:
+                contributed: set[int]) -> Charges:
         """A request's run-queue parts added up, each split by what kept the
         CPU away (split_wait): throttling, interrupts, and of the rest the
         group's own threads (self-contention) or else the suspects."""
@@ -428,12 +420,12 @@ class Attributor:
                 idle_ns += rest
             else:
                 by_suspect[event.suspect_comm][event.suspect_pid] += rest
-        return _Charges(runq=(total, longest, count), suspects=rank_suspects(by_suspect, TOP_SUSPECTS),
+        return Charges(runq=(total, longest, count), suspects=rank_suspects(by_suspect, TOP_SUSPECTS),
                         throttled=throttled, throttles=throttles, irq=irq, sources=sources, irq_records=irq_records,
                         own_ns=own_ns, own_threads=own_threads, idle_ns=idle_ns)
 
     def _culprit(self, evidence: HostEvidence, span: RequestSpan, group: set[int] | None, cause: str,
-                 charged: _Charges, budget: ThreadBudget) -> str:
+                 charged: Charges, budget: ThreadBudget) -> str:
         """Whom or what the cause names: the top suspect, the throttled
         cgroup, the interrupt source, the longest GPU driver call, the
         evictor, the device of its I/O, else who woke it from its stalls most.
@@ -473,28 +465,3 @@ class Attributor:
 def _batch_key(host: str, group: set[int] | None) -> tuple[str, frozenset[int] | None]:
     """What a due() batch indexes waits by: the host and the serving group."""
     return host, None if group is None else frozenset(group)
-
-
-def _cause(excess: int, baseline: int, waited: int, charged: _Charges, budget: ThreadBudget) -> tuple[str, float]:
-    """What caused a request's excess, and how much of it that explains:
-    "none" when the excess is ordinary jitter, "unexplained" when no cause
-    explains at least DOMINANT_SHARE of it."""
-    if excess < max(NO_EXCESS_NS, NO_EXCESS_SHARE * baseline):
-        return "none", 0.0
-    # the cause that explains the most of the excess, if it explains enough. The group's
-    # threads waiting at the same moment delay the request once: its run-queue parts
-    # are weighed by how long any thread waited (their union), not by the sum of the
-    # threads' waits (a model's 8 worker threads queued for the same 10 ms are 10 ms,
-    # not 80, beside the 50 ms its front end waited for the GIL). One thread's waits
-    # never overlap: for it the two are the same.
-    runq, throttled, irq, own_ns = charged.runq[0], charged.throttled, charged.irq, charged.own_ns
-    share = waited / runq if runq else 1.0
-    holders = min(own_ns, charged.behind_gil_holders)  # its GIL's holders held its CPU too: one culprit
-    stalls = {STALLS[kind]: budget.blocked.get(kind, 0) for kind in STALLS}
-    stalls["gil_contention"] += int(share * holders)
-    name, ns = max((("runq_starvation", share * (runq - throttled - irq - own_ns - charged.idle_ns)),
-                    ("cfs_throttling", share * throttled), ("irq", share * irq),
-                    ("self_contention", share * (own_ns - holders)), ("gpu_ioctl_stall", charged.ioctl[0]),
-                    *stalls.items()), key=lambda c: c[1])
-    explained = min(1.0, ns / excess)
-    return (name if explained >= DOMINANT_SHARE else "unexplained"), explained

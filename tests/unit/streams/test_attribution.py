@@ -705,6 +705,30 @@ def test_a_gil_hog_that_also_holds_the_cpu_is_one_cause_not_two_halves():
     assert (r.cause, r.self_wait_ns, r.explained) == ("self_contention", 40 * MS, 0.5)
 
 
+def test_a_request_no_thread_carried_is_named_self_contention_only_for_more_than_usual():
+    """vLLM's front end sleeps through a request while its engine works,
+    and the engine waits behind the front end on every request on 2 CPUs
+    (here 20 ms). A quiet request 30 ms over the median is not named for
+    that routine; one whose engine waited 50 ms is, for the 30 ms more."""
+    a = Attributor(grace_ns=GRACE, processes=book(process(100, group=100), process(200, group=100)))
+
+    def request(rid: str, start_ms: float, duration_ms: float, engine_wait_ms: float) -> None:
+        a.add_request(span(rid, start_ms, start_ms + duration_ms, pid=100))
+        a.add_evidence(RunqEvent(host="h1", boot_id="b", seq=0, ts_ns=T0 + int((start_ms + 60) * MS), pid=200,
+                                 tid=201, comm="engine", cpu=1, wait_ns=int(engine_wait_ms * MS), suspect_pid=100,
+                                 suspect_tid=101, suspect_comm="vllm"))
+
+    for i in range(20):
+        request(f"warm-{i}", -100_000 + i * 200, 100, 20)
+    assert {r.cause for r in a.due(T0)} == {"none"}
+    request("routine", 0, 130, 20)
+    request("more", 200, 130, 50)
+    got = {r.request_id: r for r in due_after(a, 330)}
+    assert (got["routine"].cause, got["routine"].excess_ns, got["routine"].self_wait_ns) == (
+        "unexplained", 30 * MS, 20 * MS)
+    assert (got["more"].cause, got["more"].explained) == ("self_contention", 1.0)
+
+
 def test_group_threads_queued_together_weigh_once_beside_the_front_end_s_gil_wait():
     """A model's 8 worker threads queued behind each other for the same
     10 ms are 10 ms of the request's delay, not 80, beside the 30 ms its
