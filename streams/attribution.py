@@ -63,7 +63,7 @@ from typing import Protocol
 from jitterscope.schemas.events import (CgroupThrottle, GpuIoctl, GpuTelemetry, GpuXid, IrqTime, ProcessInfo,
                                         RequestAttribution, RequestSpan, RunqEvent, Suspect)
 from jitterscope.schemas.nvidia import ioctl_name
-from jitterscope.streams.causes import DOMINANT_SHARE, Charges, self_contention_ns, weigh
+from jitterscope.streams.causes import DOMINANT_SHARE, USUAL_AFTER, Charges, self_contention_ns, weigh
 from jitterscope.streams.culprits import Culprits, evictor, latest_throttle, shares_limit, split_wait
 from jitterscope.streams.gpu_events import GpuEvents, culprit as gpu_culprit
 from jitterscope.streams.evidence import (MAX_WAITS_PER_PROCESS, Evidence, HostEvidence, SortedEvidence, add_calls,
@@ -253,11 +253,11 @@ class Attributor:
     def _usual_own(self, span: RequestSpan, charged: Charges, waited: int) -> int:
         """The self-contention requests of this name that no one thread
         carried usually have (the median of the recent ones, before this
-        one; 0 for a carried request, or before min_samples were seen)."""
+        one; 0 for a carried request, or before USUAL_AFTER were seen)."""
         if charged.carried:
             return 0
         seen = self._own_waits[(span.host, span.name)]
-        usual = int(statistics.median(seen)) if len(seen) >= self.min_samples else 0
+        usual = int(statistics.median(seen)) if len(seen) >= USUAL_AFTER else 0
         seen.append(self_contention_ns(charged, waited))
         return usual
 

@@ -30,6 +30,9 @@ from jitterscope.streams.thread_budget import STALLS, ThreadBudget
 NO_EXCESS_NS = 1_000_000
 NO_EXCESS_SHARE = 0.25
 DOMINANT_SHARE = 0.5  # a cause must explain at least half the excess to be named
+# Requests seen before their usual self-contention counts: a median of a few is enough to take
+# routine out (waiting for the baseline's 20 left a real vLLM's first ordinary requests named for it)
+USUAL_AFTER = 5
 
 
 @dataclass
