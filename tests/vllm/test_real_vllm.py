@@ -217,7 +217,8 @@ def test_a_real_vllm_is_grouped_and_its_injected_causes_are_found(served, vllm_c
     named = [r for r in quiet if got[r]["cause"] not in ("none", "unexplained")]
     medians = {name: statistics.median((e - b) / MS for b, e in phase.values())
                for name, phase in (("warm-up", warm), ("settling", watched))}
-    summary = (f"normal {normal:.1f} ms ({', '.join(f'{k} {v:.1f}' for k, v in medians.items())}); limited: {len(throttled)}/{len(slow_limited)} slow ones cfs_throttling "
+    summary = (f"normal {normal:.1f} ms ({', '.join(f'{k} {v:.1f}' for k, v in medians.items())}); "
+               f"limited: {len(throttled)}/{len(slow_limited)} slow ones cfs_throttling "
                f"({Counter(got[r]['cause'] for r in slow_limited)}), median {statistics.median(wall[r] for r in limited):.1f} ms, "
                f"cpu.stat nr_throttled +{after['nr_throttled'] - before['nr_throttled']}; hogged: {len(gil)}/"
                f"{len(slow_hogged)} gil_contention by an API server thread, {len(by_hog)} by gil-hog ({Counter((got[r]['cause'], got[r]['culprit']) for r in slow_hogged)}), "
