@@ -71,11 +71,18 @@ def child(body: str):
 
 def collect(probe: BlockedProbe, seen: list, condition, timeout: float, what: str) -> None:
     """Poll until ``condition()`` holds (deadline ``timeout``), then read
-    what is still in flight for a moment."""
+    what is still in flight for a moment. A timeout says what was seen, per
+    thread, and what the probe dropped."""
     def polled():
         probe.poll(50)
         return condition()
-    wait_until(polled, timeout, what, interval=0.05)
+    try:
+        wait_until(polled, timeout, what, interval=0.05)
+    except AssertionError as timed_out:
+        tids = sorted({e.tid for e in seen})
+        per_thread = "; ".join(f"{tid}: {summary([e for e in seen if e.tid == tid])}" for tid in tids)
+        raise AssertionError(f"{timed_out}\nseen ({len(seen)} events): {per_thread}\n"
+                             f"drops {probe.drops()}, map full {probe.map_full_drops()}") from None
     end = time.monotonic() + 0.3
     while time.monotonic() < end:
         probe.poll(50)
@@ -235,7 +242,8 @@ def test_a_single_busy_thread_has_no_gil_waits():
 
         def sleeps():
             return [e for e in seen if e.tid == tid and e.blocked_ns >= 8 * MS]
-        collect(probe, seen, lambda: len(sleeps()) >= len(truth["took"]), 10, "the 10 sleeps")
+        collect(probe, seen, lambda: len(sleeps()) >= len(truth["took"]), 10,
+                f"the 10 sleeps of thread {tid} (as it measured them: {[round(t / MS, 2) for t in truth['took']]} ms)")
         print(f"one thread: {summary(sleeps())}")
         assert len(sleeps()) == 10 and {e.kind for e in sleeps()} == {"sleep"}
         assert not [e for e in seen if e.kind == "gil"], "no second thread: nobody waits for the GIL"
