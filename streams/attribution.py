@@ -61,7 +61,7 @@ from dataclasses import fields
 from typing import Protocol
 
 from jitterscope.schemas.events import (CgroupThrottle, GpuIoctl, GpuTelemetry, GpuXid, IrqTime, ProcessInfo,
-                                        RequestAttribution, RequestSpan, RunqEvent, Suspect)
+                                        RequestAttribution, RequestSpan, RunqEvent)
 from jitterscope.schemas.nvidia import ioctl_name
 from jitterscope.streams.causes import DOMINANT_SHARE, USUAL_AFTER, Charges, self_contention_ns, weigh
 from jitterscope.streams.culprits import Culprits, evictor, latest_throttle, shares_limit, split_wait
