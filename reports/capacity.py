@@ -302,6 +302,9 @@ def ranked_actions(ctx: Context) -> list[tuple[float, str, str]]:
     """(weight, what to do, its evidence), ranked by the latency each would
     take away (seconds of waits or of excess; an alert counts one)."""
     found: list[tuple[float, str, str]] = []
+    # the rollup keeps names only; the label is unforgeable there: the
+    # collector gives it to its own processes by pid and marks a foreign name
+    # spelled like it (schemas/events.py suspect_name)
     for comm, count, hosts, waited in _neighbours(ctx, 3):
         what = (f"Give jitterscope's own {comm.removeprefix(OWN_SUSPECT_PREFIX)} CPUs apart from inference "
                 f"(CPUAffinity= of its unit, or a cpuset) on {hosts} host(s): the cost of watching"

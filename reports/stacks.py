@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from html import escape
 from typing import Callable
 
-from jitterscope.schemas.events import OWN_SUSPECT_PREFIX
 from jitterscope.schemas.signals import DATABASE as DB
 
 ROLES = {"suspect": "suspect_stack", "victim": "victim_stack"}  # role -> runq_events column
@@ -53,8 +52,8 @@ def top(query: Query, start_ns: int, end_ns: int, host: str = "", role: str = "s
         limit: int = 20, own: bool = False) -> list[Stack]:
     """The stacks of ``role`` ("suspect": the culprits; "victim") behind the
     most run-queue waiting in [start_ns, end_ns), on ``host`` or everywhere.
-    Culprits that are jitterscope's own processes (suspects labelled
-    ``jitterscope:<role>``) only with ``own``: on a host that runs the whole
+    Culprits that are jitterscope's own processes (``suspect_own``: known
+    by pid, never by name) only with ``own``: on a host that runs the whole
     `up` they can outrank the neighbours a user is looking for, and their
     cost is the cost of watching (`doctor`, the report), not a neighbour."""
     column = ROLES[role]  # from the fixed table above, never from the user
@@ -65,12 +64,11 @@ def top(query: Query, start_ns: int, end_ns: int, host: str = "", role: str = "s
             FROM {DB}.runq_events FINAL
             WHERE ts >= fromUnixTimestamp64Nano({{start_ns:Int64}}) AND ts < fromUnixTimestamp64Nano({{end_ns:Int64}})
               AND {column} != 0 AND ({{host:String}} = '' OR host = {{host:String}})
-              AND NOT ({{skip_own:Bool}} AND startsWith(suspect_comm, {{own_prefix:String}}))
+              AND NOT ({{skip_own:Bool}} AND suspect_own)
             GROUP BY stack_id) AS e
         INNER JOIN {_STACKS} AS s ON s.stack_id = e.stack_id
         ORDER BY e.wait_ns DESC, e.stack_id LIMIT {{limit:UInt32}}""",
-        {"start_ns": start_ns, "end_ns": end_ns, "host": host, "limit": limit, "skip_own": skip_own,
-         "own_prefix": OWN_SUSPECT_PREFIX})
+        {"start_ns": start_ns, "end_ns": end_ns, "host": host, "limit": limit, "skip_own": skip_own})
     return [Stack(int(r[0]), r[1], list(r[2]), list(r[3]), int(r[4]), int(r[5]), int(r[6])) for r in rows]
 
 

@@ -55,6 +55,17 @@ class Record(msgspec.Struct, kw_only=True, frozen=True, gc=False):
 OWN_SUSPECT_PREFIX = "jitterscope:"
 
 
+def suspect_name(comm: str, own_role: str | None) -> tuple[str, bool]:
+    """(a suspect's or waker's name in records, whether it is jitterscope's
+    own). Own is known by pid (``own_role``: the collector's ``own`` map),
+    never by name; a foreign name spelled like the label (``cp /bin/yes
+    /tmp/jitterscope:up``) gets a "?" in front, so the label stays
+    unforgeable where only names are kept (the runq_minute rollup)."""
+    if own_role is not None:
+        return OWN_SUSPECT_PREFIX + own_role, True
+    return ("?" + comm if comm.startswith(OWN_SUSPECT_PREFIX) else comm), False
+
+
 class RunqEvent(Record, frozen=True):
     """A thread waited at least the probe threshold for a CPU -- or, with
     ``waits`` > 1, a serving thread's waits under its threshold, summed:
@@ -77,6 +88,7 @@ class RunqEvent(Record, frozen=True):
     victim_stack: U64 = 0
     suspect_stack: U64 = 0
     waits: U32 = 1  # how many waits it stands for
+    suspect_own: bool = False  # jitterscope's own, known by pid (`suspect_name`): the cost of watching
 
 
 class LatencyHistogram(Record, frozen=True):

@@ -255,9 +255,7 @@ class BlockedSignal(BccSignal):
     def on_event(self, raw: RawBlocked) -> None:
         self.events_read += 1
         ctx = self.ctx
-        waker_comm = raw.waker_comm
-        if raw.waker_pid and raw.waker_pid in ctx.own:
-            waker_comm = events.OWN_SUSPECT_PREFIX + ctx.own[raw.waker_pid]
+        waker_comm, _ = events.suspect_name(raw.waker_comm, ctx.own.get(raw.waker_pid) if raw.waker_pid else None)
         ctx.describe_process(raw.pid)
         ctx.describe_process(raw.waker_pid)  # 0 (an interrupt on an idle CPU) is skipped
         ctx.publish(ctx.event(

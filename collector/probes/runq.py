@@ -143,9 +143,9 @@ class RunqSignal(LatencySignal):
         if pid in ctx.own:  # jitterscope's own wait is no user's alert (dropped before it takes a seq)
             self.own_skipped += 1
             return
-        suspect_comm = raw.suspect_comm
-        if raw.suspect_pid and raw.suspect_pid in ctx.own:
-            suspect_comm = events.OWN_SUSPECT_PREFIX + ctx.own[raw.suspect_pid]  # its role: collector, worker, ...
+        # own by pid (its role: collector, worker, ...), never by the name it gives itself
+        suspect_comm, suspect_own = events.suspect_name(
+            raw.suspect_comm, ctx.own.get(raw.suspect_pid) if raw.suspect_pid else None)
         ctx.describe_process(pid)
         ctx.describe_process(raw.suspect_pid)
         # the stacks first: a StackTrace goes out before the event naming it
@@ -153,7 +153,8 @@ class RunqSignal(LatencySignal):
         ctx.publish(ctx.event(
             events.RunqEvent, raw.ts_ns, pid=pid, tid=raw.tid, comm=raw.comm, cpu=raw.cpu,
             wait_ns=raw.wait_ns, suspect_pid=raw.suspect_pid, suspect_tid=raw.suspect_tid,
-            suspect_comm=suspect_comm, victim_stack=victim_stack, suspect_stack=suspect_stack, waits=raw.waits))
+            suspect_comm=suspect_comm, victim_stack=victim_stack, suspect_stack=suspect_stack, waits=raw.waits,
+            suspect_own=suspect_own))
 
     def forget(self, pids: set[int]) -> None:
         super().forget(pids)

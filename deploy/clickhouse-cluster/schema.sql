@@ -722,3 +722,7 @@ ALTER TABLE jitterscope.blocked_waits ON CLUSTER '{cluster}' ADD COLUMN IF NOT E
 ALTER TABLE jitterscope.runq_events_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS waits UInt32 DEFAULT 1;
 
 ALTER TABLE jitterscope.runq_events ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS waits UInt32 DEFAULT 1;
+
+ALTER TABLE jitterscope.runq_events_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS suspect_own Bool DEFAULT startsWith(suspect_comm, 'jitterscope:');
+
+ALTER TABLE jitterscope.runq_events ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS suspect_own Bool DEFAULT startsWith(suspect_comm, 'jitterscope:');

@@ -37,7 +37,7 @@ def runq_starvation(
         return throttled
     wait_ms = event.wait_ns / 1e6
     victim_cpus = victim.cpus_allowed if victim else []
-    own = event.suspect_comm.startswith(OWN_SUSPECT_PREFIX)  # the collector labelled it (by its role)
+    own = event.suspect_own  # the collector knew it by pid (a name proves nothing: anyone can take it)
     suspect_name = (f"jitterscope itself ({event.suspect_comm.removeprefix(OWN_SUSPECT_PREFIX)}, "
                     f"pid {event.suspect_pid})" if own else
                     f"{event.suspect_comm} (pid {event.suspect_pid})" if event.suspect_pid else "the idle/kernel task")

@@ -53,6 +53,22 @@ def test_jitterscopes_own_suspect_is_the_cost_of_watching_not_a_neighbour_to_mov
     assert "Move jitterscope:python" not in html and "Move logrotate off the inference CPUs" in html
 
 
+def test_a_foreign_process_named_like_jitterscope_gets_a_neighbours_remedy():
+    """The collector marks a foreign name spelled like its label
+    (``jitterscope:up`` -> ``?jitterscope:up``), so the rollup's names cannot
+    claim the cost of watching (issue 40, 8)."""
+    from jitterscope.reports import capacity
+    from jitterscope.schemas.events import suspect_name
+
+    foreign = suspect_name("jitterscope:up", None)[0]
+
+    def rows(sql, params):
+        return [(foreign, 40, 1, 2.5)] if "runq_minute" in sql else []
+
+    html = capacity.BUILDERS["actions"](capacity.Context(rows, 86400, None))
+    assert "Move ?jitterscope:up off the inference CPUs" in html and "cost of watching" not in html
+
+
 def test_the_period_is_shown_as_given():
     """`--since 1h` once read "covering the last 0.0 days"."""
     html = capacity.build(capacity.Context(lambda sql, params: [], 3600, None, since_text="1h"))

@@ -322,7 +322,20 @@ def test_jitterscopes_own_waits_are_dropped_and_its_processes_labelled_as_suspec
     signal.on_event(runq.RawRunqEvent(300, 9_000_000, 40, 40, 1, 77, 78, "jsvictim", "jshog"))
     # named by its role, not its thread's name ("python" said nothing about what to tune)
     assert [r.suspect_comm for r in signal.ctx.published] == ["jitterscope:worker", "jshog"]
+    assert [r.suspect_own for r in signal.ctx.published] == [True, False]
     assert signal.events_read == 3
+
+
+def test_a_foreign_process_named_like_jitterscope_is_not_labelled_its_own(tmp_path):
+    """Own is by pid: a foreign ``jitterscope:up`` (``cp /bin/yes``) is no
+    own process, and its name is marked so the label stays unforgeable where
+    only names are kept (the runq_minute rollup; issue 40, 8)."""
+    signal = runq.RunqSignal()
+    signal.ctx = fake_context(proc=tmp_path, own={500: "up"})
+    signal.on_event(runq.RawRunqEvent(100, 9_000_000, 40, 40, 1, 77, 77, "jsvictim", "jitterscope:up"))
+    signal.on_event(runq.RawRunqEvent(200, 9_000_000, 40, 40, 1, 500, 500, "jsvictim", "python"))
+    got = [(r.suspect_comm, r.suspect_own) for r in signal.ctx.published]
+    assert got == [("?jitterscope:up", False), ("jitterscope:up", True)]
 
 
 def test_a_process_that_exited_keeps_the_name_last_read_not_the_one_before_its_exec(tmp_path):

@@ -160,7 +160,19 @@ def test_request_slo_quiet_unless_breached_and_honest_when_unexplained():
 
 
 def test_jitterscope_as_the_culprit_is_the_cost_of_watching_not_a_neighbour_to_move():
-    alert = runq_starvation(event(suspect_comm="jitterscope:worker"), ALERT_NS, VICTIM, HOST_CPUS, NOW)
+    alert = runq_starvation(event(suspect_comm="jitterscope:worker", suspect_own=True), ALERT_NS, VICTIM,
+                            HOST_CPUS, NOW)
     assert "jitterscope itself (worker, pid 4321) held it" in alert.summary
     assert alert.remedy.startswith("the cost of watching") and "runq_threshold_ms" in alert.remedy
     assert "move jitterscope" not in alert.remedy
+
+
+@pytest.mark.parametrize("comm", ["jitterscope:up", "?jitterscope:up"])
+def test_a_process_named_like_jitterscope_is_a_neighbour_not_the_cost_of_watching(comm):
+    """Own processes are known by pid (the collector's ``suspect_own``),
+    never by name: ``cp /bin/yes /tmp/jitterscope:up`` is a neighbour to move,
+    whether its name reached the rule as it chose it or marked (issue 40, 8)."""
+    alert = runq_starvation(event(suspect_comm=comm), ALERT_NS, VICTIM, HOST_CPUS, NOW)
+    assert f"{comm} (pid 4321) held it" in alert.summary and "jitterscope itself" not in alert.summary
+    assert alert.remedy.startswith(f"move {comm} off the inference CPUs")
+    assert "cost of watching" not in alert.remedy
