@@ -228,8 +228,11 @@ class Stack:
                "JITTERSCOPE_OWN_TREE_PID": str(os.getpid())}
         env.pop("JITTERSCOPE_CONFIG", None)  # everything is resolved into the env already
         log = os.fdopen(open_private(self.settings.data_dir / f"{name}.log", append=True), "ab")
+        # -P: `python -m` puts the caller's working directory first on sys.path, and a jitterscope/cli/ planted
+        # there (cd /tmp && jitterscope up) ran as root. The cwd stays the caller's: relative paths in the
+        # settings (--data-dir data) are passed through as given, and with -P it is no longer an import path.
         self.children[name] = subprocess.Popen(
-            [sys.executable, "-m", "jitterscope.cli", *args], env=env, stdout=log, stderr=subprocess.STDOUT,
+            [sys.executable, "-P", "-m", "jitterscope.cli", *args], env=env, stdout=log, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, start_new_session=True)
 
     def _wait_for_collector(self, timeout_s: float = COLLECTOR_START_S) -> None:

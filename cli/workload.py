@@ -10,12 +10,12 @@ filters and assertions can find it.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from contextlib import contextmanager
-from pathlib import Path
 
 VICTIM_COMM = "jsvictim"
 HOG_COMM = "jshog"
@@ -41,27 +41,36 @@ while time.monotonic() < end:
 """
 
 
-def _named_python(name: str) -> str:
+@contextmanager
+def _named_python(name: str):
     """A path to this Python whose file name is ``name``: the kernel names a
     process after the file it executes, so it is ``name`` from its first
     instruction. (prctl alone renames it only once the interpreter has
     started, and the waits of that start-up, tens of milliseconds beside the
     hogs, were alerts about "python".) The children use the standard library
-    only, so the link need not find a virtual environment."""
-    folder = Path(tempfile.gettempdir()) / f"jitterscope-names-{os.getuid()}"
-    folder.mkdir(mode=0o700, exist_ok=True)
-    link = folder / name
-    if not (link.is_symlink() and os.readlink(link) == os.path.realpath(sys.executable)):
-        temporary = folder / f".{name}.{os.getpid()}"
-        temporary.unlink(missing_ok=True)
-        temporary.symlink_to(os.path.realpath(sys.executable))
-        temporary.replace(link)  # atomic: two demos at once never see a half-made link
-    return str(link)
+    only, so the link need not find a virtual environment.
+
+    The link lives in a folder made for this one start (``mkdtemp``: new,
+    0700, ours, an unguessable name), never a fixed name under /tmp, where
+    another user could make the folder first and swap the link between a
+    check and the exec (root then ran their script). It is removed once the
+    child has executed it."""
+    folder = tempfile.mkdtemp(prefix="jitterscope-names-")
+    try:
+        link = os.path.join(folder, name)
+        os.symlink(os.path.realpath(sys.executable), link)
+        yield link
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _spawn(code: str, cpu: int, name: str) -> subprocess.Popen:
-    return subprocess.Popen([_named_python(name), "-c", code],
-                            preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
+    # Popen returns once the child has executed the link (or failed to), so the folder may go then.
+    # -I and cwd "/": with -c the caller's directory comes first on sys.path, where a planted ctypes.py
+    # would run instead; PYTHON* variables are ignored too (the children need none)
+    with _named_python(name) as python:
+        return subprocess.Popen([python, "-I", "-c", code], cwd="/",
+                                preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
 
 
 def last_cpu() -> int:

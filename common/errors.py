@@ -65,3 +65,15 @@ class NoData(JitterscopeError):
     """The store has no jitterscope database yet (nothing was collected)."""
 
     exit_code = 66  # EX_NOINPUT
+
+
+class UnsafeFile(JitterscopeError, OSError):
+    """A file jitterscope would write is not safely its own: another user's,
+    a hard link, or not a regular file (common/private.py). An OSError too,
+    so a caller's ``except OSError`` ("cannot write X: {exc.strerror}") still
+    says why. Built as ``UnsafeFile(errno, sentence, path)``."""
+
+    exit_code = 73  # EX_CANTCREAT
+
+    def __str__(self) -> str:
+        return f"{self.filename}: {self.strerror}"
