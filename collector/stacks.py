@@ -186,8 +186,10 @@ class UserSymbolsHelper:
         self._stop(failed=False)
 
     def _start(self) -> subprocess.Popen:
-        self._proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, bufsize=0, close_fds=True)
+        # -P and cwd "/": else `-m` imports from the collector's working directory first (a planted
+        # jitterscope/collector/stacks.py there ran as root); the helper reads only absolute /proc paths
+        self._proc = subprocess.Popen([sys.executable, "-P", "-m", __name__], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, bufsize=0, close_fds=True, cwd="/")
         self._pending = b""
         _running_helpers.add(self._proc.pid)
         if self.own is not None:
