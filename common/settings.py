@@ -211,9 +211,11 @@ class CollectorSettings(BaseModel):
         10.0, gt=0, description="an OTLP client that does not send its whole request in this time gets 408")
     otlp_trusted_relays: list[str] = Field(
         default_factory=list,
-        description="on-host OTLP relays whose spans may name other processes and containers (process.pid, "
-                    "container.id, k8s.pod.uid): process names (comm, e.g. otelcol-contrib) or executable paths "
-                    "(/usr/bin/otelcol-contrib); any other on-host sender is charged its own spans")
+        description="OTLP relays whose spans may name other processes and containers (process.pid, "
+                    "container.id, k8s.pod.uid): on-host ones by process name (comm, e.g. otelcol-contrib) or "
+                    "executable path (/usr/bin/otelcol-contrib), others by the address or network they send from "
+                    "(10.0.3.7, 10.0.3.0/28; never loopback); any other on-host sender is charged its own spans, "
+                    "and a claim from anyone else is ignored (host level)")
     request_id_attributes: list[str] = Field(
         default_factory=lambda: ["gen_ai.request.id"],
         description="span attributes holding the request ID, first found wins (else the trace ID)")

@@ -13,8 +13,10 @@ Which spans are requests: one carrying a request-ID attribute
 by its trace ID. Other spans (a request's children) are skipped and counted.
 
 The serving process: the process at the other end of the HTTP connection,
-looked up in /proc for loopback peers (`pid_of_peer`), else the resource
-attribute ``process.pid``, else 0 (host level).
+looked up in /proc whatever its address (`pid_of_peer`: this network
+namespace's socket tables, then those of every other namespace on the host,
+a pod's included), else, for a relay, the resource attribute
+``process.pid``, else 0 (host level).
 
 Who may speak for whom: a sender on this host (its connection's process is
 known) is charged its own spans. Its resource may name another process
@@ -23,20 +25,22 @@ sender's own container or pod, or, for a sender in its own PID namespace,
 its own cgroup; a claim beyond that is refused: the spans are charged to the
 sender and counted as ``how="refused_claim"``. Only a relay named in
 ``trusted_relays`` (setting ``otlp_trusted_relays``: process names as
-/proc/PID/comm shows them, or executable paths as /proc/PID/exe does; an
-OpenTelemetry Collector) speaks for any process. A sender whose process is
-not known (not on loopback: another host, or another network namespace)
-is taken at its resource's word, the only evidence there is; its
-``process.pid`` is trusted only because the collector listens for this host.
+/proc/PID/comm shows them, executable paths as /proc/PID/exe does, or the
+addresses it sends from; an OpenTelemetry Collector) speaks for any process.
+A sender whose process is not known (another host, or a socket no process
+on this host holds) and that is no relay by address has its claims ignored:
+its spans are kept at host level (pid 0), counted as
+``how="unverified_claim"``. Its ``process.pid`` would otherwise let anything
+that reaches the port (every pod, when the receiver listens on the node IP)
+make any process a watched target.
 
 From a container, ``process.pid`` is a pid in the container's PID namespace
 (`PidResolver`): where the connection's process is known and its innermost
 pid (NSpid) is ``process.pid``, it is the sender; else a resource with
 ``container.id`` or ``k8s.pod.uid`` is translated through NSpid among that
-container's processes (the sender's own container or pod where the sender
-is known; a sender in its own network namespace has no loopback owner to
-look up); a sender known to be in another PID namespace without those
-attributes is translated within its own cgroup. A translation
+container's processes (the sender's own container or pod; any container or pod for a relay); a
+sender known to be in another PID namespace without those attributes is
+translated within its own cgroup. A translation
 that finds nothing gives pid 0, never the untranslated pid (which names
 some unrelated host process). How each request's pid was found is counted
 in ``jitterscope_otlp_pid_resolved_total{how}``.

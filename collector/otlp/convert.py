@@ -51,7 +51,9 @@ PID_RESOLVED = Counter(
     "nspid (process.pid translated through NSpid in the container, pod or sender's cgroup), container (a "
     "process of the container/pod of container.id/k8s.pod.uid: the exact one was not found), unresolved "
     "(nothing matched: host level, pid 0), refused_claim (an on-host sender that is no trusted relay named a "
-    "process outside its own container, pod or cgroup: charged to the sender)", ["how"])
+    "process outside its own container, pod or cgroup: charged to the sender), unverified_claim (a sender "
+    "not on this host and no relay by address named a process, container or pod: ignored, host level, pid 0)",
+    ["how"])
 
 
 class OtlpError(Exception):

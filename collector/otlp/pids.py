@@ -1,9 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Which process sent a span: the process at the other end of a loopback
-connection (`pid_of_peer`, from /proc/net/tcp{,6} and /proc/*/fd), and the
-host pid a resource names, within what its sender may speak for
-(`PidResolver`). The rules: the package's docs (``jitterscope.collector.otlp``),
-"Who may speak for whom" and "From a container".
+"""Which process sent a span: the process on this host at the other end of
+the connection (`pid_of_peer`, from /proc/net/tcp{,6}, /proc/PID/net/tcp{,6}
+and /proc/*/fd), and the host pid a resource names, within what its sender
+may speak for (`PidResolver`). The rules: the package's docs
+(``jitterscope.collector.otlp``), "Who may speak for whom" and "From a
+container".
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
@@ -25,26 +26,61 @@ from jitterscope.common import ports
 
 
 def pid_of_peer(peer_host: str, peer_port: int, local_port: int, proc: Path = Path("/proc"),
-                hint: int | None = None) -> int | None:
-    """The pid of the local process at the other end of a loopback TCP
-    connection to our ``local_port``, or None.
+                hint: int | None = None, local_host: str | None = None) -> int | None:
+    """The pid of the process on this host at the other end of a TCP
+    connection to our ``local_port`` (and ``local_host``, our end's address,
+    where given), or None: another host's, or gone.
 
-    Its socket is the one in /proc/net/tcp{,6} whose local end is the peer's
-    port and whose remote end is our port; the process is the one holding
-    ``socket:[inode]`` among its fds. Needs the right to read other processes'
-    fds (root, or the same user). A scan of /proc/*/fd is not free, so callers
-    cache the answer per connection, and ``hint`` (the pid the sender
-    claims) is looked at first.
+    Whatever the address: a socket of this network namespace is in
+    /proc/net/tcp{,6}, loopback or not (the node IP a pod or a host process
+    sends to is no different); a socket of another namespace on this host (a
+    pod's, a container's) is in /proc/PID/net/tcp{,6} of a process in it.
+    The socket is the one whose local end is the peer's address and port and
+    whose remote end is ours; the process is the one holding
+    ``socket:[inode]`` among its fds. Needs the right to read other
+    processes' fds and namespaces (root, or CAP_SYS_PTRACE). A scan of
+    /proc/*/fd is not free, so callers cache the answer per connection, and
+    ``hint`` (the pid the sender claims) is looked at first.
     """
+    address, ours = _address(peer_host), _address(local_host) if local_host else None
+    if address is None:
+        return None
+    inode = _socket_inode(ports.tcp_sockets(proc), address, peer_port, local_port, ours)
+    if inode is None and not address.is_loopback:  # a loopback peer is always in our own namespace
+        for other in _other_namespaces(proc):
+            inode = _socket_inode(ports.tcp_sockets(other), address, peer_port, local_port, ours)
+            if inode is not None:
+                break
+    return ports.pid_holding(inode, proc, hint) if inode else None
+
+
+def _address(text: str):
     try:
-        address = ipaddress.ip_address(peer_host.split("%", 1)[0])
+        return _unmapped(ipaddress.ip_address(text.split("%", 1)[0]))
     except ValueError:
         return None
-    address = _unmapped(address)
-    if not address.is_loopback:
-        return None  # another host's process: nothing in our /proc
-    inode = _socket_inode(proc, address, peer_port, local_port)
-    return ports.pid_holding(inode, proc, hint) if inode else None
+
+
+def _other_namespaces(proc: Path) -> Iterator[Path]:
+    """/proc/PID of one process per network namespace other than ours: its
+    net/tcp{,6} are that namespace's tables. The sockets of a namespace no
+    process is in (a bind-mounted one) are not seen: the peer is not known."""
+    try:
+        seen = {os.stat(proc / "self" / "ns" / "net").st_ino}
+    except OSError:
+        seen = set()
+    try:
+        pids = [e.name for e in os.scandir(proc) if e.name.isdigit()]
+    except OSError:
+        return
+    for pid in pids:
+        try:
+            inode = os.stat(proc / pid / "ns" / "net").st_ino
+        except OSError:  # gone, or not ours to look at
+            continue
+        if inode not in seen:
+            seen.add(inode)
+            yield proc / pid
 
 
 def _unmapped(address: ipaddress.IPv4Address | ipaddress.IPv6Address):
@@ -52,15 +88,17 @@ def _unmapped(address: ipaddress.IPv4Address | ipaddress.IPv6Address):
     return mapped or address
 
 
-def _socket_inode(proc: Path, address, local_port: int, remote_port: int) -> int | None:
-    for fields in ports.tcp_sockets(proc):
+def _socket_inode(table: Iterable[list[str]], address, local_port: int, remote_port: int,
+                  remote_address=None) -> int | None:
+    for fields in table:
         try:
             local_ip, port = _proc_net_address(fields[1])
-            remote_port_here = _proc_net_address(fields[2])[1]
+            remote_ip, remote_port_here = _proc_net_address(fields[2])
             inode = int(fields[9])
         except ValueError:
             continue
-        if port == local_port and remote_port_here == remote_port and local_ip == address and inode:
+        if (port == local_port and remote_port_here == remote_port and local_ip == address and inode
+                and (remote_address is None or remote_ip == remote_address)):
             return inode  # inode 0: a socket no process holds any more (TIME_WAIT)
     return None
 
@@ -75,6 +113,30 @@ def _proc_net_address(text: str):
     return _unmapped(ipaddress.ip_address(raw)), int(port_hex, 16)
 
 
+def _network(entry: str):
+    try:
+        return ipaddress.ip_network(entry, strict=False)
+    except ValueError:
+        return None
+
+
+def relay_networks(entries: Iterable[str]) -> tuple:
+    """The address entries of a relay list ("10.0.3.7", "fd00::/64"): the
+    others are process names and paths. ValueError for one that covers a
+    loopback or unspecified address: every local process can send from it."""
+    found = []
+    for entry in entries:
+        net = _network(entry)
+        if net is None:
+            continue
+        if net.overlaps(ipaddress.ip_network("127.0.0.0/8" if net.version == 4 else "::1/128")) or \
+                net.network_address.is_unspecified and net.prefixlen == net.max_prefixlen:
+            raise ValueError(f"OTLP relay address {entry!r} covers loopback or no address: every process on "
+                             "this host could send as the relay; name an on-host relay by its executable path")
+        found.append(net)
+    return tuple(found)
+
+
 class PidResolver:
     """The host pid of a resource's process (see the package's docs); one per
     receiver, shared by its threads.
@@ -85,16 +147,27 @@ class PidResolver:
     found pid only while it lives; a miss only until the next scan may
     show a container that just started).
 
-    ``trusted_relays``: the on-host senders whose resources may name any
-    process: process names (``comm``, compared on the kernel's 15
-    characters) and executable paths (entries with a "/", compared with
-    /proc/PID/exe). Any process may set its own name, so a name trusts
-    whatever calls itself that; a path, only processes running that file."""
+    ``trusted_relays``: the senders whose resources may name any process:
+    process names (``comm``, compared on the kernel's 15 characters) and
+    executable paths (entries starting with "/", compared with
+    /proc/PID/exe) of on-host senders, and addresses or networks ("10.0.3.7",
+    "10.0.3.0/28") of senders wherever they are (an OpenTelemetry Collector
+    on another host, or in a pod). Any process may set its own name, so a
+    name trusts whatever calls itself that; a path, only processes running
+    that file; an address, whatever can send from it (so never loopback:
+    every local process can; refused).
+
+    A sender that is neither on this host (`pid_of_peer` finds no process)
+    nor a relay by address has its claims ignored: its spans are kept, at
+    host level (pid 0), counted as ``how="unverified_claim"``. Nothing else
+    can be known of it, and taking its ``process.pid`` at its word lets
+    anyone who reaches the port make any process a watched target."""
 
     def __init__(self, proc: Path = Path("/proc"), ttl_s: float = 10.0, snapshot_s: float = 1.0,
                  max_entries: int = 4096, trusted_relays: Iterable[str] = ()):
         self.proc = proc
         self.trusted_relays = tuple(r for r in trusted_relays if r)
+        self.relay_networks = relay_networks(self.trusted_relays)
         self.ttl_s = ttl_s
         self.snapshot_s = snapshot_s
         self.max_entries = max_entries
@@ -103,21 +176,26 @@ class PidResolver:
         self._scanned_at = -math.inf
         self._by: dict[str, dict[str, list[hostinfo.NsProcess]]] = {}
 
-    def resolve(self, resource: Resource, peer: Callable[[int | None], int | None]) -> tuple[int, str]:
+    def resolve(self, resource: Resource, peer: Callable[[int | None], int | None],
+                peer_host: str | None = None) -> tuple[int, str]:
         """(host pid or 0, how); ``peer(hint)`` finds the connection's process
-        (None: not on loopback, or gone)."""
+        (None: not on this host, or gone); ``peer_host``: its address."""
         claimed = resource_pid(resource)
         container_id = containers.normal_container_id(resource_string(resource, "container.id"))
         pod_uid = containers.normal_uid(resource_string(resource, "k8s.pod.uid"))
         sender = peer(claimed)
-        if not sender:  # not on this host's loopback: the resource is all there is
-            return self._claims(claimed, container_id, pod_uid)
+        relay = self._relay_address(peer_host)
+        if not sender:
+            if relay:  # a relay elsewhere: the resource speaks for itself
+                return self._claims(claimed, container_id, pod_uid)
+            # not on this host and no relay: a claim is all there is, and worth nothing
+            return (0, "unverified_claim") if claimed or container_id or pod_uid else (0, "unresolved")
         if sender == claimed or (claimed is None and not (container_id or pod_uid)):
             return sender, "process_pid" if claimed else "peer"
         ids = hostinfo.ns_pids(sender, self.proc)
         if claimed is not None and ids and ids[-1] == claimed:
             return sender, "peer_nspid"
-        if self._trusted_relay(sender):  # an OpenTelemetry Collector: the resource speaks for itself
+        if relay or self._trusted_relay(sender):  # an OpenTelemetry Collector: the resource speaks for itself
             if claimed is not None and len(ids) > 1 and not (container_id or pod_uid):
                 return self._answer(("cgroup", claimed, self._cgroup(sender)))
             return self._claims(claimed, container_id, pod_uid)
@@ -153,6 +231,10 @@ class PidResolver:
             return self._answer(("container", claimed, container_id, pod_uid))
         return (claimed, "process_pid") if claimed else (0, "unresolved")
 
+    def _relay_address(self, peer_host: str | None) -> bool:
+        address = _address(peer_host) if peer_host and self.relay_networks else None
+        return address is not None and any(address in net for net in self.relay_networks)
+
     def _trusted_relay(self, pid: int) -> bool:
         if not self.trusted_relays:
             return False
@@ -162,12 +244,13 @@ class PidResolver:
         except OSError:
             comm = None
         exe = None
-        if any("/" in r for r in self.trusted_relays):
+        if any(r.startswith("/") for r in self.trusted_relays):
             try:
                 exe = os.readlink(base / "exe")
             except OSError:
                 pass
-        return any(relay == exe if "/" in relay else relay[:15] == comm for relay in self.trusted_relays)
+        return any(relay == exe if relay.startswith("/") else relay[:15] == comm
+                   for relay in self.trusted_relays if not _network(relay))
 
     def _identity(self, pid: int) -> containers.ContainerRef:
         try:

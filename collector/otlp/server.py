@@ -269,7 +269,8 @@ class _Handler(BaseHTTPRequestHandler):
 
         request = parse_export_request(_decode_content(body, encoding, receiver.max_body_bytes), kind)
         converted = spans_to_requests(request, receiver.request_id_attributes,
-                                      resolve_pid=lambda resource: receiver.pids.resolve(resource, self._peer_pid))
+                                      resolve_pid=lambda resource: receiver.pids.resolve(
+                                          resource, self._peer_pid, self.client_address[0]))
         SPANS_RECEIVED.inc(sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans))
         SPANS_SKIPPED.inc(converted.skipped)
         for reason, n in converted.rejected.items():
@@ -288,8 +289,9 @@ class _Handler(BaseHTTPRequestHandler):
     def _peer_pid(self, hint: int | None = None) -> int | None:
         if not hasattr(self, "_cached_peer_pid"):
             peer_host, peer_port = self.client_address[:2]
+            local_host, local_port = self.connection.getsockname()[:2]
             self._cached_peer_pid = pid_of_peer(
-                peer_host, peer_port, self.connection.getsockname()[1], self.server.receiver.proc, hint)
+                peer_host, peer_port, local_port, self.server.receiver.proc, hint, local_host)
         return self._cached_peer_pid
 
 

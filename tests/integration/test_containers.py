@@ -2,8 +2,8 @@
 """Senders in containers, for real: a stand-in exporting spans with the
 OpenTelemetry SDK from its own PID namespace (``unshare --pid --fork
 --mount-proc``, reporting its namespaced pid as ``process.pid``), from its
-own network namespace (``ip netns`` + a veth pair: the loopback owner lookup
-cannot see it), placed in a cgroup v1 named like a Docker or Kubernetes
+own network namespace (``ip netns`` + a veth pair: its socket is in that
+namespace's tables, not this one's), placed in a cgroup v1 named like a Docker or Kubernetes
 container; and a collector reading the host's /proc and /sys under another
 root (``host_root``). The request records must carry the HOST pid.
 
@@ -207,27 +207,32 @@ def test_pid_namespace_on_loopback_is_the_connections_process(decoy, tmp_path):
 
 
 @pytest.mark.parametrize("layout", ["docker", "kubepods"])
-def test_other_network_and_pid_namespace_uses_the_container_attributes(layout, decoy, tmp_path):
+def test_other_network_and_pid_namespace_is_the_connections_process(layout, decoy, tmp_path):
+    """Its socket is found in its network namespace's tables: the sender,
+    whose innermost pid is the process.pid it sent (the container
+    attributes' translation: tests/unit/collector/otlp/test_otlp_pids.py)."""
     container_id = secrets.token_hex(32)
     if layout == "docker":  # plain Docker, cgroupfs driver: /docker/<id>
         parts, extra = ("docker", container_id), {"container.id": container_id}
     else:  # kubelet cgroupfs driver; the SDK's k8s detector sets the pod UID
         pod_uid = str(uuid.uuid4())
         parts, extra = ("kubepods", "besteffort", f"pod{pod_uid}", container_id), {"k8s.pod.uid": pod_uid}
-    before = metric("nspid"), metric("unresolved")
+    before = metric("peer_nspid"), metric("unresolved")
     with ExitStack() as stack:
         cgroup_dir = stack.enter_context(cgroup(*parts))
         ns, ours, _ = stack.enter_context(netns_with_veth())
         got, receiver = collect(ours)
         stack.enter_context(receiver)
         send_and_check(receiver, got, ours, extra, tmp_path, cgroup_dir, ns)
-    assert (metric("nspid"), metric("unresolved")) == (before[0] + REQUESTS, before[1])
+    assert (metric("peer_nspid"), metric("unresolved")) == (before[0] + REQUESTS, before[1])
 
 
-def test_other_network_namespace_with_an_unknown_container_is_host_level(tmp_path):
-    """A container.id that matches no process: pid 0 and counted, never the
+def test_other_network_namespace_claiming_an_unknown_container_is_charged_itself(tmp_path):
+    """A container.id that matches no process, not the sender's own: its
+    socket is found in its network namespace, and the spans are its own (its
+    host pid: its innermost pid is the process.pid it sent), never the
     namespaced pid taken for a host pid."""
-    before = metric("unresolved")
+    before = metric("peer_nspid")
     with ExitStack() as stack:
         cgroup_dir = stack.enter_context(cgroup("docker", secrets.token_hex(32)))
         ns, ours, _ = stack.enter_context(netns_with_veth())
@@ -240,10 +245,11 @@ def test_other_network_namespace_with_an_unknown_container_is_host_level(tmp_pat
                                        json.dumps({"container.id": "f" * 64}), "u-"], cgroup_dir, ns,
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)) as sender:
             wait_until(lambda: len(got) == REQUESTS, 60, "the stand-in's request records")
+            host_pid = host_pid_of_sender(sender)
             sender.stdin.close()
             sender.wait(30)
-    assert {r["pid"] for r in got} == {0}
-    assert metric("unresolved") == before + REQUESTS
+    assert {r["pid"] for r in got} == {host_pid}
+    assert metric("peer_nspid") == before + REQUESTS
 
 
 # The collector with the host's /proc and /sys under another root, in a

@@ -6,7 +6,10 @@ real connection; the host pid of a resource's ``process.pid`` translated
 from a container's PID namespace (tests/fixtures/host-containers); and who
 may speak for whom: a sender's claim beyond its own container, pod or
 cgroup is refused and charged to the sender, unless it is a trusted relay
-(named by ``comm`` or, safer, by executable path)."""
+(named by ``comm`` or, safer, by executable path, or by the address it
+sends from); a sender not on this host and no relay by address has its
+claims ignored (host level, counted). The real network namespace:
+tests/integration/test_span_forgery.py."""
 
 from __future__ import annotations
 
@@ -77,6 +80,7 @@ def test_pid_of_peer_on_a_real_loopback_connection():
 # -- pids of senders in containers (tests/fixtures/host-containers) ----------
 
 CPROC = ROOT / "tests" / "fixtures" / "host-containers" / "proc"
+RELAY_ADDRESS = "192.0.2.7"  # an OpenTelemetry Collector on another host, trusted by address
 DOCKER_ID = "3f4b8c2e1d0a9b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f5a4b3c"
 POD1 = "7d1e2c3b-4a5f-4e6d-9c8b-1a2b3c4d5e6f"
 
@@ -105,25 +109,27 @@ def resource(**attributes) -> Resource:
     ({}, None, (0, "unresolved")),
 ])
 def test_pid_resolver(attributes, peer, answer):
+    """``peer`` None: a relay elsewhere (by address), whose resource speaks for itself."""
     hints = []
-    resolver = PidResolver(CPROC)
-    assert resolver.resolve(resource(**attributes), lambda hint: hints.append(hint) or peer) == answer
+    resolver = PidResolver(CPROC, trusted_relays=[RELAY_ADDRESS])
+    peer_host = RELAY_ADDRESS if peer is None else "127.0.0.1"
+    assert resolver.resolve(resource(**attributes), lambda hint: hints.append(hint) or peer, peer_host) == answer
     assert hints == [attributes.get("process__pid")]  # the claimed pid is the scan's first guess
 
 
 def test_pid_resolver_forgets_a_process_that_exited(tmp_path):
     proc = tmp_path / "proc"
     shutil.copytree(CPROC, proc)
-    resolver = PidResolver(proc, snapshot_s=0)
+    resolver = PidResolver(proc, snapshot_s=0, trusted_relays=[RELAY_ADDRESS])
     span_resource = resource(process__pid=7, container__id=DOCKER_ID)
-    assert resolver.resolve(span_resource, lambda hint: None) == (2002, "nspid")
+    assert resolver.resolve(span_resource, lambda hint: None, RELAY_ADDRESS) == (2002, "nspid")
     shutil.rmtree(proc / "2002")
-    assert resolver.resolve(span_resource, lambda hint: None) == (2001, "container")
+    assert resolver.resolve(span_resource, lambda hint: None, RELAY_ADDRESS) == (2001, "container")
 
 
 def test_resolved_pids_are_counted_per_request():
     def resolve(res):
-        return PidResolver(CPROC).resolve(res, lambda hint: None)
+        return PidResolver(CPROC, trusted_relays=[RELAY_ADDRESS]).resolve(res, lambda hint: None, RELAY_ADDRESS)
 
     before = metric("jitterscope_otlp_pid_resolved_total", how="nspid")
     request = export(with_id("a"), with_id("b", span_id=b"\x01" * 8), with_id("c", span_id=b"\x02" * 8, parent=b"\x03" * 8))
@@ -133,20 +139,51 @@ def test_resolved_pids_are_counted_per_request():
     assert metric("jitterscope_otlp_pid_resolved_total", how="nspid") == before + 3
 
 
-def test_receiver_translates_a_container_pid_over_http():
+def test_an_unknown_sender_s_claim_over_http_is_ignored():
+    """proc is the fixture: the connection's owner is not in it (as a sender
+    on another host): its claim to be a container's process is ignored, the
+    span kept at host level."""
     got: list[dict] = []
-    before = metric("jitterscope_otlp_pid_resolved_total", how="nspid")
-    request = export(with_id("from-a-container"))
+    before = metric("jitterscope_otlp_pid_resolved_total", how="unverified_claim")
+    request = export(with_id("from-elsewhere"))
     request.resource_spans[0].resource.CopyFrom(
         resource(service__name="vllm", process__pid=7, container__id=DOCKER_ID))
-    # proc is the fixture: the connection's owner is not in it (as from another network namespace)
     with OtlpReceiver("127.0.0.1", 0, got.extend, proc=CPROC) as r:
         conn = http.client.HTTPConnection("127.0.0.1", r.port, timeout=10)
         conn.request("POST", "/v1/traces", request.SerializeToString(), {"Content-Type": PROTOBUF})
         assert conn.getresponse().status == 200
         conn.close()
-    assert [(g["request_id"], g["pid"]) for g in got] == [("from-a-container", 2002)]
-    assert metric("jitterscope_otlp_pid_resolved_total", how="nspid") == before + 1
+    assert [(g["request_id"], g["pid"]) for g in got] == [("from-elsewhere", 0)]
+    assert metric("jitterscope_otlp_pid_resolved_total", how="unverified_claim") == before + 1
+
+
+@pytest.mark.parametrize("attributes, answer", [
+    ({"process__pid": 1}, (0, "unverified_claim")),
+    ({"process__pid": 7, "container__id": DOCKER_ID}, (0, "unverified_claim")),
+    ({"process__pid": 1, "k8s__pod__uid": POD1}, (0, "unverified_claim")),
+    ({"container__id": DOCKER_ID}, (0, "unverified_claim")),
+    ({}, (0, "unresolved")),
+])
+@pytest.mark.parametrize("relays, peer_host", [
+    ([], "10.0.0.5"), (["otelcol-contrib", "/usr/bin/otelcol-contrib"], "10.0.0.5"),
+    (["10.0.0.0/30"], "10.0.0.5"), (["10.0.0.4/30"], None), (["fd00::/64"], "fd01::5")])
+def test_a_sender_not_on_this_host_and_no_relay_speaks_for_nobody(relays, peer_host, attributes, answer):
+    resolver = PidResolver(CPROC, trusted_relays=relays)
+    assert resolver.resolve(resource(**attributes), lambda hint: None, peer_host) == answer
+
+
+@pytest.mark.parametrize("peer_host", ["10.0.0.5", "::ffff:10.0.0.5", "fd00::5"])
+def test_a_relay_by_address_speaks_for_others(peer_host):
+    resolver = PidResolver(CPROC, trusted_relays=["otelcol", "10.0.0.4/30", "fd00::/64"])
+    claim = resource(process__pid=7, container__id=DOCKER_ID)
+    assert resolver.resolve(claim, lambda hint: None, peer_host) == (2002, "nspid")
+    assert resolver.resolve(claim, lambda hint: 1, peer_host) == (2002, "nspid")  # known, and the relay's address
+
+
+@pytest.mark.parametrize("entry", ["127.0.0.1", "127.0.0.0/8", "0.0.0.0/0", "0.0.0.0", "::1", "::/0", "::"])
+def test_a_relay_address_every_local_process_sends_from_is_refused(entry):
+    with pytest.raises(ValueError, match="loopback"):
+        PidResolver(CPROC, trusted_relays=["otelcol", entry])
 
 
 def test_a_flood_of_unknown_containers_scans_proc_once(monkeypatch):
@@ -156,14 +193,15 @@ def test_a_flood_of_unknown_containers_scans_proc_once(monkeypatch):
     scans = []
     real = hostinfo.ns_processes
     monkeypatch.setattr(hostinfo, "ns_processes", lambda proc: scans.append(proc) or real(proc))
-    resolver = PidResolver(CPROC, snapshot_s=60)
-    answers = {resolver.resolve(resource(process__pid=7, container__id=f"{i:064x}"), lambda hint: None)
+    resolver = PidResolver(CPROC, snapshot_s=60, trusted_relays=[RELAY_ADDRESS])
+    answers = {resolver.resolve(resource(process__pid=7, container__id=f"{i:064x}"), lambda hint: None, RELAY_ADDRESS)
                for i in range(2000)}
     assert answers == {(0, "unresolved")} and len(scans) == 1
     # short IDs and the kubelet's "containerd://" spelling find the container in that same scan
-    assert resolver.resolve(resource(process__pid=7, container__id=DOCKER_ID[:12]), lambda hint: None) == (2002, "nspid")
+    assert resolver.resolve(resource(process__pid=7, container__id=DOCKER_ID[:12]), lambda hint: None,
+                            RELAY_ADDRESS) == (2002, "nspid")
     assert resolver.resolve(resource(process__pid=1, container__id="containerd://" + DOCKER_ID.upper()),
-                            lambda hint: None) == (2001, "nspid")
+                            lambda hint: None, RELAY_ADDRESS) == (2001, "nspid")
     assert len(scans) == 1
 
 
