@@ -44,11 +44,19 @@ Parameters are checked after binding. clickhouse-connect fills ``%(name)s``
 markers in by text, and a value placed inside a string literal ends the
 literal: ``SELECT 1, '%(x)s/tmp/f'`` with x = ``INTO OUTFILE`` writes /tmp/f.
 So the guard checks exactly the text clickhouse-connect will send.
+
+``{name:Identifier}`` parameters are names, not values: ClickHouse puts them
+into the statement as a table, database or column, so ``FROM
+{d:Identifier}.{t:Identifier}`` with d=system, t=named_collections reads the
+credentials while the text names neither. Both readings therefore run on the
+text with every Identifier value written in place, and a value may only be a
+plain name or ``database.name``.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import NamedTuple
 
 from jitterscope.common.errors import UnsafeQuery
@@ -106,6 +114,16 @@ DENIED_SYSTEM_TABLES = frozenset({"named_collections"})
 
 #: databases merge() may not read: it reaches every table of one, secrets too
 SYSTEM_DATABASES = frozenset({"system", "information_schema"})
+
+#: ``{name:Identifier}`` markers, spelled loosely on purpose: a marker
+#: ClickHouse would reject costs a refusal, one it accepts and this misses
+#: would be a bypass
+IDENTIFIER_MARKER = re.compile(r"\{\s*([^{}:\s]+)\s*:\s*Identifier\s*\}")
+
+#: what an Identifier parameter may hold: a name or database.name. Such a value
+#: is inert wherever it lands (in a literal or a comment too), so every
+#: marker can be replaced without knowing which ones ClickHouse will fill in.
+IDENTIFIER_VALUE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?")
 
 WHITESPACE = " \t\n\r\f\v"
 PUNCTUATION = "()[]{},;.:+-*/%<>=!|?^&~@"
@@ -302,7 +320,8 @@ def check_with_engine(client, sql: str, parameters: dict | None = None) -> None:
     """``check``, then the same rules on ClickHouse's own reading of the text
     that will be sent. Every path that runs user SQL calls this."""
     check(sql, parameters)
-    canonical = parsed(client, bound_sql(sql, parameters))
+    # ClickHouse's canonical text keeps {name:Identifier} markers: fill them in before the rules run
+    canonical = with_identifiers(parsed(client, bound_sql(sql, parameters)), parameters)
     try:
         check_sql(canonical)
     except UnsafeQuery as exc:
@@ -356,4 +375,27 @@ def check(sql: str, parameters: dict | None = None) -> None:
         raise UnsafeQuery("refused: the query must be text")
     if "\0" in sql:
         raise UnsafeQuery("refused: NUL character in the query")
-    check_sql(bound_sql(sql, parameters))
+    bound = bound_sql(sql, parameters)
+    named = with_identifiers(bound, parameters)
+    try:
+        check_sql(named)
+    except UnsafeQuery as exc:
+        if named == bound:
+            raise
+        raise UnsafeQuery(f"{exc} (with the {{name:Identifier}} parameters in place)") from exc
+
+
+def with_identifiers(sql: str, parameters: dict | None) -> str:
+    """``sql`` with each ``{name:Identifier}`` marker replaced by its value,
+    so that the rules see the names ClickHouse will use."""
+    def value(marker: re.Match) -> str:
+        name = marker.group(1)
+        given = (parameters or {}).get(name)
+        if given is None:
+            raise UnsafeQuery(f"refused: {marker.group(0)} has no value; pass it as a parameter "
+                              f"(jitterscope query --param {name}=jitterscope.alerts)")
+        if not isinstance(given, str) or not IDENTIFIER_VALUE.fullmatch(given):
+            raise UnsafeQuery(f"refused: Identifier parameter {name}={str(given)[:80]!r} is not a plain name; "
+                              "give a name or database.name of letters, digits and _, such as jitterscope.alerts")
+        return given
+    return IDENTIFIER_MARKER.sub(value, sql)

@@ -191,3 +191,39 @@ def test_local_query_without_a_worker_refuses_attacks(targets):
         untouched(folder, victims)
     finally:
         shutil.rmtree(data_dir, ignore_errors=True)
+
+
+# Typed Identifier parameters are names ClickHouse writes into the statement:
+# the guard must see them in place (issue 40, item 11).
+CREDENTIALS_BY_IDENTIFIER = [
+    ("SELECT * FROM {t:Identifier}", {"t": "system.named_collections"}),
+    ("SELECT * FROM {d:Identifier}.{t:Identifier}", {"d": "system", "t": "named_collections"}),
+    ("SELECT * FROM system.{t:Identifier}", {"t": "named_collections"}),
+    ("SELECT * FROM {d:Identifier}.named_collections", {"d": "system"}),
+]
+
+
+def test_identifier_parameters_cannot_name_the_credentials(worker):
+    stack, token = worker
+    for sql, parameters in CREDENTIALS_BY_IDENTIFIER:
+        status, body = post(stack.web_port, sql, token, parameters)
+        assert status == 400 and body["error"].startswith("refused: system.named_collections holds credentials"), \
+            (sql, parameters, status, body)
+        params = [arg for name, value in parameters.items() for arg in ("--param", f"{name}={value}")]
+        result = cli("query", *params, sql, env=stack.env)
+        assert result.returncode == 65 and "named_collections holds credentials" in result.output, result.output
+    status, body = post(stack.web_port, "SELECT * FROM {t:Identifier}", token, {"t": "x; DROP"})
+    assert status == 400 and "not a plain name" in body["error"] and "jitterscope.alerts" in body["error"]
+
+
+def test_identifier_parameters_still_name_jitterscope_tables(worker):
+    stack, token = worker
+    status, body = post(stack.web_port, "SELECT count() AS n FROM {d:Identifier}.{t:Identifier}", token,
+                        {"d": "jitterscope", "t": "alerts"})
+    assert status == 200 and body["columns"] == ["n"], body
+    # one name holding a dot: the guard lets it through; this ClickHouse looks it up as one name
+    status, body = post(stack.web_port, "SELECT count() AS n FROM {t:Identifier}", token, {"t": "jitterscope.alerts"})
+    assert not body.get("error", "").startswith("refused"), body
+    result = cli("query", "--format", "json", "--param", "d=jitterscope", "--param", "t=alerts",
+                 "SELECT count() AS n FROM {d:Identifier}.{t:Identifier}", env=stack.env)
+    assert result.returncode == 0 and "n" in json.loads(result.stdout)[0], result.output

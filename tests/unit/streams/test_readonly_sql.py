@@ -322,3 +322,46 @@ def test_ordinary_reads_pass_the_engine_reading_too(engine):
 
 def test_a_typo_is_one_line_naming_the_syntax_error(engine):
     assert "Syntax error" in engine_refused(engine, "SELECT 1 FORM system.one")
+
+
+# -- {name:Identifier} parameters (issue 40, item 11) ---------------------------
+
+IDENTIFIER_ATTACKS = [
+    ("SELECT * FROM {t:Identifier}", {"t": "system.named_collections"}),
+    ("SELECT * FROM {d:Identifier}.{t:Identifier}", {"d": "system", "t": "named_collections"}),
+    ("SELECT * FROM system.{t:Identifier}", {"t": "named_collections"}),
+    ("SELECT * FROM { d : Identifier }.named_collections", {"d": "SYSTEM"}),
+    ("SELECT * FROM jitterscope.alerts SETTINGS {s:Identifier} = 0", {"s": "readonly"}),
+]
+
+
+@pytest.mark.parametrize("sql, parameters", IDENTIFIER_ATTACKS)
+def test_identifier_parameters_are_checked_in_place(engine, sql, parameters):
+    with pytest.raises(UnsafeQuery, match="parameters in place"):
+        check(sql, parameters)
+    engine_refused(engine, sql, parameters)
+
+
+def test_the_engine_reading_fills_in_identifiers_our_tokens_miss(engine):
+    """A comment inside the marker hides it from our reading; ClickHouse's
+    canonical text has it plain, and the value is put in there."""
+    message = engine_refused(engine, "SELECT * FROM {d /* */ :Identifier}.named_collections", {"d": "system"})
+    assert "named_collections holds credentials" in message and "system.named_collections" in message
+
+
+@pytest.mark.parametrize("value", ["system named_collections", "a.b.c", "`system`", "x; DROP", "", 5, "t\n"])
+def test_identifier_values_must_be_plain_names(value):
+    with pytest.raises(UnsafeQuery, match="not a plain name.*jitterscope.alerts"):
+        check("SELECT * FROM {t:Identifier}", {"t": value})
+
+
+def test_identifier_without_a_value_is_refused_with_the_fix():
+    with pytest.raises(UnsafeQuery, match="--param t=jitterscope.alerts"):
+        check("SELECT * FROM {t:Identifier}", {"u": "x"})
+
+
+def test_identifier_parameters_naming_ordinary_tables_run(engine):
+    assert readonly_sql.run(engine, "SELECT count() AS n FROM {d:Identifier}.{t:Identifier}",
+                            {"d": "system", "t": "one"}) == (["n"], [[1]])
+    assert readonly_sql.run(engine, "SELECT {c:Identifier} FROM system.one", {"c": "dummy"}) == (["dummy"], [[0]])
+    check("SELECT * FROM {t:Identifier}", {"t": "jitterscope.alerts"})
