@@ -16,14 +16,26 @@ stay the same from its first announcement to its resolution; what changes
 is now + ``resolve_timeout`` (longer than the gap between two announcements
 of a firing group), so Alertmanager keeps it firing and resolves it by itself
 only if this worker goes away; the resolution sets ``endsAt`` to its time.
+
+Process names, pods and request ids are chosen by whoever runs the process
+or sends the span, and Alertmanager hands labels and annotations on to Slack,
+e-mail and pagers as they are: a process named ``<!channel>`` would ping a
+whole Slack channel. So every value that leaves here is inert text
+(``safe_text``): Slack's control characters ``& < >`` as the entities its
+formatting reference asks for, anything not printable (a newline that forges
+a line, a bidi override) written as a visible escape, the length bounded.
+Label names follow Prometheus' rule. The webhook's ``text`` (what a Slack or
+Mattermost incoming webhook shows) is built from such values only.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import queue
 import random
+import re
 import threading
 import urllib.error
 import urllib.request
@@ -47,6 +59,44 @@ DROPPED = Counter("jitterscope_streams_notifications_dropped_total",
                   "alerts not queued for a notification target because its queue was full", ["target"])
 
 BATCH_MAX = 64  # alerts per POST at most
+
+LABEL_VALUE_MAX = 256  # a Kubernetes pod name (253) fits; a request id sent by a span may not
+TEXT_MAX = 2000  # one annotation value, or one line of the webhook's text
+WEBHOOK_TEXT_MAX = 39_000  # Slack truncates a message's text at 40,000 characters
+
+# -- untrusted text (pure) ---------------------------------------------------
+
+_LABEL_NAME_BAD = re.compile(r"[^a-zA-Z0-9_]")
+_MRKDWN = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;"})
+
+
+def _visible(c: str) -> str:
+    if c.isprintable():
+        return c
+    code = ord(c)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def safe_text(value: object, limit: int = TEXT_MAX) -> str:
+    """``value`` as inert text: printable, ``& < >`` as entities, at most
+    ``limit`` characters. A cut value ends in "…" and a hash of the whole, so
+    two long values that share a start stay two label sets."""
+    text = "".join(map(_visible, str(value))).translate(_MRKDWN)
+    if len(text) <= limit:
+        return text
+    head = text[:limit - 10]
+    amp = head.rfind("&")
+    if amp >= 0 and ";" not in head[amp:]:  # never half an entity
+        head = head[:amp]
+    return f"{head}…{hashlib.sha256(text.encode()).hexdigest()[:8]}"
+
+
+def safe_label_name(name: str) -> str:
+    """A Prometheus label name: [a-zA-Z_][a-zA-Z0-9_]*, and not the reserved __ prefix."""
+    name = _LABEL_NAME_BAD.sub("_", name) or "_"
+    if name[0].isdigit():
+        name = "_" + name
+    return "x" + name if name.startswith("__") else name
 
 # -- payloads (pure) ---------------------------------------------------------
 
@@ -83,7 +133,7 @@ def labels(alert: Alert) -> dict[str, str]:
         "container": alert.container,
         "request_id": alert.request_id,
     }
-    return {k: v for k, v in raw.items() if v}
+    return {safe_label_name(k): safe_text(v, LABEL_VALUE_MAX) for k, v in raw.items() if v}
 
 
 def rfc3339(ns: int) -> str:
@@ -101,6 +151,7 @@ def postable_alert(alert: Alert, resolve_timeout_ns: int, generator_url: str | N
     annotations = {"summary": alert.summary, "remedy": alert.remedy}
     if "group_count" in ev:
         annotations.update(count=ev["group_count"], worst_ms=f"{int(ev['group_worst_ns']) / 1e6:.1f}")
+    annotations = {k: safe_text(v) for k, v in annotations.items()}
     starts = int(ev.get("group_first_ns", alert.ts_ns))
     ends = alert.raised_ns if is_resolved(alert) else alert.raised_ns + resolve_timeout_ns
     body = {"labels": labels(alert), "annotations": annotations, "startsAt": rfc3339(starts),
@@ -114,11 +165,30 @@ def alertmanager_body(alerts: list[Alert], resolve_timeout_ns: int, generator_ur
     return json.dumps([postable_alert(a, resolve_timeout_ns, generator_url) for a in alerts]).encode()
 
 
+def webhook_text(alerts: list[Alert]) -> str:
+    """One mrkdwn line per alert, every part of it escaped."""
+    lines: list[str] = []
+    for i, a in enumerate(alerts):
+        line = " ".join(safe_text(part, TEXT_MAX // 4) for part in (
+            f"[{a.evidence.get('state', 'firing')}]", a.kind, "on", f"{a.host}:", a.summary))
+        if sum(map(len, lines)) + len(line) + 100 > WEBHOOK_TEXT_MAX:  # whole lines only: no half entity
+            lines.append(f"... and {len(alerts) - i} more")
+            break
+        lines.append(line)
+    return "\n".join(lines)
+
+
 def webhook_body(alerts: list[Alert]) -> bytes:
-    """{"alerts": [{"state", "fingerprint", "labels", "alert": <the Alert record>}]}"""
-    return json.dumps({"alerts": [{
+    """{"text": <mrkdwn>, "alerts": [{"state", "fingerprint", "labels", "alert": <the Alert record>}]}
+
+    ``text`` makes the same POST a Slack/Mattermost incoming-webhook message.
+    The record stays whole for programs; ``<`` and ``>`` in it are JSON
+    ``\\u`` escapes (as Go's encoder writes them), so no template that works
+    on the raw bytes sees markup."""
+    body = json.dumps({"text": webhook_text(alerts), "alerts": [{
         "state": a.evidence.get("state", "firing"), "fingerprint": fingerprint(labels(a)), "labels": labels(a),
-        "alert": msgspec.to_builtins(a)} for a in alerts]}).encode()
+        "alert": msgspec.to_builtins(a)} for a in alerts]})
+    return body.replace("<", "\\u003c").replace(">", "\\u003e").encode()
 
 
 def backoff_s(attempt: int, base_s: float, cap_s: float, rand: Callable[[], float] = random.random) -> float:

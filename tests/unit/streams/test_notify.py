@@ -6,6 +6,7 @@ target that never blocks its caller."""
 from __future__ import annotations
 
 import json
+import re
 import socket
 import time
 from datetime import datetime
@@ -128,3 +129,60 @@ def test_irq_alerts_are_told_apart_by_cpu_and_interrupt():
     a = msgspec.structs.replace(alert(1, pid=0, kind="irq", suspect="", evidence={"source": "NET_RX"}), cpu=3, comm="")
     assert notify.labels(a) == {"alertname": "irq", "severity": "warning", "host": "h1", "cpu": "3",
                                 "suspect": "NET_RX"}
+
+
+# -- untrusted names (issue 40, item 9) -----------------------------------------
+
+SAFE_VALUE = re.compile(r"[^<>\x00-\x1f\x7f]*")  # printable, and no mrkdwn markup
+
+
+def hostile(seq: int = 1, **extra):
+    import msgspec
+
+    a = alert(seq, suspect="<!here>", pod="p\n*forged line*", request_id="r" * 5000, **extra)
+    return msgspec.structs.replace(a, comm="<!channel>", summary="<!channel> waited\r\n<@U024BE7LH> & co",
+                                   remedy="renice <!everyone>\u202e")
+
+
+def test_safe_text_escapes_slack_markup_and_control_characters():
+    assert notify.safe_text("<!channel> & <@U1>") == "&lt;!channel&gt; &amp; &lt;@U1&gt;"
+    assert notify.safe_text("a\nb\rc\td\x1b\u202e") == "a\\x0ab\\x0dc\\x09d\\x1b\\u202e"
+    cut = notify.safe_text("<" * 100, limit=40)
+    assert len(cut) <= 40 and "…" in cut and "&lt" not in cut.replace("&lt;", ""), "never half an entity"
+    assert notify.safe_text("<" * 100, 40) != notify.safe_text("<" * 99 + ">", 40), "a cut keeps values apart"
+
+
+def test_label_names_follow_prometheus_rules():
+    assert notify.safe_label_name("pod.name-1") == "pod_name_1"
+    assert notify.safe_label_name("1x") == "_1x" and notify.safe_label_name("__x") == "x__x"
+    assert notify.safe_label_name("") == "_"
+
+
+def test_hostile_names_reach_no_channel_as_markup():
+    (a,) = AlertGroups(10 * S, 30 * S).offer([hostile()], T0)
+    am_bytes = notify.alertmanager_body([a], 120 * S)
+    hook_bytes = notify.webhook_body([a])
+    for raw in (am_bytes, hook_bytes):
+        assert b"<!" not in raw and b"<@" not in raw
+    assert b"\\n*forged" not in am_bytes, "no forged line in what Alertmanager passes on"
+    (posted,) = json.loads(am_bytes)
+    assert posted["labels"]["comm"] == "&lt;!channel&gt;" and posted["labels"]["suspect"] == "&lt;!here&gt;"
+    assert posted["labels"]["pod"] == "p\\x0a*forged line*"
+    for part in ("labels", "annotations"):
+        for name, value in posted[part].items():
+            assert re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", name) and not name.startswith("__")
+            assert SAFE_VALUE.fullmatch(value) and value.isprintable(), (name, value)
+    assert len(posted["labels"]["request_id"]) <= notify.LABEL_VALUE_MAX
+    assert "&lt;!everyone&gt;\\u202e" in posted["annotations"]["remedy"]
+    hook = json.loads(hook_bytes)
+    assert "&lt;!channel&gt;" in hook["text"] and "\n" not in hook["text"]
+    assert SAFE_VALUE.fullmatch(hook["text"])
+    (item,) = hook["alerts"]
+    assert item["labels"] == posted["labels"] and item["fingerprint"] == notify.fingerprint(posted["labels"])
+    assert item["alert"]["comm"] == "<!channel>", "the record itself stays whole, for programs"
+
+
+def test_webhook_text_stays_within_slacks_limit():
+    alerts = AlertGroups(10 * S, 30 * S).offer([hostile(i, pid=100 + i) for i in range(64)], T0)
+    text = json.loads(notify.webhook_body(alerts))["text"]
+    assert len(text) <= notify.WEBHOOK_TEXT_MAX and text.count("\n") == len(alerts) - 1
