@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import queue
 import re
 import signal
 import threading
@@ -22,7 +21,7 @@ from pathlib import Path
 
 from prometheus_client import Counter, Gauge, start_http_server
 
-from jitterscope.collector import hostinfo, kubelet, serving_group, stacks, topology
+from jitterscope.collector import hostinfo, intake, kubelet, serving_group, stacks, topology
 from jitterscope.collector.clock import EpochConverter
 from jitterscope.collector.otlp import OtlpReceiver, OtlpReceiverUnavailable
 from jitterscope.collector.probes import base, registry
@@ -126,7 +125,7 @@ class Collector:
         self.topology: events.Topology | None = None
         self.otlp: OtlpReceiver | None = None
         self.cost: SelfCost | None = None  # what watching costs the host
-        self._spans_in: queue.SimpleQueue[list[dict]] = queue.SimpleQueue()  # from the OTLP threads
+        self.intake = intake.Intake(settings)  # spans from the OTLP threads, heads and targets: all bounded
         self._serving_pids: set[int] = set()  # processes that sent request spans
         # member pid -> the span process whose serving group it is in
         # (collector/serving_group.py); re-found at each target rescan
@@ -173,15 +172,12 @@ class Collector:
         A serving process becomes a probe target when targets are filtered:
         its requests cannot be explained without its threads' waits."""
         new_pids = False
-        while True:
-            try:
-                batch = self._spans_in.get_nowait()
-            except queue.Empty:
-                break
+        for sender, batch in self.intake.take():
             for span in batch:
                 self._queue(events.RequestSpan(**self.stamp.header(events.RequestSpan, span["end_ns"]), **span))
-                if span["pid"] and span["pid"] not in self._serving_pids:
-                    self._serving_pids.add(span["pid"])
+                pid = span["pid"]
+                if pid and pid not in self._serving_pids and self.intake.admit_head(pid, sender):
+                    self._serving_pids.add(pid)
                     new_pids = True
         if new_pids:  # finds the new groups, describes their members, retargets the probes
             self.update_targets()
@@ -237,6 +233,7 @@ class Collector:
                 self._export(EVENTS_READ, probe.events_read, probe.name)
         self._export(MAP_FULL_DROPS, self.map_full_drops())
         self._export(OWN_WAITS_SKIPPED, sum(getattr(probe, "own_skipped", 0) for probe in self.probes))
+        self.intake.export(self._export, self.probes)
         for topic, sent in p.sent_by_topic.items():
             self._export(RECORDS_SENT, sent, topic)
         self._export(DELIVERY_ERRORS, p.delivery_errors)
@@ -292,6 +289,7 @@ class Collector:
         cgroup or renamed (`_changed`), so its waits are charged to its new
         quota and its requests name it as it names itself now."""
         self._serving_pids = {p for p in self._serving_pids if (self.proc / str(p)).exists()}
+        self.intake.keep_heads(self._serving_pids)
         mode = self.settings.serving_group
         containers = set()
         if mode == "auto":
@@ -302,7 +300,7 @@ class Collector:
                     continue
                 if serving_group.in_container(head, self.proc, found):
                     containers.add(head)
-        groups = serving_group.find_groups(self._serving_pids, mode, self.proc, containers)
+        groups = self.intake.bound_targets(serving_group.find_groups(self._serving_pids, mode, self.proc, containers))
         changed = [pid for pid, head in groups.items() if self._group_of.get(pid) != head]
         changed += [pid for pid in self._group_of if pid not in groups]  # left: described with no group
         self._group_of = groups
@@ -412,8 +410,8 @@ class Collector:
             targets="all" if not s.filters_targets else sorted(self.current_targets() or []),
             hardware=s.hardware_probes))
         if s.otlp_port:
-            self.otlp = OtlpReceiver(s.otlp_bind, s.otlp_port, self._spans_in.put, s.request_id_attributes, max_connections=s.otlp_max_connections, read_timeout_s=s.otlp_read_timeout_s,
-                                     proc=self.proc, trusted_relays=s.otlp_trusted_relays)
+            self.otlp = OtlpReceiver(s.otlp_bind, s.otlp_port, None, s.request_id_attributes, max_connections=s.otlp_max_connections, read_timeout_s=s.otlp_read_timeout_s,
+                                     proc=self.proc, trusted_relays=s.otlp_trusted_relays, intake=self.intake)
             try:
                 self.otlp.start()
             except OtlpReceiverUnavailable:

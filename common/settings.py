@@ -216,6 +216,16 @@ class CollectorSettings(BaseModel):
                     "executable path (/usr/bin/otelcol-contrib), others by the address or network they send from "
                     "(10.0.3.7, 10.0.3.0/28; never loopback); any other on-host sender is charged its own spans, "
                     "and a claim from anyone else is ignored (host level)")
+    # any local process may send spans: bounds on what one sender costs (collector/intake.py)
+    otlp_max_spans_per_request: int = Field(2048, ge=1, description="spans taken from one OTLP body; the rest shed")
+    otlp_sender_spans_per_s: float = Field(
+        2000.0, gt=0, description="spans a sender (its uid on this host, else its address) may send per second")
+    otlp_sender_burst_spans: int = Field(8192, ge=1, description="spans a sender may send at once above its rate")
+    otlp_queue_max_spans: int = Field(20000, ge=1, description="request spans waiting for the collector's loop")
+    serving_heads_per_sender: int = Field(
+        16, ge=1, description="span processes one sender may make serving heads (probe targets with their groups)")
+    serving_targets_max: int = Field(
+        2048, ge=1, description="serving-group processes watched on the host at most (the earliest heads' first)")
     request_id_attributes: list[str] = Field(
         default_factory=lambda: ["gen_ai.request.id"],
         description="span attributes holding the request ID, first found wins (else the trace ID)")

@@ -62,7 +62,7 @@ class OtlpReceiverUnavailable(JitterscopeError):
 
 
 # gRPC status codes for the google.rpc.Status body OTLP/HTTP asks for on errors.
-_GRPC_CODE = {400: 3, 404: 5, 405: 12, 408: 4, 411: 3, 413: 8, 415: 3, 500: 13}
+_GRPC_CODE = {400: 3, 404: 5, 405: 12, 408: 4, 411: 3, 413: 8, 415: 3, 429: 8, 500: 13, 503: 14}
 
 
 def _rpc_status(code: int, message: str) -> bytes:
@@ -102,6 +102,19 @@ def _decode_content(body: bytes, encoding: str, max_bytes: int) -> bytes:
     except zlib.error as exc:
         raise OtlpError(400, f"malformed {encoding} body: {exc}") from None
     return bytes(out)
+
+
+def _trim_spans(request, keep: int) -> int:
+    """Cut an ExportTraceServiceRequest to its first ``keep`` spans, in
+    place, before they are converted; how many were cut."""
+    cut = 0
+    for rs in request.resource_spans:
+        for ss in rs.scope_spans:
+            if len(ss.spans) > keep:
+                cut += len(ss.spans) - keep
+                del ss.spans[keep:]
+            keep = max(0, keep - len(ss.spans))
+    return cut
 
 
 class _DeadlineReader(socket.SocketIO):
@@ -268,23 +281,45 @@ class _Handler(BaseHTTPRequestHandler):
         self._body_read = True
 
         request = parse_export_request(_decode_content(body, encoding, receiver.max_body_bytes), kind)
+        spans = sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
+        cut = _trim_spans(request, receiver.intake.admit(self._sender(), spans)) if receiver.intake else 0
         converted = spans_to_requests(request, receiver.request_id_attributes,
                                       resolve_pid=lambda resource: receiver.pids.resolve(
                                           resource, self._peer_pid, self.client_address[0]))
-        SPANS_RECEIVED.inc(sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans))
+        SPANS_RECEIVED.inc(spans)
         SPANS_SKIPPED.inc(converted.skipped)
         for reason, n in converted.rejected.items():
             SPANS_REJECTED.labels(reason=reason).inc(n)
         if converted.records:
-            receiver.on_requests(converted.records)
+            if receiver.intake:
+                receiver.intake.put(self._sender(), converted.records)
+            else:
+                receiver.on_requests(converted.records)
             REQUESTS_PRODUCED.inc(len(converted.records))
         answer = ExportTraceServiceResponse()  # empty: full success
-        if converted.rejected:  # OTLP partial success: the sender must not retry the rest
-            answer.partial_success.rejected_spans = sum(converted.rejected.values())
-            answer.partial_success.error_message = converted.rejection_message()
+        if converted.rejected or cut:  # OTLP partial success: the sender must not retry the rest
+            answer.partial_success.rejected_spans = sum(converted.rejected.values()) + cut
+            answer.partial_success.error_message = "; ".join(
+                ([converted.rejection_message()] if converted.rejected else []) +
+                ([f"{cut} spans over the collector's limits (per request, per sender)"] if cut else []))
         if kind == JSON:
             return json_format.MessageToJson(answer, indent=None).encode()
         return answer.SerializeToString()
+
+    def _sender(self) -> str:
+        """Whom the intake limits count this connection against: the uid of
+        its process on this host (one user's many processes are one sender),
+        else its address."""
+        if not hasattr(self, "_cached_sender"):
+            self._cached_sender = f"address:{self.client_address[0]}"
+            pid = self._peer_pid()
+            try:
+                status = (self.server.receiver.proc / str(pid) / "status").read_text() if pid else ""
+                self._cached_sender = next(f"uid:{line.split()[1]}" for line in status.splitlines()
+                                           if line.startswith("Uid:"))
+            except (OSError, StopIteration, IndexError):
+                pass  # gone, or no pid: its address
+        return self._cached_sender
 
     def _peer_pid(self, hint: int | None = None) -> int | None:
         if not hasattr(self, "_cached_peer_pid"):
@@ -353,7 +388,8 @@ class OtlpReceiver:
                  request_id_attributes: Iterable[str] = DEFAULT_REQUEST_ID_ATTRIBUTES,
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, proc: Path = Path("/proc"),
                  max_connections: int = DEFAULT_MAX_CONNECTIONS,
-                 read_timeout_s: float = DEFAULT_READ_TIMEOUT_S, trusted_relays: Iterable[str] = ()):
+                 read_timeout_s: float = DEFAULT_READ_TIMEOUT_S, trusted_relays: Iterable[str] = (),
+                 intake=None):
         if max_connections < 1 or not read_timeout_s > 0:
             raise ValueError("max_connections must be >= 1 and read_timeout_s > 0")
         self.host = host
@@ -365,6 +401,7 @@ class OtlpReceiver:
         self.max_body_bytes = max_body_bytes
         self.proc = proc
         self.pids = PidResolver(proc, trusted_relays=trusted_relays)
+        self.intake = intake  # collector/intake.py: admit(sender, spans) and put(sender, records) instead of on_requests
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 

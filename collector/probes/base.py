@@ -192,6 +192,32 @@ class BccProbe:
         self._bpf = load(self.source, self.defines)
         # BCC attached every TRACEPOINT_PROBE at load: tracepoint -> its program
         self._tracepoints = {tp: b"tracepoint__" + tp.replace(b":", b"__") for tp in self._bpf.tracepoint_fds}
+        self.targets_refused = 0  # processes the target map had no room for (each counted once while refused)
+        self._refused: set[int] = set()
+
+    def set_entries(self, name: bytes, wanted: dict[int, int]) -> set[int]:
+        """Make map ``name`` hold exactly ``wanted`` (pid -> value), the ones
+        gone deleted first to free room; what does not fit is refused,
+        counted and returned, never raised: a full target map (span senders
+        choose how many processes ask to be watched) must not close the
+        signal, and the processes already in it stay watched."""
+        table = self._bpf[name]
+        current = {k.value: v.value for k, v in table.items()}
+        for pid in current.keys() - wanted.keys():
+            try:
+                del table[table.Key(pid)]
+            except KeyError:
+                pass
+        refused = set()
+        for pid, value in wanted.items():
+            if current.get(pid) != value:
+                try:
+                    table[table.Key(pid)] = table.Leaf(value)
+                except Exception:  # BCC raises a bare Exception (E2BIG: the map is full)
+                    refused.add(pid)
+        self.targets_refused += len(refused - self._refused)
+        self._refused = refused
+        return refused
 
     @staticmethod
     def decode(raw):

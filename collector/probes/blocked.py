@@ -105,17 +105,15 @@ class BlockedProbe(base.BccProbe):
         leaf.threshold_ns = self.threshold_ns
         config[ctypes.c_int(0)] = leaf
 
-    def set_watched(self, pids: Iterable[int]) -> None:
-        """Follow the threads of exactly these processes from now on."""
+    def set_watched(self, pids: Iterable[int]) -> set[int]:
+        """Follow the threads of exactly these processes from now on; the
+        ones the map had no room for (refused and counted)."""
         wanted = {int(pid) for pid in pids}
-        watched = self._bpf[b"watched"]
-        current = {k.value for k in watched.keys()}
-        for pid in current - wanted:
-            self._delete(watched, pid)
+        current = self.watched()
         self._drop_blocked(current - wanted)
-        for pid in wanted - current:
-            watched[watched.Key(pid)] = watched.Leaf(1)
+        refused = self.set_entries(b"watched", dict.fromkeys(wanted, 1))
         self._attach(bool(wanted))
+        return refused
 
     def _attach(self, on: bool) -> None:
         """The tracepoints attached only while a process is watched: with
@@ -232,7 +230,7 @@ class BlockedSignal(BccSignal):
             self.probe.forget(left)
             for pid in left:
                 self.gil_status.pop(pid, None)
-        self.probe.set_watched(wanted)
+        wanted -= self.probe.set_watched(wanted)  # no uprobes for what the map had no room for
         for pid in sorted(wanted - self._watched):
             self._watch_gil(pid)
         self._watched = wanted

@@ -123,6 +123,10 @@ class Probe(ABC):
         """In-kernel map updates that failed (cumulative)."""
         return 0
 
+    def targets_refused(self) -> int:
+        """Processes it was asked to watch and had no room for (cumulative)."""
+        return 0
+
     def bcc_probes(self) -> list[BccProbe]:
         """The loaded BPF programs this signal holds (none before open or
         after close)."""
@@ -144,6 +148,9 @@ class BccSignal(Probe):
 
     def map_full_drops(self) -> int:
         return self.probe.map_full_drops() if self.probe else 0
+
+    def targets_refused(self) -> int:
+        return self.probe.targets_refused if self.probe else 0
 
     def bcc_probes(self) -> list[BccProbe]:
         return [self.probe] if self.probe else []

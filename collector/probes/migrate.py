@@ -95,16 +95,9 @@ class MigrationProbe(base.BccProbe):
         threads are taught to the kernel from /proc; later ones it learns
         itself at clone."""
         wanted = set(pids) if self.filtering else set()
-        targets = self._bpf[b"targets"]
-        current = {k.value for k in targets.keys()}
-        for pid in current - wanted:
-            try:
-                del targets[targets.Key(pid)]
-            except KeyError:
-                pass
-        for pid in wanted - current:
-            targets[targets.Key(pid)] = targets.Leaf(1)
-        self._seed(wanted - current)
+        current = {k.value for k in self._bpf[b"targets"].keys()}
+        refused = self.set_entries(b"targets", dict.fromkeys(wanted, 1))
+        self._seed(wanted - current - refused)
         config = self._bpf[b"config"]
         leaf = config.Leaf()
         leaf.configured = 1

@@ -82,13 +82,7 @@ class RunqProbe(base.LatencyProbe):
         thresholds = thresholds or {}
         wanted = {pid: thresholds.get(pid, 0) for pid in (pids if self.filtering else set())}
         wanted.update(thresholds)
-        targets = self._bpf[b"targets"]
-        current = {k.value: v.value for k, v in targets.items()}
-        for pid in current.keys() - wanted.keys():
-            del targets[targets.Key(pid)]
-        for pid, ns in wanted.items():
-            if current.get(pid) != ns:
-                targets[targets.Key(pid)] = targets.Leaf(ns)
+        self.set_entries(b"targets", wanted)
         config = self._bpf[b"config"]
         leaf = config.Leaf()
         leaf.threshold_ns = self.threshold_ns
