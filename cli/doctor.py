@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import subprocess
 import time
 
 from jitterscope.collector.probes.base import Check, preflight
@@ -83,15 +85,51 @@ def check_gpu_reports(s: Settings) -> list[Check]:
     failure, only said)."""
     checks = []
     if "xid" in s.hardware_probes:
-        try:
-            os.close(os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK))
-            checks.append(Check("xid", True, "/dev/kmsg readable: the NVIDIA driver's Xid errors are reported"))
-        except OSError as exc:
-            checks.append(Check("xid", False, f"/dev/kmsg not readable ({exc.strerror}): no Xid errors",
-                                "run the collector as root, with the host's /dev/kmsg"))
+        checks.append(check_kmsg())
+        if (unit := check_unit_kmsg()) is not None:
+            checks.append(unit)
     if "nvml" in s.hardware_probes:
         checks.append(check_nvml())
     return checks
+
+
+KMSG_FIX = ("run the collector as root (or with CAP_SYSLOG where kernel.dmesg_restrict=1) and with the host's "
+            "/dev/kmsg: in a systemd unit, no ProtectKernelLogs=yes (it hides /dev/kmsg; the shipped "
+            "deploy/systemd/jitterscope-collector.service leaves it readable); in a container, mount the host's")
+
+
+def check_kmsg(path: str = "/dev/kmsg") -> Check:
+    """The xid signal reads the kernel log; where it cannot, the signal is
+    off, and the collector only logs it at start: say so here, and why."""
+    try:
+        os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))
+        return Check("xid", True, f"{path} readable: the NVIDIA driver's Xid errors are reported")
+    except OSError as exc:
+        # ProtectKernelLogs=yes puts an inaccessible device over it (ENXIO or EACCES, root or not)
+        hidden = " (hidden: systemd's ProtectKernelLogs=yes, or no such device here)" if exc.errno in (
+            errno.ENOENT, errno.ENXIO, errno.ENODEV) else ""
+        return Check("xid", False, f"{path} not readable ({exc.strerror}){hidden}: the Xid signal is off, no GPU "
+                                   "Xid error will be reported", KMSG_FIX)
+
+
+def check_unit_kmsg(unit: str = "jitterscope-collector.service") -> Check | None:
+    """An installed collector unit that hides /dev/kmsg from the collector
+    (doctor itself runs outside the unit, so its own open says nothing of
+    it); None where systemd does not answer or the unit is not installed."""
+    try:
+        shown = subprocess.run(["systemctl", "show", "--property=ProtectKernelLogs,LoadState", unit],
+                               capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    props = dict(line.split("=", 1) for line in shown.stdout.splitlines() if "=" in line)
+    if shown.returncode != 0 or props.get("LoadState") != "loaded":
+        return None
+    if props.get("ProtectKernelLogs") == "yes":
+        return Check("xid-unit", False, f"{unit} has ProtectKernelLogs=yes: /dev/kmsg is hidden from the collector, "
+                                        "the Xid signal is off there",
+                     f"remove ProtectKernelLogs=yes from {unit} and its drop-ins (systemctl edit), then "
+                     "systemctl daemon-reload and restart it")
+    return Check("xid-unit", True, f"{unit} leaves /dev/kmsg to the collector")
 
 
 def check_nvml() -> Check:

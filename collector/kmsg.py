@@ -23,6 +23,13 @@ debugfs shows it, so a record's time can be put on CLOCK_MONOTONIC.
 Record format (Documentation/ABI/testing/dev-kmsg):
 ``<prio>,<seq>,<usec>,<flags>[,...];<message>\\n`` followed by optional
 continuation lines `` KEY=value\\n`` (device properties), which are dropped.
+``prio`` is the syslog facility * 8 + level. The facility tells who wrote
+the record: 0 (``KERNEL``) is the kernel's own printk, drivers included;
+a write to /dev/kmsg from user space, root's too, is given 1 (user) or
+whatever non-zero facility it asks for, never 0 (devkmsg_write). So only
+facility 0 is the kernel's word; the text of a kernel record may still
+quote a user's words (a mount option, a process name), so a reader also
+checks where in the message its pattern is.
 """
 
 from __future__ import annotations
@@ -32,6 +39,9 @@ import os
 import re
 from pathlib import Path
 from typing import Callable, NamedTuple
+
+#: the kernel's own records (printk); user-space writes never get it
+KERNEL = 0
 
 #: a kmsg record is at most this long (the kernel's own limit is 8 KiB less a header)
 RECORD_BYTES = 8192
@@ -65,6 +75,11 @@ class KmsgRecord(NamedTuple):
     usec: int  # the kernel's timestamp: µs since boot
     priority: int  # syslog facility * 8 + level
     message: str
+
+    @property
+    def facility(self) -> int:
+        """0 (``KERNEL``): the kernel's printk; else a user-space write."""
+        return self.priority >> 3
 
 
 def parse_record(data: bytes) -> KmsgRecord | None:

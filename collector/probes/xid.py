@@ -19,15 +19,26 @@ The line's form varies with the driver release; seen in the field:
 The address names bus and device only (the GPU is function 0); the domain
 may come with 4 or 8 digits. An NVRM Xid line of another shape is counted
 (``unparsed``) and logged once, never raised: the kernel log is not ours.
+
+Who wrote it: the driver's printk, so only a kernel-facility record
+(facility 0, which no user-space write to /dev/kmsg gets, collector/kmsg.py)
+whose message *starts* with ``NVRM: Xid (`` is one. Anyone can make the
+kernel quote their words further in (``unshare -Urm mount -t tmpfs -o
+'NVRM: Xid (PCI:0000:3b:00): 79' none /mnt`` logs "tmpfs: Unknown parameter
+'NVRM: Xid ...'"), and a process name at the start of a kernel line is 15
+characters, too short for a whole Xid header. Any other line with the text
+is refused, counted (``refused``) and logged once: a forged "GPU fallen off
+the bus" must not reach an alert or a request's cause.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import re
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
-from jitterscope.collector.kmsg import KmsgFollower, clock_offset_ns
+from jitterscope.collector.kmsg import KERNEL, KmsgFollower, KmsgRecord, clock_offset_ns
 from jitterscope.collector.probes.interface import Probe, ProbeContext
 from jitterscope.common.logs import fields
 from jitterscope.schemas import events
@@ -35,6 +46,7 @@ from jitterscope.schemas import events
 log = logging.getLogger("jitterscope.collector.xid")
 
 MARK = "NVRM: Xid"
+PREFIX = "NVRM: Xid ("  # where the driver's line starts, and a forger's cannot
 _LINE = re.compile(r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9a-fA-F]{1,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)\): "
                    r"(?P<xid>\d{1,5})\b,?\s*(?P<rest>.*)$")
 _PID = re.compile(r"pid=(?:'?<unknown>'?|'?(?P<pid>\d+)'?),\s*")
@@ -57,8 +69,9 @@ def pci_address(text: str) -> str:
 
 
 def parse_xid(message: str) -> XidLine | None:
-    """An NVRM Xid line's parts; None for any other line or shape."""
-    found = _LINE.search(message)
+    """An NVRM Xid line's parts (the line starts with it); None for any
+    other line or shape."""
+    found = _LINE.match(message)
     if found is None:
         return None
     xid = int(found.group("xid"))
@@ -74,25 +87,35 @@ def parse_xid(message: str) -> XidLine | None:
     return XidLine(xid, pci_address(found.group("pci")), pid if pid < 2**32 else 0, comm, rest.strip())
 
 
+def from_driver(record: KmsgRecord) -> bool:
+    """A kernel record (no user-space write) that starts with the driver's
+    prefix (no quoted text inside another line)."""
+    return record.facility == KERNEL and record.message.startswith(PREFIX)
+
+
 class XidSignal(Probe):
     """NVRM Xid lines from /dev/kmsg as GpuXid records."""
 
     name = "xid"
     publishes = (events.GpuXid,)
 
-    def __init__(self, path: str = "/dev/kmsg"):
+    def __init__(self, path: str = "/dev/kmsg", read: Callable[[int, int], bytes] = os.read):
         super().__init__()
         self.path = path
+        self._read = read  # the follower's read(2): tests stand in for the driver there
         self.follower: KmsgFollower | None = None
         self.unparsed = 0  # NVRM Xid lines of a shape parse_xid does not know
+        self.refused = 0  # lines with the text that the driver did not write (from_driver)
 
     def open(self, context: ProbeContext) -> None:
         self.ctx = context
         try:
-            self.follower = KmsgFollower(self.path)
-        except OSError as exc:  # not root, or a container without the host's /dev/kmsg: no Xid records
+            self.follower = KmsgFollower(self.path, self._read)
+        except OSError as exc:  # not root, a container without the host's /dev/kmsg, ProtectKernelLogs=yes
             log.warning("the kernel log cannot be read: no Xid errors will be reported",
-                        extra=fields(path=self.path, error=str(exc), fix="run the collector as root with /dev/kmsg"))
+                        extra=fields(path=self.path, error=str(exc),
+                                     fix="run the collector as root with /dev/kmsg (in a systemd unit: no "
+                                         "ProtectKernelLogs=yes, which hides it; jitterscope doctor checks)"))
         self.clock_offset_ns = clock_offset_ns() or 0  # kernel log clock -> CLOCK_MONOTONIC (0: unknown)
         # the GPUs by PCI address, as the topology names them (an NVML index or nvidiaN)
         self._gpus = {d.address: d.name for d in context.topology.get("pci", []) if d.kind == "gpu"}
@@ -108,6 +131,12 @@ class XidSignal(Probe):
             return
         for record in records:
             if MARK not in record.message:
+                continue
+            if not from_driver(record):
+                self.refused += 1
+                if self.refused == 1:  # one line, then the count says the rest
+                    log.warning("an Xid line the NVIDIA driver did not write (refused, counted)",
+                                extra=fields(facility=record.facility, line=record.message[:200]))
                 continue
             line = parse_xid(record.message)
             if line is None:

@@ -1,6 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Xid errors end to end on the real kernel log, without a GPU: real NVRM
-Xid lines written into /dev/kmsg (as root) reach the real xid probe, which
+Xid lines written into /dev/kmsg (as root; the kernel gives them facility
+user, so the probe's read(2) relabels exactly this test's own lines as the
+kernel's, standing in for the driver's printk: `as_the_driver`) reach the
+real xid probe, which
 follows the log from its start (lines written before it are not replayed),
 parses them, maps each to its GPU by PCI address through a topology read
 from the captured-format 2-socket 8-GPU sysfs tree (tests/fixtures), and
@@ -14,11 +17,19 @@ GPU into the kernel log in the middle of one request, and sleeps there (a
 hung kernel's wait, which no probe sees). Its process's GPU is found the way
 the collector finds it (/dev/nvidia0 in its file table, through the
 topology), and the attribution of that request, and of no other, names the
-Xid of its own GPU, as the cause of its unexplained excess."""
+Xid of its own GPU, as the cause of its unexplained excess.
+
+And the forgeries (issue 40, item 7), on the real kernel log with nothing
+relabelled: as nobody, ``unshare -Urm mount -t tmpfs -o 'NVRM: Xid
+(PCI:...): 79 ...'`` makes the kernel log the text inside its own "tmpfs:
+Unknown parameter" line, and root writes a whole NVRM Xid line into
+/dev/kmsg: neither becomes a record (so no alert, no cause); both are
+counted as refused."""
 
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -46,6 +57,21 @@ XID_REQUEST, REQUESTS = 6, 12
 
 
 
+def as_the_driver(marker: str):
+    """read(2) of /dev/kmsg with the records carrying ``marker`` given
+    facility kernel (0), as the NVIDIA driver's printk has: no user-space
+    write can be (the kernel gives them facility user), and only the
+    kernel's records are Xids."""
+    def read(fd: int, size: int) -> bytes:
+        data = os.read(fd, size)
+        head, sep, rest = data.partition(b";")
+        if sep and marker.encode() in rest.split(b"\n", 1)[0]:
+            prio, _, tail = head.partition(b",")
+            data = b"%d,%s;%s" % (int(prio) & 7, tail, rest)
+        return data
+    return read
+
+
 def kmsg(line: str) -> None:
     """One record into the kernel log (a fresh open each time: the kernel
     takes at most 10 lines a burst per open file from user space)."""
@@ -70,9 +96,9 @@ def host_topology(tmp_path_factory):
     return found
 
 
-def opened(topology_fields) -> tuple[XidSignal, list, Stamp]:
+def opened(topology_fields, read=os.read) -> tuple[XidSignal, list, Stamp]:
     stamp, published = Stamp("xid-host"), []
-    signal = XidSignal()
+    signal = XidSignal(read=read)
     signal.open(ProbeContext(settings=Settings.model_construct(), stamp=stamp, publish=published.append,
                              describe_process=lambda pid: None, comm_of=lambda pid: "", topology=topology_fields))
     assert signal.follower is not None
@@ -91,7 +117,7 @@ def polled(signal: XidSignal, published: list, count: int, what: str) -> list[ev
 def test_xid_lines_in_the_kernel_log_become_records_and_alerts(host_topology):
     marker = f"jitterscope-xid-test-{os.getpid()}-{time.time_ns()}"
     kmsg(f"<3>NVRM: Xid (PCI:0000:83:00): 48, pid=1, name=before, written before the probe opened {marker}")
-    signal, published, stamp = opened(host_topology)
+    signal, published, stamp = opened(host_topology, as_the_driver(marker))
     try:
         before = time.time_ns()
         kmsg(f"<6>{marker}: an ordinary line, not the driver's")
@@ -130,13 +156,14 @@ def test_xid_lines_in_the_kernel_log_become_records_and_alerts(host_topology):
 
 def test_requests_on_the_gpu_in_the_window_name_its_xid(host_topology):
     spans: list[dict] = []
-    signal, published, stamp = opened(host_topology)
+    marker = f"jitterscope-xid-join-{os.getpid()}-{time.time_ns()}"
+    signal, published, stamp = opened(host_topology, as_the_driver(marker))
     with OtlpReceiver("127.0.0.1", 0, spans.extend) as receiver, GpuStandin([
             "--call=nvidia0:NV_ESC_RM_ALLOC", f"--requests={REQUESTS}", "--gap-ms=20",
             f"--endpoint=http://127.0.0.1:{receiver.port}/v1/traces",
             f"--xid={XID_REQUEST}:<3>NVRM: Xid (PCI:0000:03:00): 79, pid={{pid}}, name=jsgpuinfer, "
-            "GPU has fallen off the bus.",
-            f"--xid={XID_REQUEST}:<3>NVRM: Xid (PCI:0000:83:00): 74, pid=1, name=other, NVLink: fatal error",
+            f"GPU has fallen off the bus. {marker}",
+            f"--xid={XID_REQUEST}:<3>NVRM: Xid (PCI:0000:83:00): 74, pid=1, name=other, NVLink: fatal error {marker}",
             f"--sleep={XID_REQUEST}:150"]) as standin:
         # the GPU the server holds open, found as the collector finds it
         topo = events.Topology(host=stamp.host, boot_id=stamp.boot_id, seq=0, ts_ns=time.time_ns(), **host_topology)
@@ -171,3 +198,37 @@ def test_requests_on_the_gpu_in_the_window_name_its_xid(host_topology):
     assert hit.culprit == "Xid 79 on GPU nvidia0: GPU has fallen off the bus: it no longer answers on PCIe"
     print(f"\n[xid] attribution: {hit.request_id} {hit.duration_ns / MS:.1f} ms (baseline {hit.baseline_ns / MS:.1f} "
           f"ms): {hit.cause}, {hit.culprit}; the other {REQUESTS - 1} requests name no Xid")
+
+
+def test_forged_xid_lines_become_nothing(host_topology):
+    marker = f"jsforged{os.getpid()}x{time.time_ns()}"  # no comma: mount splits its options there
+    seen: list[bytes] = []
+
+    def read(fd: int, size: int) -> bytes:  # the real records, as they are: only watched
+        data = os.read(fd, size)
+        seen.append(data)
+        return data
+
+    signal, published, _ = opened(host_topology, read)
+    try:
+        forged = subprocess.run(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "unshare", "-Urm", "mount", "-t",
+             "tmpfs", "-o", f"NVRM: Xid (PCI:0000:83:00): 79 {marker}", "none", "/mnt"],
+            capture_output=True, text=True, timeout=60, cwd="/")
+        assert forged.returncode != 0, forged.stderr  # the option is refused, and logged
+        kmsg(f"<0>NVRM: Xid (PCI:0000:83:00): 79, pid=1, name=root, GPU has fallen off the bus. {marker}")
+
+        def both_read():
+            signal.poll(0)
+            return sum(marker.encode() in data for data in seen) >= 2
+        wait_until(both_read, 30, "the two forged lines read from the kernel log")
+    finally:
+        signal.close()
+    lines = [data.decode(errors="replace").strip() for data in seen if marker.encode() in data]
+    # the kernel did log the mount option, in a kernel-facility line of its own, as the issue says
+    assert any(line.split(",", 1)[0].isdigit() and int(line.split(",", 1)[0]) >> 3 == 0
+               and "tmpfs: Unknown parameter 'NVRM: Xid (PCI:0000:83:00): 79" in line for line in lines), lines
+    assert any(int(line.split(",", 1)[0]) >> 3 == 1 for line in lines), lines  # root's write: facility user
+    assert [r for r in published if marker in r.message] == []
+    assert signal.refused >= 2 and signal.events_read == 0
+    print("\n[xid] refused, as read from /dev/kmsg:\n  " + "\n  ".join(lines))

@@ -8,11 +8,15 @@ must give that request, and no other, ``gpu_xid`` 79 and the cause
 ``gpu_xid`` in ClickHouse, beside the ``xid`` alert. This host has no GPU, so
 no process record names one and a request takes any GPU of the host as its
 own (streams/gpu_events.py); the mapping to the right GPU of several is
-tests/bpf/test_xid.py's, on a fixture topology."""
+tests/bpf/test_xid.py's, on a fixture topology. The kernel gives a line
+written from user space facility user, and only the kernel's lines are
+Xids: the collector reads this test's own lines as the driver's
+(tests/driver_standin/sitecustomize.py)."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -22,12 +26,15 @@ from tests.gpu_standin import GpuStandin
 pytestmark = [pytest.mark.bpf, pytest.mark.integration]
 
 REQUESTS, XID_REQUEST = 12, 6
+DRIVER_MARK = f"jsdriver-{os.getpid()}"
 
 
 
 @pytest.fixture(scope="module")
 def pipeline(stack):
-    yield span_pipeline(stack, JITTERSCOPE_HARDWARE_PROBES='["xid"]')
+    standin = str(Path(__file__).resolve().parents[1] / "driver_standin")
+    yield span_pipeline(stack, JITTERSCOPE_HARDWARE_PROBES='["xid"]', JITTERSCOPE_TEST_DRIVER_MARK=DRIVER_MARK,
+                        PYTHONPATH=os.pathsep.join(filter(None, [standin, os.environ.get("PYTHONPATH")])))
 
 
 def test_the_request_in_the_xid_window_names_it_in_clickhouse(pipeline):
@@ -36,7 +43,7 @@ def test_the_request_in_the_xid_window_names_it_in_clickhouse(pipeline):
     with GpuStandin(["--call=nvidia0:NV_ESC_RM_ALLOC", f"--requests={REQUESTS}", "--gap-ms=20",
                      f"--id-prefix={prefix}", f"--endpoint=http://127.0.0.1:{otlp_port}/v1/traces",
                      f"--xid={XID_REQUEST}:<3>NVRM: Xid (PCI:0000:3b:00): 79, pid={{pid}}, name=jsgpuinfer, "
-                     f"GPU has fallen off the bus. {prefix}", f"--sleep={XID_REQUEST}:150"]) as standin:
+                     f"GPU has fallen off the bus. {prefix}{DRIVER_MARK}", f"--sleep={XID_REQUEST}:150"]) as standin:
         summary = standin.run()
     assert len(summary["requests"]) == REQUESTS and summary["spans_flushed"]
     rows = wait_until(lambda: (r := stack.query(
@@ -49,6 +56,6 @@ def test_the_request_in_the_xid_window_names_it_in_clickhouse(pipeline):
     assert {pid for *_, pid in rows} == {standin.pid}
     [[summary_line]] = wait_until(lambda: stack.query(
         "SELECT summary FROM jitterscope.alerts WHERE kind = 'xid' AND evidence['message'] = {m:String}",
-        m=f"GPU has fallen off the bus. {prefix}"), 30, "the xid alert", worker)
+        m=f"GPU has fallen off the bus. {prefix}{DRIVER_MARK}"), 30, "the xid alert", worker)
     assert summary_line.startswith(f"Xid 79 on the GPU at 0000:3b:00.0 (not in this host's topology), process "
                                    f"jsgpuinfer (pid {standin.pid})")

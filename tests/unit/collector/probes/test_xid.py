@@ -5,8 +5,12 @@ the message), anything else refused without raising, even seeded random
 bytes; kmsg records split into sequence, time and message; the follower
 carrying on past EPIPE (the ring overwrote what it had not read) and
 counting the gap, with a scripted read(2); the log clock's offset from
-CLOCK_MONOTONIC read from the scheduler's debug header. The real /dev/kmsg
-is tests/bpf/test_xid.py's."""
+CLOCK_MONOTONIC read from the scheduler's debug header. Only the driver's
+own lines are Xids: a kernel-facility record that starts with the NVRM
+prefix; the text quoted inside another kernel line (a tmpfs mount option),
+a user-space write (facility user) or a process name are refused and
+counted, never published. The real /dev/kmsg, and the real attack as
+nobody, are tests/bpf/test_xid.py's."""
 
 from __future__ import annotations
 
@@ -15,8 +19,9 @@ import random
 
 import pytest
 
-from jitterscope.collector.kmsg import KmsgFollower, clock_offset_ns, parse_record
-from jitterscope.collector.probes.xid import XidLine, parse_xid, pci_address
+from jitterscope.collector.kmsg import KERNEL, KmsgFollower, clock_offset_ns, parse_record
+from jitterscope.collector.probes.interface import ProbeContext
+from jitterscope.collector.probes.xid import XidLine, XidSignal, from_driver, parse_xid, pci_address
 
 # Lines as drivers wrote them (from public bug reports and NVIDIA's docs), each with what must come out
 REAL = [
@@ -54,6 +59,10 @@ NOT_XID = [
     "NVRM: Xid (PCI:zzzz:3b:00): 79, pid=1",
     "NVRM: Xid (PCI:0000:3b): 79",
     "nvidia-peermem nv_get_p2p_free_callback:127 ERROR detected invalid context",
+    # the kernel quoting a user's words: only the driver's line starts with the prefix
+    "tmpfs: Unknown parameter 'NVRM: Xid (PCI:0000:3b:00): 79'",
+    " NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus.",
+    "NVRM: Xid (PCI[4242]: segfault at 0 ip 0000000000401126 sp 00007ffd error 6 in a.out",  # a 15-char comm
 ]
 
 
@@ -103,6 +112,28 @@ def test_kmsg_records():
     for bad in (b"", b"no header", b"a,b,c;text", b"1,2;text", b"\xff\xfe;\x00"):
         assert parse_record(bad) is None
     assert parse_record(b"6,1,2,-;caf\xc3\xa9 \xff").message == "caf\u00e9 \ufffd"
+
+
+# /dev/kmsg records as read(2) returns them: the driver's (facility kernel,
+# level warning) and forgeries of it
+DRIVER = b"4,1061,46942698916,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python3, GPU has fallen off the bus.\n"
+FORGED = [
+    # unshare -Urm mount -t tmpfs -o 'NVRM: Xid (PCI:0000:3b:00): 79' none /mnt, as nobody: as read here
+    b"3,364,644558543,-;tmpfs: Unknown parameter 'NVRM: Xid (PCI:0000:3b:00): 79'\n",
+    # echo '<3>NVRM: Xid ...' > /dev/kmsg as root: the kernel gives it facility user (1 * 8 + 3)
+    b"11,365,644558600,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus.\n",
+    # '<2>' with facility 0 asked for: still user; another facility (daemon) as asked
+    b"10,366,644558601,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus.\n",
+    b"27,367,644558602,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus.\n",
+]
+
+
+def test_only_the_driver_s_kernel_record_is_an_xid():
+    record = parse_record(DRIVER)
+    assert record.facility == KERNEL and from_driver(record)
+    assert parse_xid(record.message) == XidLine(79, "0000:3b:00.0", 1234, "python3", "GPU has fallen off the bus.")
+    for forged in FORGED:
+        assert not from_driver(parse_record(forged)), forged
 
 
 class ScriptedRead:
@@ -166,3 +197,18 @@ def test_the_kernel_log_clock_offset_from_the_scheduler_debug_header(tmp_path):
     assert clock_offset_ns(tmp_path / "absent") is None
     debug.write_text("ktime : 5.000001\n")  # cpu_clk missing (another kernel's layout)
     assert clock_offset_ns(debug) is None
+
+
+def test_the_signal_publishes_the_driver_s_line_and_refuses_the_forged(tmp_path):
+    path = tmp_path / "kmsg"
+    path.write_bytes(b"")
+    published = []
+    signal = XidSignal(str(path), read=ScriptedRead([*FORGED, DRIVER, *FORGED]))
+    context = ProbeContext(settings=None, stamp=None, publish=published.append, describe_process=lambda pid: None,
+                           comm_of=lambda pid: "", topology={})
+    context.event = lambda kind, ts_ns, **f: (kind.__name__, f)  # the fields, without the agent's stamp
+    signal.open(context)
+    signal.poll(0)
+    signal.close()
+    assert [(kind, f["xid"], f["pid"]) for kind, f in published] == [("GpuXid", 79, 1234)]
+    assert (signal.refused, signal.unparsed, signal.events_read) == (2 * len(FORGED), 0, 1)
