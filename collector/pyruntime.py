@@ -25,10 +25,13 @@ import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import BinaryIO, NamedTuple
+
+from jitterscope.common import untrusted
 
 SUPPORTED = ("3.10", "3.11", "3.12", "3.13")
 _MAX_READ = 64 << 20  # per file: a dynsym or dynstr bigger than this is not a sane interpreter
+_MAX_LIBC = 256 << 20  # libbcc reads all of libc's symbols: a bigger "libc" is not one (glibc's: ~2 MB)
 _SYMBOL = b"_PyRuntime"
 # python3.11, python3.13t, python3.11d; libpython3.11.so.1.0, libpython3.13t.so.1.0.
 # abiflags: t = free-threaded (no GIL), d = debug.
@@ -42,8 +45,16 @@ class GilSite:
     version: str          # "3.11", from the interpreter's file name
     runtime_lo: int       # absolute virtual address of _PyRuntime in the target
     runtime_hi: int       # runtime_lo + symbol size
-    libc: str             # /proc/PID/root/<libc path from maps>: openable from the collector
+    libc: str             # /proc/PID/map_files/<range> of its libc, or /proc/PID/root/<path from maps>
     interpreter: str      # the mapped file that defines _PyRuntime (path as the target sees it)
+    libc_magic: bool = False  # libc is a map_files magic link (followed), not a path the target controls
+
+    def open_libc(self) -> BinaryIO:
+        """Process ``pid``'s libc, opened as a file it controls and checked
+        (common/untrusted.py). Hand libbcc ``/proc/self/fd/N`` of it, never
+        ``libc``: between a check of the path and libbcc's own open() the
+        target could put a FIFO there. Raises OSError."""
+        return untrusted.open_file(self.libc, magic_link=self.libc_magic, max_size=_MAX_LIBC)
 
 
 @dataclass(frozen=True)
@@ -59,7 +70,7 @@ class _Map(NamedTuple):
     inode: int
     path: str
     deleted: bool
-    range: str            # "start-end" as written in maps: the name under map_files/
+    range: str            # "start-end" as written in maps
     perms: str = ""       # "rw-p"
 
 
@@ -116,7 +127,10 @@ def _locate(pid: int, proc: Path) -> GilSite | NotMeasurable:
         libc = next((x for x in maps if _LIBC.match(os.path.basename(x.path))), None)
         if libc is None:
             return NotMeasurable(pid, "no libc mapped (static binary)")
-        return GilSite(pid, version, lo, lo + size, str(_rooted(proc, pid, libc.path)), m.path)
+        found = _libc(proc, pid, libc)
+        if isinstance(found, str):
+            return NotMeasurable(pid, found if (proc / str(pid)).exists() else "process exited")
+        return GilSite(pid, version, lo, lo + size, found[0], m.path, found[1])
     if not (proc / str(pid)).exists():
         return NotMeasurable(pid, "process exited")
     if problems:
@@ -145,18 +159,43 @@ def _rooted(proc: Path, pid: int, path: str) -> Path:
     return proc / str(pid) / "root" / path.lstrip("/")
 
 
+def _map_file(proc: Path, pid: int, m: _Map) -> Path:
+    # named "%lx-%lx": maps pads a low address with zeros (00400000), map_files/ does not
+    return proc / str(pid) / "map_files" / f"{m.start:x}-{m.end:x}"
+
+
+def _libc(proc: Path, pid: int, m: _Map) -> tuple[str, bool] | str:
+    """(the path a uprobe on the target's libc goes through, whether it is a
+    magic link), or why none is safe. map_files/ first: it is the
+    mapped file itself, which cannot be a FIFO; the path from maps only if
+    that is unreadable (no CAP_SYS_ADMIN/CAP_CHECKPOINT_RESTORE) and it opens
+    as a regular file of a sane size."""
+    errors = []
+    for path, magic in ((_map_file(proc, pid, m), True), (_rooted(proc, pid, m.path), False)):
+        if magic or not m.deleted:
+            try:
+                untrusted.stat_file(path, magic_link=magic, max_size=_MAX_LIBC)
+                return str(path), magic
+            except OSError as e:
+                errors.append(f"{path}: {e.strerror or e}")
+    return "libc: " + "; ".join(errors)
+
+
 def _open_elf(proc: Path, pid: int, m: _Map) -> _Elf:
     # The path through the target's root is what it mapped unless the file was
     # replaced since (an upgrade: maps then says "(deleted)", or the inode
     # differs); map_files/ always names the mapped file itself but needs
-    # CAP_SYS_ADMIN, so it is the fallback.
-    sources = [] if m.deleted else [_rooted(proc, pid, m.path)]
-    sources.append(proc / str(pid) / "map_files" / m.range)
+    # CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE, so it is the fallback.
+    # Both are opened as files another process controls (common/untrusted.py):
+    # the maps text is ambiguous (a newline in a name reads as "\012", so the
+    # rooted path may name a FIFO the target planted), map_files is not.
+    sources = [] if m.deleted else [(_rooted(proc, pid, m.path), False)]
+    sources.append((_map_file(proc, pid, m), True))
     fallback, errors = None, []
     try:
-        for src in sources:
+        for src, magic in sources:
             try:
-                f = open(src, "rb")
+                f = untrusted.open_file(src, magic_link=magic)
             except OSError as e:
                 errors.append(f"{src}: {e.strerror or e}")
                 continue

@@ -26,6 +26,16 @@ the collector. In the helper a stray close can hit only the helper: its pipe
 ends sit at high fd numbers, and if it dies anyway the collector starts
 another and names the frames it could not resolve ``[unknown]``. Kernel
 frames (BCC's KSyms, no such object) stay in the collector.
+
+libbcc opens a process's mapped files and ``/tmp/perf-PID.map`` by paths
+that process controls, with a plain blocking open() and no size limit: a
+FIFO there stopped the helper (and the collector waiting on it), a sparse
+64 GB perf map grew it without bound (issue 40, item 3). So the helper first
+checks them (:func:`refusal`) and refuses a process whose files are not
+plain ones of a sane size; a process it refuses, or that still makes it time
+out or die (a file swapped in after the check), is not asked about again
+until it exits: one such process costs the collector one wait, not one per
+event (``UserSymbolsHelper.refused``).
 """
 
 from __future__ import annotations
@@ -33,19 +43,31 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import logging
 import os
+import resource
 import select
 import subprocess
 import sys
 import time
 import weakref
 from collections import OrderedDict
+from pathlib import Path
 from typing import BinaryIO, Callable
+
+from jitterscope.common import untrusted
+from jitterscope.common.logs import fields
+
+log = logging.getLogger("jitterscope.collector.stacks")
 
 MAX_PROCESSES = 64          # user symbol tables kept (ELF symbols of a process: MBs)
 MAX_FRAMES_PER_PROCESS = 8192
 MAX_PUBLISHED = 65536       # stack ids already sent
 UNKNOWN = "[unknown]"
+MAX_PERF_MAP = 256 << 20    # a JIT's perf map of a long-running process: tens of MB
+MAX_MODULE = 8 << 30        # a mapped ELF libbcc reads symbols from (CUDA libraries: ~1-2 GB)
+MAX_REFUSED = 4096          # processes not asked about again, remembered until they exit
+HELPER_DATA_LIMIT = 4 << 30  # the helper's RLIMIT_DATA: a file swapped in after the check ends it, not the host
 
 
 class _Lru(OrderedDict):
@@ -73,7 +95,7 @@ class Symbolizer:
 
     def __init__(self, max_processes: int = MAX_PROCESSES, helper: "UserSymbolsHelper | None" = None):
         self.helper = helper or UserSymbolsHelper()
-        self._processes = _Lru(max_processes, lambda pid, _names: self.helper.forget({pid}))
+        self._processes = _Lru(max_processes, lambda pid, _names: self.helper.forget({pid}, exited=False))
         self._kernel: dict[int, str] = {}
 
     def kernel(self, addrs: list[int]) -> list[str]:
@@ -118,8 +140,9 @@ class Symbolizer:
         gone = pids & self._processes.keys()
         for pid in gone:
             del self._processes[pid]
-        if gone:
-            self.helper.forget(gone)
+        refused = pids & self.helper.refused.keys()  # also those whose names were evicted since
+        if gone or refused:
+            self.helper.forget(gone | refused)
 
     def close(self) -> None:
         self._processes.clear()
@@ -147,6 +170,9 @@ class UserSymbolsHelper:
         self.timeout_s = timeout_s  # a large library's symbol table is read on its first frame
         self.own = own
         self.restarts = 0
+        # pid -> why its frames are not asked for (module docstring); counted in ``refusals``
+        self.refused: _Lru = _Lru(MAX_REFUSED)
+        self.refusals = 0
         self._proc: subprocess.Popen | None = None
         self._pending = b""  # what the helper wrote past the last full line
 
@@ -155,8 +181,13 @@ class UserSymbolsHelper:
         return self._proc.pid if self._proc else None
 
     def resolve(self, pid: int, addrs: list[int]) -> list[str] | None:
-        """The names of ``addrs`` in process ``pid``; None if the helper
-        failed twice (a helper found dead is replaced once, at once)."""
+        """The names of ``addrs`` in process ``pid``; None if the process is
+        refused (its files are not safe to read, or asking about it made the
+        helper time out or fail twice: it is then not asked about again
+        until ``forget``). A helper found dead is replaced once, at once."""
+        if pid in self.refused:
+            return None
+        why = "the helper failed twice"
         for _attempt in range(2):
             try:
                 proc = self._proc or self._start()
@@ -164,10 +195,24 @@ class UserSymbolsHelper:
                 names = json.loads(self._reply(proc))
                 if isinstance(names, list) and len(names) == len(addrs):
                     return [str(n) for n in names]
-            except (OSError, ValueError, TimeoutError, EOFError):
+                if isinstance(names, dict) and "refused" in names:
+                    self._refuse(pid, str(names["refused"]))
+                    return None
+            except TimeoutError:
+                # a file of this process blocked libbcc (or its symbols take too long): once is enough
+                self._stop(failed=True)
+                why = f"no answer within {self.timeout_s:g} s"
+                break
+            except (OSError, ValueError, EOFError):
                 pass
             self._stop(failed=True)
+        self._refuse(pid, why)
         return None
+
+    def _refuse(self, pid: int, why: str) -> None:
+        self.refused.put(pid, why)
+        self.refusals += 1
+        log.warning("user frames of a process not resolved", extra=fields(pid=pid, reason=why))
 
     def start(self) -> None:
         """Start the helper now rather than on first use (it answers once
@@ -175,7 +220,12 @@ class UserSymbolsHelper:
         if self._proc is None:
             self._start()
 
-    def forget(self, pids: set[int]) -> None:
+    def forget(self, pids: set[int], exited: bool = True) -> None:
+        """Free the helper's symbols of ``pids``; ``exited``: they have
+        exited, so their refusals go too (the number may be another
+        process's next), not only evicted from the collector's memory."""
+        for pid in pids if exited else ():
+            self.refused.pop(pid, None)
         if self._proc:
             try:
                 self._send({"forget": sorted(pids)})
@@ -286,6 +336,58 @@ def _user_frame(cache, addr: int) -> str:
     return UNKNOWN
 
 
+# what libbcc 0.26 takes for no file (bcc_proc.c, bcc_mapping_is_file_backed)
+_NOT_FILES = ("//anon", "/dev/zero", "/anon_hugepage", "[stack", "/SYSV", "[heap]", "[vsyscall]")
+
+
+def refusal(pid: int, proc: Path = Path("/proc")) -> str | None:
+    """Why libbcc must not be let read process ``pid``'s files, or None.
+
+    libbcc 0.26 (bcc_proc.c, bcc_syms.cc, bcc_perf_map.c) opens, blocking
+    and following links: each executable mapping's path as /proc/PID/maps
+    spells it (a newline in a name reads "\\012", so that text may name a
+    FIFO the process planted), through the process's root; then its perf
+    map, <its root>/tmp/perf-<its own pid>.map, else /tmp/perf-<pid>.map,
+    which it reads to the end. Each that exists must be a regular file of a
+    sane size, and a perf map the process's or root's."""
+    base = proc / str(pid)
+    try:
+        status = (base / "status").read_text()
+        maps = (base / "maps").read_text(errors="surrogateescape")
+        root = os.readlink(base / "root")
+    except OSError:
+        return None  # exited, or not ours to read: libbcc opens nothing of it either
+    fields_ = {k: v.split() for k, _, v in (line.partition(":") for line in status.splitlines())}
+    owners = {0, *map(int, fields_.get("Uid", []))}
+    nstgid = (fields_.get("NStgid") or fields_.get("Tgid") or [str(pid)])[-1]
+    for name in dict.fromkeys(_module_names(maps)):
+        path = base / "root" / name.lstrip("/")
+        try:
+            untrusted.check(os.stat(path), str(path), max_size=MAX_MODULE)  # stat follows as libbcc will, opens nothing
+        except FileNotFoundError:
+            continue  # libbcc cannot open it either
+        except OSError as e:
+            return f"mapped file {e}"
+    inner = (root if root != "/" else "") + f"/tmp/perf-{nstgid}.map"
+    for path in (base / "root" / inner.lstrip("/"), Path(f"/tmp/perf-{pid}.map")):
+        try:
+            untrusted.stat_file(path, max_size=MAX_PERF_MAP, owners=owners)
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            return f"perf map {e}"
+    return None
+
+
+def _module_names(maps: str):
+    """The names libbcc takes for files in ``maps``: executable mappings'."""
+    for line in maps.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) == 6 and parts[1][2:3] == "x" and not parts[5].startswith(_NOT_FILES) \
+                and "/memfd:" not in parts[5]:
+            yield parts[5]
+
+
 def serve(requests: BinaryIO, replies: BinaryIO, max_processes: int = MAX_PROCESSES) -> None:
     """The helper's loop: a BCC symbol cache per process (bounded, freed on
     ``forget`` and eviction), one reply line per resolve request."""
@@ -304,9 +406,15 @@ def serve(requests: BinaryIO, replies: BinaryIO, max_processes: int = MAX_PROCES
                     free(pid, caches.pop(pid))
             continue
         pid = int(message["pid"])
-        cache = caches.get(pid) or SymbolCache(pid)
-        caches.put(pid, cache)
-        replies.write(json.dumps([_user_frame(cache, int(a)) for a in message["addrs"]]).encode() + b"\n")
+        cache = caches.get(pid)
+        why = refusal(pid) if cache is None else None
+        if why:
+            reply: object = {"refused": why}
+        else:
+            cache = cache or SymbolCache(pid)
+            caches.put(pid, cache)
+            reply = [_user_frame(cache, int(a)) for a in message["addrs"]]
+        replies.write(json.dumps(reply).encode() + b"\n")
         replies.flush()
 
 
@@ -320,6 +428,12 @@ def _main() -> None:
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
     os.dup2(null, 1)
+    # a file swapped in between refusal()'s check and libbcc's read (a sparse perf map: getline()
+    # grows one buffer to its size) makes an allocation fail here, not the host's memory run out
+    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    limit = HELPER_DATA_LIMIT if hard == resource.RLIM_INFINITY else min(HELPER_DATA_LIMIT, hard)
+    if soft == resource.RLIM_INFINITY or soft > limit:
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
     serve(requests, replies)
 
 

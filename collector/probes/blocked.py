@@ -61,14 +61,16 @@ def decode_event(e) -> RawBlocked:
 _wait_addresses: dict[tuple[int, int, int], tuple[int, ...]] = {}
 
 
-def gil_wait_addresses(libc: str) -> tuple[int, ...]:
-    """Where ``pthread_cond_timedwait`` is in this libc, as uprobe offsets.
+def gil_wait_addresses(libc: str, st: os.stat_result | None = None) -> tuple[int, ...]:
+    """Where ``pthread_cond_timedwait`` is in this libc (``st``: its fstat,
+    for a libc the caller opened; a trusted path is stat'ed here), as uprobe
+    offsets.
 
     glibc exports two: the default pthread_cond_timedwait@@GLIBC_2.3.2 that
     every program linked since 2002 calls, and an old compat copy
     (@GLIBC_2.2.5) at another address, which BCC's name look-up picks. The
     default version is taken; a libc without symbol versions gives its one."""
-    st = os.stat(libc)
+    st = st or os.stat(libc)
     key = (st.st_dev, st.st_ino, st.st_mtime_ns)
     if key not in _wait_addresses:
         from bcc import BPF
@@ -132,8 +134,13 @@ class BlockedProbe(base.BccProbe):
         """Tell GIL waits in process ``site.pid`` apart: its _PyRuntime range
         into ``gil`` and a uprobe/uretprobe pair on its libc's
         pthread_cond_timedwait, filtered to its threads. Raises (BCC's bare
-        Exception, or OSError) when the process or its libc has gone; nothing
-        is left attached then."""
+        Exception, or OSError) when the process or its libc has gone, or its
+        libc is not a file to read (common/untrusted.py); nothing is left
+        attached then.
+
+        libbcc reads, and the kernel resolves, ``/proc/self/fd/N`` of the libc
+        opened and checked here, never a path the target controls: a FIFO
+        there blocked libbcc's open() in the collector's main thread."""
         self.unwatch_gil(site.pid)
         gil = self._bpf[b"gil"]
         leaf = gil.Leaf()
@@ -142,18 +149,22 @@ class BlockedProbe(base.BccProbe):
         names: list[bytes] = []
         self._uprobes[site.pid] = names
         try:
-            addresses = gil_wait_addresses(site.libc)
-            if not addresses:
-                raise OSError(f"no pthread_cond_timedwait in {site.libc}")
-            for addr in addresses:
-                for attach, fn in ((self._bpf.attach_uprobe, b"gil_wait_enter"),
-                                   (self._bpf.attach_uretprobe, b"gil_wait_return")):
-                    before = set(self._bpf.uprobe_fds)
-                    attach(name=site.libc.encode(), addr=addr, fn_name=fn, pid=site.pid)
-                    names.extend(set(self._bpf.uprobe_fds) - before)
+            with site.open_libc() as libc:
+                self._attach_gil(site, f"/proc/self/fd/{libc.fileno()}", os.fstat(libc.fileno()), names)
         except BaseException:
             self.unwatch_gil(site.pid)
             raise
+
+    def _attach_gil(self, site: pyruntime.GilSite, libc: str, st: os.stat_result, names: list[bytes]) -> None:
+        addresses = gil_wait_addresses(libc, st)
+        if not addresses:
+            raise OSError(f"no pthread_cond_timedwait in {site.libc}")
+        for addr in addresses:
+            for attach, fn in ((self._bpf.attach_uprobe, b"gil_wait_enter"),
+                               (self._bpf.attach_uretprobe, b"gil_wait_return")):
+                before = set(self._bpf.uprobe_fds)
+                attach(name=libc.encode(), addr=addr, fn_name=fn, pid=site.pid)
+                names.extend(set(self._bpf.uprobe_fds) - before)
 
     def unwatch_gil(self, pid: int) -> None:
         """Detach process ``pid``'s uprobes and forget its range (it may

@@ -85,7 +85,8 @@ def test_live_interpreter_address_matches_ctypes(python):
         assert site.runtime_hi - site.runtime_lo > 0
         assert os.path.exists(site.libc)
         assert os.path.samefile(site.libc, libc.strip())
-        assert site.libc.startswith(f"/proc/{child.pid}/root/")
+        # the mapped libc itself (a magic link, root here), never a path the target could swap for a FIFO
+        assert site.libc.startswith(f"/proc/{child.pid}/map_files/") and site.libc_magic
     finally:
         child.kill()
         child.wait()
@@ -162,8 +163,10 @@ def test_fixture_copy_of_own_maps_gives_own_address(tmp_path):
 
     maps, lib = _own_libpython_maps()
     proc = tmp_path / "proc"
-    (proc / str(PID) / "root" / os.path.dirname(lib).lstrip("/")).mkdir(parents=True)
-    (proc / str(PID) / "root" / lib.lstrip("/")).symlink_to(lib)
+    (proc / str(PID)).mkdir(parents=True)
+    # as /proc/PID/root is: a link to the process's root. Not a link per file,
+    # which files another process controls are never opened through
+    (proc / str(PID) / "root").symlink_to("/")
     (proc / str(PID) / "maps").write_text(maps)
     site = locate(PID, proc)
     assert isinstance(site, GilSite), site
@@ -181,8 +184,9 @@ def test_deleted_interpreter_is_read_through_map_files(tmp_path):
     (proc / str(PID) / "map_files").mkdir()
     lines = []
     for line in maps.splitlines():
+        if line.endswith(lib) or "/libc" in line:  # libc too: the root is empty
+            (proc / str(PID) / "map_files" / line.split()[0]).symlink_to(line.split(None, 5)[5])
         if line.endswith(lib):
-            (proc / str(PID) / "map_files" / line.split()[0]).symlink_to(lib)
             line += " (deleted)"
         lines.append(line + "\n")
     (proc / str(PID) / "maps").write_text("".join(lines))
@@ -194,8 +198,10 @@ def test_deleted_interpreter_is_read_through_map_files(tmp_path):
 def test_no_libc_is_a_static_binary(tmp_path):
     maps, lib = _own_libpython_maps()
     proc = tmp_path / "proc"
-    (proc / str(PID) / "root" / os.path.dirname(lib).lstrip("/")).mkdir(parents=True)
-    (proc / str(PID) / "root" / lib.lstrip("/")).symlink_to(lib)
+    (proc / str(PID)).mkdir(parents=True)
+    # as /proc/PID/root is: a link to the process's root. Not a link per file,
+    # which files another process controls are never opened through
+    (proc / str(PID) / "root").symlink_to("/")
     (proc / str(PID) / "maps").write_text("".join(l + "\n" for l in maps.splitlines() if "/libc" not in l))
     result = locate(PID, proc)
     assert result == NotMeasurable(PID, "no libc mapped (static binary)")
