@@ -55,8 +55,7 @@ evictor) streams/culprits.py.
 
 from __future__ import annotations
 
-import statistics
-from collections import defaultdict, deque
+from collections import defaultdict
 from dataclasses import fields
 from typing import Protocol
 
@@ -71,6 +70,7 @@ from jitterscope.streams.evidence import (MAX_WAITS_PER_PROCESS, Evidence, HostE
 from jitterscope.streams.thread_budget import (STALLS, ThreadBudget, behind_own_ns, carried_parts, kind_of,
                                                runq_per_thread, thread_budget)
 from jitterscope.streams.wait_index import TOP_SUSPECTS, SplitCache, Tie, WaitIndex, rank_suspects
+from jitterscope.streams.rolling_median import RollingMedian
 from jitterscope.streams.throttle_index import throttled_span
 
 # with the names importers took from here before the split into evidence, thread_budget and culprits
@@ -108,9 +108,9 @@ class Attributor:
         self._evidence: dict[str, HostEvidence] = defaultdict(lambda: defaultdict(SortedEvidence))
         self._newest: dict[str, int] = defaultdict(int)
         self._pending: list[RequestSpan] = []
-        self._durations: dict[tuple[str, str], deque[int]] = defaultdict(lambda: deque(maxlen=baseline_window))
+        self._durations: dict[tuple[str, str], RollingMedian] = defaultdict(lambda: RollingMedian(baseline_window))
         # per (host, name): the self-contention of requests no one thread carried (causes.py)
-        self._own_waits: dict[tuple[str, str], deque[int]] = defaultdict(lambda: deque(maxlen=baseline_window))
+        self._own_waits: dict[tuple[str, str], RollingMedian] = defaultdict(lambda: RollingMedian(baseline_window))
         self._attributed_until: dict[str, int] = {}
         self._events_per_host: dict[str, int] = defaultdict(int)
         self.max_events_per_host = max_events_per_host
@@ -248,7 +248,7 @@ class Attributor:
         samples = self._durations.get((host, name))
         if not samples:
             return 0, False
-        return int(statistics.median(samples)), len(samples) >= self.min_samples
+        return int(samples.median()), len(samples) >= self.min_samples
 
     def _usual_own(self, span: RequestSpan, charged: Charges, waited: int) -> int:
         """The self-contention requests of this name that no one thread
@@ -257,7 +257,7 @@ class Attributor:
         if charged.carried:
             return 0
         seen = self._own_waits[(span.host, span.name)]
-        usual = int(statistics.median(seen)) if len(seen) >= USUAL_AFTER else 0
+        usual = int(seen.median()) if len(seen) >= USUAL_AFTER else 0
         seen.append(self_contention_ns(charged, waited))
         return usual
 
