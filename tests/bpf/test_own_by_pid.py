@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -34,9 +35,18 @@ while True:
 """
 
 
-def pinned(argv: list[str], cpu: int) -> subprocess.Popen:
-    return subprocess.Popen(as_nobody(["taskset", "-c", str(cpu), *argv]), cwd="/",
+def pinned(argv: list[str], cpu: int, nobody: bool = True) -> subprocess.Popen:
+    argv = ["taskset", "-c", str(cpu), *argv]
+    return subprocess.Popen(as_nobody(argv) if nobody else argv, cwd="/",
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _schedstat(pid: int) -> str:
+    """on-CPU ns, run-queue wait ns, timeslices: what the kernel saw, for a failure's message"""
+    try:
+        return Path(f"/proc/{pid}/schedstat").read_text().strip()
+    except OSError as exc:
+        return str(exc)
 
 
 def test_a_process_named_like_jitterscope_is_named_as_the_neighbour_it_is():
@@ -51,21 +61,31 @@ def test_a_process_named_like_jitterscope_is_named_as_the_neighbour_it_is():
     procs = []
     try:
         signal.open(context)  # compiled before the load starts
-        victim = pinned([sys.executable, "-I", "-c", VICTIM], cpu)
+        # the victim is root's: only the attacker is nobody (and the venv's Python may
+        # sit under a 0700 /root that nobody cannot reach)
+        victim = pinned([sys.executable, "-I", "-c", VICTIM], cpu, nobody=False)
         procs.append(victim)
         signal.set_targets({victim.pid}, {})
-        hogs = [pinned([str(yes)], cpu) for _ in range(2)]
+        hogs = [pinned([str(yes)], cpu) for _ in range(3)]  # as the demo: 3 hogs make waits likely under EEVDF
         procs += hogs
         hog_pids = {h.pid for h in hogs}  # taskset and setpriv exec: the pid is the hog's own
 
         def behind_a_hog():
             return [e for e in published if getattr(e, "suspect_pid", 0) in hog_pids]
 
+        def behind_the_named_hog():
+            # a wait before the hog's exec names taskset or setpriv: wait for one after it
+            return [e for e in behind_a_hog() if e.suspect_comm == "?jitterscope:up"]
+
         deadline = time.monotonic() + 60  # a busy 2-core box: generous
-        while time.monotonic() < deadline and not behind_a_hog():
+        while time.monotonic() < deadline and not behind_the_named_hog():
             signal.poll(100)
-        seen = behind_a_hog()
-        assert seen, f"the victim never waited >= 1 ms behind a hog ({len(published)} records)"
+        seen = behind_the_named_hog()
+        assert seen, (f"the victim never waited >= 1 ms behind a hog named jitterscope:up ({len(published)} "
+                      f"records, behind a hog: {[e.suspect_comm for e in behind_a_hog()]}; victim "
+                      f"{'running' if victim.poll() is None else f'exited {victim.returncode}'}, schedstat "
+                      f"{_schedstat(victim.pid)}, hogs {[_schedstat(h.pid) for h in hogs]})")
+        assert not any(e.suspect_own for e in behind_a_hog()), "a foreign process was taken for jitterscope's own"
     finally:
         for p in procs:
             p.kill()
