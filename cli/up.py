@@ -31,6 +31,7 @@ from rich.console import Console
 from jitterscope.common import errors
 from jitterscope import topic_admin
 from jitterscope.broker import EmbeddedBroker, wait_for_port
+from jitterscope.collector.pacing import confine
 from jitterscope.common import kafka_auth, ports
 from jitterscope.common.logs import printable
 from jitterscope.common.private import open_private, private_dir
@@ -291,6 +292,7 @@ class Stack:
 
     def start(self) -> str:
         s = self.settings
+        confine(s.own_cpus)  # jitterscope's own CPUs: the broker, worker and collector it starts inherit them
         # all of them before anything starts: a second `up` on this host (or
         # anything else on a port of ours) is one line per port, not a worker
         # and a collector that die with a traceback after "watching"

@@ -158,6 +158,9 @@ class CollectorSettings(BaseModel):
         0, ge=0, description="a process whose tree is jitterscope's own (`up` sets itself: the broker, worker and "
                              "collector); its processes, and the collector itself always, are never alert victims "
                              "and are labelled 'jitterscope:' wherever they are suspects (0: the collector alone)")
+    own_cpus: list[int] = Field(
+        default_factory=list, description="jitterscope's own CPUs (housekeeping CPUs): the collector's threads, "
+                                          "and under `up` the broker and worker, run only there (empty: anywhere)")
     runq_stacks: bool = Field(
         True, description="capture the culprit's and the starved thread's stacks for run-queue events (off: no "
                           "stack walks in the kernel, no symbolization; alerts name no stacks)")
