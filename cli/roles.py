@@ -75,13 +75,16 @@ def streams(
     data_dir: DataDirOpt = None,
     alert_ms: AlertOpt = None,
     web_port: Annotated[Optional[int], typer.Option(help="port for /metrics and /query (0 = off)")] = None,
+    stage: Annotated[Optional[str], typer.Option(
+        help="all (one process), judge (alert rules only, no ClickHouse) or store (attribution and the store); "
+             "each stage is its own consumer group")] = None,
 ) -> None:
-    """Run a streams worker: decode, alert, and write everything to ClickHouse."""
+    """Run a streams worker: decode, alert, and write everything to ClickHouse (or one stage of that)."""
     from jitterscope.common import logs
     from jitterscope.streams.app import StreamsWorker
 
     s = load_settings(config, sets, bootstrap_servers=bootstrap_servers, clickhouse_url=clickhouse_url,
-                      data_dir=data_dir, runq_alert_ms=alert_ms, streams_web_port=web_port)
+                      data_dir=data_dir, runq_alert_ms=alert_ms, streams_web_port=web_port, streams_stage=stage)
     require_broker(s)
     require_topics(s)
     logs.setup()

@@ -205,6 +205,11 @@ def streams_listeners(s) -> list[Listener]:
                      s.streams_web_port, s.streams_web_bind)]
 
 
+def judge_listeners(s) -> list[Listener]:
+    """The judge stage's (streams/stages.py; ``s``: its Settings)."""
+    return [Listener("the judge stage's /metrics", "judge_web_port", s.judge_web_port, s.streams_web_bind)]
+
+
 def collector_listeners(s) -> list[Listener]:
     """The collector's (``s``: its Settings)."""
     return [Listener("the collector's /metrics", "collector_metrics_port", s.collector_metrics_port,

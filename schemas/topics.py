@@ -32,11 +32,14 @@ GPU_TELEMETRY = _topic["nvml"]
 ATTRIBUTION = "jitterscope.attribution"
 ALERTS = "jitterscope.alerts"
 DEADLETTER = "jitterscope.deadletter"
+#: every alert a judge stage raises, folded ones included (streams/stages.py), for the store stage to store:
+#: the alerts topic carries only what people see
+ALERT_ROWS = "jitterscope.alert_rows"
 
 #: Raw topics the collector writes and streams reads, with their record type (schemas/signals.py).
 INPUT_TOPICS: dict[str, type[events.Record]] = {s.topic: s.record for s in signals.SIGNALS}
 
-OUTPUT_TOPICS = (ALERTS, ATTRIBUTION, DEADLETTER)
+OUTPUT_TOPICS = (ALERTS, ATTRIBUTION, DEADLETTER, ALERT_ROWS)
 
 ALL_TOPICS = (*INPUT_TOPICS, *OUTPUT_TOPICS)
 

@@ -18,6 +18,10 @@ streams/kafka_patches.py; the web pages are in streams/web.py. Alerts are
 grouped (streams/alert_groups.py) before they reach the alerts topic and the
 notification targets (streams/notify.py); every alert is stored. What the
 broker refuses to take is sent again (streams/outbox.py).
+
+A process runs one stage of the pipeline (streams/stages.py): ``judge`` (the
+rules alone, no ClickHouse), ``store`` (attribution and the store) or
+``all`` (everything on one loop, as before the split).
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from jitterscope.common import kafka_auth, logs, ports
 from jitterscope.schemas import batches, events, topics
 from jitterscope.common.settings import Settings
 from jitterscope.common import buildinfo  # noqa: F401  (registers jitterscope_build_info)
-from jitterscope.streams import clickhouse, kafka_patches, notify, signal_metrics, web
+from jitterscope.streams import clickhouse, kafka_patches, notify, signal_metrics, stages, web
 from jitterscope.streams.alert_groups import AlertGroups, announced
 from jitterscope.streams.alert_metrics import count_raised
 from jitterscope.streams.attribution import Attributor
@@ -57,8 +61,9 @@ ATTRIBUTION_TICK_S = 0.25
 #: how often run-queue waits parked for a record are checked for a deadline passed (streams/handlers.py)
 PARKED_TICK_S = 0.05
 ALERT_GROUP_TICK_S = 0.5
-#: the record types the host state learns from (HostState.learn)
-LEARNED = (events.Topology, events.ProcessInfo, events.DeviceIo)
+LEARNED = stages.LEARNED
+#: the judge stage's last count of alert rows published, written as it exits, read by `up` (its drain)
+JUDGE_FINAL_FILE = "judge-final.json"
 #: records that may wait for the store per topic, in batches of sink_batch_rows (streams/store_queue.py)
 STORE_AHEAD_BATCHES = 2
 
@@ -74,11 +79,12 @@ def faust_credentials(s: Settings) -> "faust.types.auth.CredentialsT | None":
     return faust.SSLCredentials(context) if context is not None else None
 
 
-def faust_app(s: Settings, bootstrap_servers: str) -> faust.App:
-    """The Faust app, configured from the settings: its topics, consumer,
-    producer and web server."""
+def faust_app(s: Settings, bootstrap_servers: str, stage: str = "all") -> faust.App:
+    """The Faust app of a stage (its own consumer group), configured from
+    the settings: its topics, consumer, producer and web server."""
+    web_port = s.judge_web_port if stage == "judge" else s.streams_web_port
     return faust.App(
-        "jitterscope-streams",
+        stages.APP_IDS[stage],
         broker=f"kafka://{bootstrap_servers}",
         broker_credentials=faust_credentials(s),
         store="memory://",
@@ -94,11 +100,11 @@ def faust_app(s: Settings, bootstrap_servers: str) -> faust.App:
         consumer_auto_offset_reset="earliest",
         producer_acks=-1,
         stream_wait_empty=False,
-        web_enabled=bool(s.streams_web_port),
+        web_enabled=bool(web_port),
         web_host=s.streams_web_bind,
         web_bind=s.streams_web_bind,
-        web_port=s.streams_web_port or 6066,
-        datadir=str(s.data_dir / "faust"),
+        web_port=web_port or 6066,
+        datadir=str(s.data_dir / ("faust" if stage == "all" else f"faust-{stage}")),
     )
 
 
@@ -107,18 +113,36 @@ class StreamsWorker(StorePath, AttributionTick):
     call. The store path (StorePath, streams/store_path.py) and the
     attribution tick (AttributionTick, streams/attribution_tick.py) are mixed in."""
 
-    def __init__(self, settings: Settings, bootstrap_servers: str):
+    def __init__(self, settings: Settings, bootstrap_servers: str, stage: str | None = None):
+        self.stage = stage or settings.streams_stage
         # Faust binds the web port only once it runs, and a port taken ends it
         # with a traceback: say it in one line, before the store is opened
-        ports.require_free(*ports.streams_listeners(settings))
+        ports.require_free(*(ports.judge_listeners if self.stage == "judge" else ports.streams_listeners)(settings))
         self.settings = settings
+        self.bootstrap_servers = bootstrap_servers
+        self.state = HostState()
+        self.attributor = None
+        self.alert_rows_sent = 0  # the judge's alert rows published (JUDGE_FINAL_FILE)
+        if self.stage != "judge":  # the judge never opens the store: chDB admits one process per data directory
+            self._open_store()
+        self.handlers = Handlers(self.state, Thresholds.from_settings(settings), self.attributor)
+        self._late_counted = 0
+        signal_metrics.limit_comms(settings.metrics_comms_max)
+        self.alert_groups = AlertGroups.from_settings(settings)
+        self.notifier = notify.Notifier.from_settings(settings)
+        self.outbox = Outbox()
+        self.app = self._build_app(bootstrap_servers)
+
+    def _open_store(self) -> None:
+        """ClickHouse (migrated), the sink, the host state and the attributor
+        primed from what is stored."""
+        settings = self.settings
         self.client = clickhouse.connect_with_retry(settings.clickhouse_url, settings.data_dir)
         if not settings.clickhouse_cluster:  # a cluster's schema is the operator's: `jitterscope schema --cluster`
             clickhouse.migrate(self.client)
         clickhouse.apply_retention(self.client, settings.retention_days, settings.clickhouse_cluster)
         self.reader = clickhouse.connect(settings.clickhouse_url, settings.data_dir, readonly=True)
         self.sink = ClickHouseSink(self.client)
-        self.state = HostState()
         self.state.prime(self.client)
         self.attributor = Attributor(
             grace_ns=int(settings.attribution_grace_s * 1e9), horizon_ns=int(settings.evidence_horizon_s * 1e9),
@@ -127,13 +151,6 @@ class StreamsWorker(StorePath, AttributionTick):
             max_events_per_host=settings.evidence_max_events, max_pending=settings.pending_requests_max,
             processes=self.state)  # serving groups and cgroups, as the collectors describe them
         self.prime_attribution()
-        self.handlers = Handlers(self.state, Thresholds.from_settings(settings), self.attributor)
-        self._late_counted = 0
-        signal_metrics.limit_comms(settings.metrics_comms_max)
-        self.alert_groups = AlertGroups.from_settings(settings)
-        self.notifier = notify.Notifier.from_settings(settings)
-        self.outbox = Outbox()
-        self.app = self._build_app(bootstrap_servers)
 
     def prime_attribution(self) -> None:
         """After a restart, pick up where the last worker left off: recent
@@ -154,7 +171,7 @@ class StreamsWorker(StorePath, AttributionTick):
     def _build_app(self, bootstrap_servers: str) -> faust.App:
         s = self.settings
         kafka_patches.apply(s.kafka_fetch_max_wait_ms, s.kafka_fetch_busy_wait_ms)
-        app = faust_app(s, bootstrap_servers)
+        app = faust_app(s, bootstrap_servers, self.stage)
 
         def raw_topic(name: str):
             return app.topic(name, key_type=bytes, key_serializer="raw", value_type=bytes,
@@ -162,9 +179,10 @@ class StreamsWorker(StorePath, AttributionTick):
 
         self.alerts_topic = raw_topic(topics.ALERTS)
         self.deadletter_topic = raw_topic(topics.DEADLETTER)
-        for name, record_type in topics.INPUT_TOPICS.items():
+        self.alert_rows_topic = raw_topic(topics.ALERT_ROWS)
+        for name, record_type in stages.stage_topics(self.stage, self.handlers.table).items():
             self._add_agent(app, raw_topic(name), name, record_type)
-        web.add_routes(app, self)
+        web.add_routes(app, self, query=self.stage != "judge")
 
         self.attribution_topic = raw_topic(topics.ATTRIBUTION)
         self._add_hand_over_hooks(app)
@@ -182,7 +200,9 @@ class StreamsWorker(StorePath, AttributionTick):
             gained = set(assigned) - held
             held.clear()
             held.update(assigned)
-            if gained:
+            if gained and self.stage == "judge":
+                await self.relearn(gained)
+            elif gained:
                 await self.sink.run(self.sink.forget_hosts)
 
         # a parked wait's message is stored and committed: judge it before another worker takes its host, or none will
@@ -195,21 +215,52 @@ class StreamsWorker(StorePath, AttributionTick):
         async def judge_parked_on_stop(_app, **_kwargs) -> None:
             await self.judge_all_parked()
 
-    def _add_timers(self, app: faust.App) -> None:
-        """The attribution tick, the parked run-queue waits' tick and the alert groups' tick."""
-        @app.timer(interval=ATTRIBUTION_TICK_S)
-        async def attribute() -> None:
-            try:
-                await self.attribute_due(time.time_ns())
-            except Exception:  # the timer must keep running: the next tick retries what is pending
-                log.exception("attribution tick failed")
+    async def relearn(self, gained) -> None:
+        """The judge's host state for partitions it just took, from the
+        topics (streams/stages.py: replay_learned), within half a session."""
+        from aiokafka import AIOKafkaConsumer
+        from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
 
-        @app.timer(interval=PARKED_TICK_S)
-        async def judge_parked() -> None:
-            try:
-                await self.parked_due()
-            except Exception:  # the timer must keep running: the next tick judges what is due
-                log.exception("parked run-queue waits tick failed")
+        s = self.settings
+
+        async def make_consumer():
+            consumer = AIOKafkaConsumer(
+                bootstrap_servers=self.bootstrap_servers, group_id=self.app.conf.id, enable_auto_commit=False,
+                **credentials_to_aiokafka_auth(faust_credentials(s)))
+            await consumer.start()
+            return consumer
+
+        started = time.monotonic()
+        try:
+            learned = await stages.replay_learned(
+                make_consumer, [(tp.topic, tp.partition) for tp in gained], int((time.time() - s.judge_replay_s) * 1e3),
+                self.state.learn, started + s.kafka_session_timeout_s / 2)
+            log.info("judge: learned %d host records again in %.2f s", learned, time.monotonic() - started)
+        except Exception:  # the collectors re-send them within a minute: judge on meanwhile
+            log.exception("judge: could not re-read the host records; they come again with the collectors' next")
+
+    def _add_timers(self, app: faust.App) -> None:
+        """The stage's ticks: attribution (not the judge's), the parked
+        run-queue waits (not the store's) and the alert groups; and its loop-lag probe."""
+        if self.stage != "judge":
+            @app.timer(interval=ATTRIBUTION_TICK_S)
+            async def attribute() -> None:
+                try:
+                    await self.attribute_due(time.time_ns())
+                except Exception:  # the timer must keep running: the next tick retries what is pending
+                    log.exception("attribution tick failed")
+
+        if self.stage != "store":
+            @app.timer(interval=PARKED_TICK_S)
+            async def judge_parked() -> None:
+                try:
+                    await self.parked_due()
+                except Exception:  # the timer must keep running: the next tick judges what is due
+                    log.exception("parked run-queue waits tick failed")
+
+        @app.task
+        async def loop_lag() -> None:
+            await stages.measure_loop_lag(self.stage)
 
         @app.timer(interval=ALERT_GROUP_TICK_S)
         async def resolve_alert_groups() -> None:
@@ -223,7 +274,7 @@ class StreamsWorker(StorePath, AttributionTick):
 
         @app.task
         async def announce() -> None:
-            if s.streams_web_port:
+            if s.streams_web_port and self.stage != "judge":  # the judge has no store to query
                 # /query wants this token; the port is open to every local
                 # user, the state file only to the store's owner. The file is
                 # created 0600 before anything is written to it, then renamed
@@ -239,11 +290,12 @@ class StreamsWorker(StorePath, AttributionTick):
                     json.dump({"pid": os.getpid(), "port": s.streams_web_port, "bind": s.streams_web_bind,
                                "token": self.query_token}, out)
                 os.replace(tmp, path)
-            log.info("streams worker ready")
+            log.info("streams worker ready (stage %s)", self.stage)
 
     def _add_agent(self, app: faust.App, topic, name: str, record_type: type[events.Record]) -> None:
         decoder = batches.BatchDecoder(record_type)
         table = clickhouse.TABLE_OF[record_type]
+        RECORDS_IN.labels(name)  # at 0 from the start: its topics are the ones a stage reads (`up`'s drain)
         batch = self.settings.sink_batch_rows
 
         async def consume(stream):
@@ -264,6 +316,17 @@ class StreamsWorker(StorePath, AttributionTick):
             finally:
                 storing.cancel()
 
+        async def judge_only(stream):
+            # The judge: alerts and their rows are out before the message is
+            # acked (at-least-once); the store stage stores the records.
+            stream = stream.noack()
+            async for event in stream.events():
+                decoded = await self.receive(name, decoder, event.value, event.message)
+                if decoded.alerts:
+                    await self.keep_alerts(decoded.alerts)
+                await stream.ack(event)
+
+        consume = judge_only if self.stage == "judge" else consume
         consume.__name__ = f"consume_{name.split('.')[-1]}"
         app.agent(topic, name=consume.__name__)(consume)
 
@@ -303,6 +366,9 @@ class StreamsWorker(StorePath, AttributionTick):
         if good and isinstance(good[0], LEARNED):  # a message holds one record type: skip the bulk topics
             for record in good:
                 self.state.learn(record)
+        if self.stage == "store":  # the judges judge: here records only feed the attributor
+            self.handlers.feed(topic, good)
+            return []
         alerts = await self.handlers.handle(topic, good, time.time_ns())
         count_raised(alerts)
         return await self.announce_alerts(alerts)
@@ -315,6 +381,16 @@ class StreamsWorker(StorePath, AttributionTick):
         if alerts:
             count_raised(alerts)
             alerts = await self.announce_alerts(alerts)
+            await self.keep_alerts(alerts)
+
+    async def keep_alerts(self, alerts: list[events.Alert]) -> None:
+        """Every alert row, folded ones included (one row per event): into
+        this process's store, or from a judge to the alert-rows topic, which
+        the store stage stores."""
+        if self.stage == "judge":
+            await self.publish(self.alert_rows_topic, alerts)
+            self.alert_rows_sent += len(alerts)
+        else:
             await self.store(topics.ALERTS, "alerts", [Decoded([], [], alerts)])
 
     async def judge_all_parked(self) -> None:
@@ -340,7 +416,7 @@ class StreamsWorker(StorePath, AttributionTick):
         if alerts:
             await self.publish(self.alerts_topic, alerts)
             self.notifier.offer(alerts)
-            await self.store(topics.ALERTS, "alerts", [Decoded([], [], alerts)])
+            await self.keep_alerts(alerts)
 
     async def publish(self, topic, records: list[events.Record]) -> None:
         """NDJSON messages keyed by host, each below the broker's size limit."""
@@ -358,6 +434,9 @@ class StreamsWorker(StorePath, AttributionTick):
         try:
             worker.execute_from_commandline()
         finally:
-            state_file(self.settings.data_dir).unlink(missing_ok=True)
             self.notifier.close()
-            self.sink.close()
+            if self.stage == "judge":  # stopped, its producer flushed: what it published is final
+                (self.settings.data_dir / JUDGE_FINAL_FILE).write_text(json.dumps({"alert_rows": self.alert_rows_sent}))
+            else:
+                state_file(self.settings.data_dir).unlink(missing_ok=True)
+                self.sink.close()

@@ -71,6 +71,11 @@ MAX_PARKED = 10_000
 #: process and topology records before, in streams/app.py)
 WAKING = frozenset({topics.PROCESSES, topics.TOPOLOGY, topics.CGROUP_THROTTLE})
 
+#: the topics whose records are evidence for request attribution (Attributor.add_evidence), in one
+#: place: ``handle`` feeds them before judging, and ``feed`` alone is the store stage's share (streams/stages.py)
+EVIDENCE = frozenset({topics.RUNQ, topics.IRQ, topics.CGROUP_THROTTLE, topics.GPU_IOCTL, topics.GPU_XID,
+                      topics.GPU_TELEMETRY, topics.BLOCKED, topics.PAGES})
+
 NO_INTERVAL = Counter("jitterscope_streams_records_without_interval_total",
                       "records whose interval_ns is 0, skipped by every rule (a rate over no time means nothing)",
                       ["topic"])
@@ -127,10 +132,26 @@ class Handlers:
         handler = self.table.get(topic)
         if records and hasattr(records[0], "interval_ns"):  # one message holds one record type
             records = self._with_interval(topic, records)
+        if self.attributor is not None:
+            self._feed(topic, records)
         alerts = await handler(records, now_ns) if handler else []
         if topic in WAKING and self._parked:  # after the record's own alerts (a cgroup's quiet period)
             alerts += self._wake({r.host for r in records})
         return alerts
+
+    def feed(self, topic: str, records: list) -> None:
+        """Only hand the records to the attributor, judging none: what a
+        stage that attributes but does not judge (streams/stages.py) needs."""
+        if records and hasattr(records[0], "interval_ns"):
+            records = self._with_interval(topic, records)
+        self._feed(topic, records)
+
+    def _feed(self, topic: str, records: list) -> None:
+        if topic == topics.REQUESTS:
+            for span in records:
+                self.attributor.add_request(span)
+        elif topic in EVIDENCE:
+            self.attributor.add_evidence_many(records)
 
     @staticmethod
     def _with_interval(topic: str, records: list) -> list:
@@ -178,8 +199,6 @@ class Handlers:
     async def runq(self, records: list[events.RunqEvent], now_ns: int) -> list[events.Alert]:
         """Judge every alert-worthy wait whose records are known; park the
         others (never waits: see the module's docstring)."""
-        if self.attributor is not None:
-            self.attributor.add_evidence_many(records)
         alert_ns = self.t.runq_alert_ns
         worthy = [e for e in records if e.wait_ns >= alert_ns]
         if not worthy:
@@ -326,9 +345,6 @@ class Handlers:
     async def irq(self, records: list[events.IrqTime], now_ns: int) -> list[events.Alert]:
         """Interrupt time per CPU: charged to the request waits on that CPU,
         and an alert when one source takes a large share of a CPU."""
-        if self.attributor is not None:
-            for record in records:
-                self.attributor.add_evidence(record)
         def judge(r: events.IrqTime) -> events.Alert | None:
             serving = {c for (host, _), p in self.state.processes.items()
                        if host == r.host and (p.serving_group or p.gpus) for c in p.cpus_allowed}
@@ -342,9 +358,6 @@ class Handlers:
         """CFS throttling per cgroup: charged to the request waits of its
         processes, kept for the run-queue rule, and an alert when a cgroup
         holding a watched process was throttled."""
-        if self.attributor is not None:
-            for record in records:
-                self.attributor.add_evidence(record)
         for r in records:
             self.throttles.add(r)
 
@@ -363,19 +376,13 @@ class Handlers:
         return []
 
     async def requests(self, spans: list[events.RequestSpan], now_ns: int) -> list[events.Alert]:
-        """Spans wait for attribution; rules/requests.py judges them when it is done."""
-        if self.attributor is not None:
-            for span in spans:
-                self.attributor.add_request(span)
+        """Spans wait for attribution (``feed``); rules/requests.py judges them when it is done."""
         return []
 
     async def collector_stats(self, stats: list[events.CollectorStats], now_ns: int) -> list[events.Alert]:
         return [a for a in map(self.losses.judge, stats) if a]
 
     async def gpu_ioctl(self, calls: list[events.GpuIoctl], now_ns: int) -> list[events.Alert]:
-        if self.attributor is not None:
-            for call in calls:
-                self.attributor.add_evidence(call)
         out = []
         for call in calls:
             process = self.state.processes.get((call.host, call.pid))
@@ -396,17 +403,12 @@ class Handlers:
         return self._gpu_reports(records, nvml_rules, now_ns)
 
     def _gpu_reports(self, records: list, rules, now_ns: int) -> list[events.Alert]:
-        if self.attributor is not None:
-            for record in records:
-                self.attributor.add_evidence(record)
         return self._judged(records, lambda r: rules.judge(r, self.state, self.t, now_ns), rules.repeat_key)
 
     async def blocked(self, waits: list[events.BlockedWait], now_ns: int) -> list[events.Alert]:
         """Blocked time is evidence for the requests it overlapped (their
         time budget); it raises no alert of its own: a serving thread waiting
         for its next request is blocked too."""
-        if self.attributor is not None:
-            self.attributor.add_evidence_many(waits)
         return []
 
     async def processes(self, records: list[events.ProcessInfo], now_ns: int) -> list[events.Alert]:
@@ -424,8 +426,6 @@ class Handlers:
     async def pages(self, placements: list[events.PagePlacement], now_ns: int) -> list[events.Alert]:
         """One collector interval's placements arrive together: judge each
         process over all its nodes at once."""
-        if self.attributor is not None:  # who filled memory before a request's memory stall
-            self.attributor.add_evidence_many(placements)
         by_process: dict[tuple[str, int], list[events.PagePlacement]] = defaultdict(list)
         for p in placements:
             by_process[(p.host, p.pid)].append(p)

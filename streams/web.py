@@ -89,7 +89,21 @@ def authorization_error(header: str | None, token: str | None) -> tuple[int, str
     return None
 
 
-def add_routes(app: faust.App, worker) -> None:
+def add_routes(app: faust.App, worker, query: bool = True) -> None:
+    """/metrics, and /query unless ``query`` is False (a stage without the store)."""
+    if query:
+        _add_query(app, worker)
+
+    @app.page("/metrics")
+    async def metrics(web, request: Request) -> Response:
+        try:
+            refresh_consumer_lag(app.consumer)
+        except Exception:  # the lag is one family among many: /metrics answers without it
+            pass
+        return web.bytes(generate_latest(), content_type=CONTENT_TYPE_LATEST.split(";")[0])
+
+
+def _add_query(app: faust.App, worker) -> None:
     @app.page("/query")
     class Query(View):
         """POST {"sql": "...", "parameters": {...}} with `Authorization:
@@ -118,11 +132,3 @@ def add_routes(app: faust.App, worker) -> None:
                 return self.json({"error": str(exc)}, status=400)
             rows = json.loads(json.dumps(rows, default=values.plain))  # timestamps ISO 8601 UTC
             return self.json({"columns": columns, "rows": rows})
-
-    @app.page("/metrics")
-    async def metrics(web, request: Request) -> Response:
-        try:
-            refresh_consumer_lag(app.consumer)
-        except Exception:  # the lag is one family among many: /metrics answers without it
-            pass
-        return web.bytes(generate_latest(), content_type=CONTENT_TYPE_LATEST.split(";")[0])
