@@ -891,7 +891,9 @@ BENCHES = {"decode": bench_decode, "pipeline": bench_pipeline, "probe": bench_pr
            "gil": lambda: __import__("blocked").bench_gil_cost(),
            "gil-accounting": lambda: __import__("blocked").bench_gil_accounting(),
            "whole-up": lambda: __import__("overhead").bench_whole_up(),
-           "syscall-tracepoints": lambda: __import__("overhead").bench_syscall_tracepoints()}
+           "syscall-tracepoints": lambda: __import__("overhead").bench_syscall_tracepoints(),
+           "collector-slices": lambda: __import__("collector_slices").bench_collector_slices(),
+           "collector-priority": lambda: __import__("collector_slices").bench_collector_priority()}
 
 
 def main(names: list[str]) -> None:

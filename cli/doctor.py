@@ -64,10 +64,28 @@ def check_self_cost(s: Settings) -> Check:
     verdict = "within" if share <= target else "over"
     return Check("self-cost", True,
                  f"last run ({when}): {line.removeprefix('jitterscope cost on this host: ')}; {verdict} the "
-                 f"{target:.2%} target (self_cost_target_pct)",
+                 f"{target:.2%} target (self_cost_target_pct){_bursts(path)}",
                  fix=("fewer probes (--set hardware_probes=...), runq_stacks=false, a higher runq_threshold_ms, "
+                      "housekeeping CPUs for jitterscope (--set own_cpus=[0]), "
                       "or a target that fits this host (--set self_cost_target_pct=...)"),
                  warn=share > target)
+
+
+def _bursts(path) -> str:
+    """The collector as a culprit over its last run (collector/pacing.py,
+    the run-queue signal): its longest run on a CPU, and how often another
+    thread waited for a CPU behind one of jitterscope's own; "" when the run
+    predates these figures."""
+    try:
+        final = json.loads(path.read_text())
+        longest, behind = int(final["longest_run_ns"]), final.get("behind_own") or {}
+        waits, worst = int(behind.get("waits", 0)), int(behind.get("longest_wait_ns", 0))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return ""
+    text = f"; the collector's longest run on a CPU {longest / 1e6:.1f} ms"
+    if waits:
+        return text + f"; threads waited behind jitterscope's own processes {waits:,} times (longest {worst / 1e6:.1f} ms)"
+    return text + "; no thread waited behind jitterscope's own processes over the run-queue threshold"
 
 
 def _share(path) -> float | None:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from prometheus_client import Counter, Gauge, start_http_server
 
-from jitterscope.collector import hostinfo, intake, kubelet, serving_group, stacks, topology
+from jitterscope.collector import hostinfo, intake, kubelet, pacing, serving_group, stacks, topology
 from jitterscope.collector.clock import EpochConverter
 from jitterscope.collector.otlp import OtlpReceiver, OtlpReceiverUnavailable
 from jitterscope.collector.probes import base, registry
@@ -117,10 +117,8 @@ class Collector:
         self.batcher = Batcher(settings.batch_max_records, settings.batch_max_delay_ms * 1_000_000,
                                urgent=alert_worthy(settings))
         self._processes_sent: dict[int, int] = {}  # pid -> monotonic ns of last publish
-        self._sent_as: dict[int, tuple[str, str]] = {}  # pid -> the (cpu cgroup, name) its last record said
-        self._comms: dict[int, str] = {}
-        self._stop = threading.Event()
-        self._reported_losses = (0, 0)  # (ringbuf, map-full) drops already logged
+        self._sent_as, self._comms = {}, {}  # pid -> the (cpu cgroup, name) its last record said; pid -> name
+        self._stop, self._reported_losses = threading.Event(), (0, 0)  # (ringbuf, map-full) drops already logged
         self.probes: list[Probe] = []  # the open signals, registry order (runq first)
         self.topology: events.Topology | None = None
         self.otlp: OtlpReceiver | None = None
@@ -137,6 +135,7 @@ class Collector:
 
     # -- records ---------------------------------------------------------
     def _queue(self, record: events.Record) -> None:
+        pacing.point()  # every record published is one item of some loop: none of them runs long (pacing.py)
         for topic, batch in self.batcher.add(record):
             self.publisher.send(topic, batch)
 
@@ -189,7 +188,7 @@ class Collector:
         for records in call_each(self.probes, "periodic", lambda p: p.periodic(interval_ns, now)):
             for record in records:
                 self._queue(record)
-        gone = {pid for pid in self._processes_sent if not (self.proc / str(pid)).exists()}
+        gone = {pid for pid in pacing.paced(list(self._processes_sent)) if not (self.proc / str(pid)).exists()}
         if gone:
             call_each(self.probes, "forget", lambda p: p.forget(gone))
             for pid in gone:
@@ -254,7 +253,7 @@ class Collector:
             events_read=self.events_read(),
             records_sent=p.records_sent, delivery_errors=p.delivery_errors,
             spool_drops=p.spool_drops, spooled=p.spooled, producer_restarts=p.producer_restarts,
-            sent_by_topic=dict(p.sent_by_topic),
+            sent_by_topic=dict(p.sent_by_topic), longest_run_ns=pacing.PACER.take_longest(),
             **(self.cost.record_fields() if self.cost else {}),  # self-cost, this interval
         ))
 
@@ -264,7 +263,9 @@ class Collector:
         atomically: a reader sees the old file or the whole new one."""
         p = self.publisher
         final = {"host": self.settings.host, "boot_id": self.stamp.boot_id,
-                 "sent_by_topic": dict(p.sent_by_topic), "undelivered": p.undelivered, "spooled": p.spooled}
+                 "sent_by_topic": dict(p.sent_by_topic), "undelivered": p.undelivered, "spooled": p.spooled,
+                 "longest_run_ns": pacing.PACER.longest_run_max,
+                 "behind_own": next((p.behind_own for p in self.probes if hasattr(p, "behind_own")), {})}
         if self.cost:
             final["self_cost"] = self.cost.summary()
         path = Path(self.settings.data_dir) / FINAL_FILE
@@ -326,7 +327,7 @@ class Collector:
             watched |= {pid for pid in self._sent_as if pid in s.target_pids or (
                 s.target_comms and hostinfo.comm_matches(self._comms.get(pid, ""), s.target_comms))}
         changed = []
-        for pid in sorted(watched):
+        for pid in pacing.paced(sorted(watched)):
             sent = self._sent_as.get(pid)
             if sent is None:  # not described yet: its first record will say what it is then
                 continue
@@ -393,6 +394,7 @@ class Collector:
     def start(self, duration_s: float | None = None) -> None:
         """Before the loop: ports checked, Kafka reached, the metrics server, probes and OTLP receiver started."""
         s = self.settings
+        pacing.confine(s.own_cpus)  # before the probes' and the OTLP receiver's threads: they inherit it
         metrics, otlp = ports.collector_listeners(s)
         ports.require_free(metrics, otlp)  # a port taken: one line now, not a traceback after the BPF compile
         self.publisher.check_reachable(10.0 if duration_s is None else min(10.0, duration_s))  # --duration bounds it
@@ -433,7 +435,7 @@ class Collector:
                 if duration_s is not None and now - started >= duration_s:
                     break
                 first = self.probes[0] if self.probes else None  # runq, always on: it waits for events
-                call_each(self.probes, "poll", lambda p: p.poll(50 if p is first else 0))
+                pacing.PACER.waiting(lambda: call_each(self.probes, "poll", lambda p: p.poll(50 if p is first else 0)))
                 if first is None:
                     self._stop.wait(0.05)  # no signal left to wait on: no busy loop
                 self.take_requests()

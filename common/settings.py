@@ -158,6 +158,9 @@ class CollectorSettings(BaseModel):
         0, ge=0, description="a process whose tree is jitterscope's own (`up` sets itself: the broker, worker and "
                              "collector); its processes, and the collector itself always, are never alert victims "
                              "and are labelled 'jitterscope:' wherever they are suspects (0: the collector alone)")
+    own_cpus: list[int] = Field(
+        default_factory=list, description="jitterscope's own CPUs (housekeeping CPUs): the collector's threads, "
+                                          "and under `up` the broker and worker, run only there (empty: anywhere)")
     runq_stacks: bool = Field(
         True, description="capture the culprit's and the starved thread's stacks for run-queue events (off: no "
                           "stack walks in the kernel, no symbolization; alerts name no stacks)")
@@ -309,16 +312,6 @@ class StreamsSettings(BaseModel):
     streams_web_port: int = Field(6066, ge=0, description="streams worker web port: /metrics, /query")
     streams_web_bind: str = Field(
         "127.0.0.1", description="address the streams worker's web port listens on (/query always needs its token)")
-    streams_stage: Literal["all", "judge", "store"] = Field(
-        "all", description="what a streams process does: all (judge, attribute and store, one process), judge "
-                           "(alert rules only, no ClickHouse: its own consumer group, so nothing stalls an alert) "
-                           "or store (attribute and store, with the alerts the judges publish); `up` runs a judge "
-                           "and a store (streams/stages.py)")
-    judge_web_port: int = Field(6067, ge=0, description="the judge stage's web port: /metrics only (0 = off)")
-    judge_replay_s: float = Field(
-        600.0, gt=0, description="on taking partitions, the judge stage re-reads this much of the topology, process "
-                                 "and device-traffic topics to learn its hosts again (collectors re-send them every "
-                                 "minute)")
     metrics_comms_max: int = Field(
         20, ge=1, description="process names with their own series in the streams worker's latency histograms on "
                               "/metrics; later ones are counted as comm=\"other\" (bounds Prometheus cardinality)")

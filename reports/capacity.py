@@ -427,7 +427,34 @@ def cost_of_watching(ctx: Context) -> str:
             f"all the host's CPU time over each stats interval; the target is under {target:.2%} "
             "(<code>self_cost_target_pct</code>, the one <code>jitterscope doctor</code> judges against).</p>")
     return note + _table(["host", "intervals", "mean share of CPU", "worst interval", "max collector RSS MB",
-                          "CPUs", f"under {target:.2%}"], table)
+                          "CPUs", f"under {target:.2%}"], table) + _own_bursts(ctx)
+
+
+def _own_bursts(ctx: Context) -> str:
+    """Per host: the collector's longest run on a CPU (CollectorStats.
+    longest_run_ns, collector/pacing.py) and how often a thread waited for a
+    CPU behind one of jitterscope's own processes (run-queue waits whose
+    suspect is own, by pid: RunqEvent.suspect_own), of all the waits seen."""
+    longest = dict(_rows(ctx, f"""
+        SELECT host, max(longest_run_ns) / 1e6 FROM {DB}.collector_stats FINAL
+        WHERE ts > now() - toIntervalSecond({{since:UInt32}}) GROUP BY host"""))
+    waits = _rows(ctx, f"""
+        SELECT host, sumIf(waits, suspect_own) AS behind, sum(waits) AS total,
+               maxIf(wait_ns, suspect_own AND waits <= 1) / 1e6 AS worst_ms,
+               topKIf(1)(suspect_comm, suspect_own)[1] AS who
+        FROM {DB}.runq_events
+        WHERE ts > now() - toIntervalSecond({{since:UInt32}}) GROUP BY host HAVING behind > 0""")
+    behind = {host: (n, total, worst, who) for host, n, total, worst, who in waits}
+    table = [(host, round(float(longest.get(host, 0.0)), 2), n, f"{n / total:.2%}" if total else "-",
+              round(float(worst), 2), who)
+             for host in sorted(set(longest) | set(behind))
+             for n, total, worst, who in [behind.get(host, (0, 0, 0.0, ""))]]
+    note = ("<p>jitterscope as a culprit: the collector's longest run on a CPU without offering it up (its "
+            "work is paced to runs well under 1 ms), and the run-queue waits over the threshold whose "
+            "culprit was one of jitterscope's own processes (known by pid). Confine jitterscope to "
+            "housekeeping CPUs with <code>own_cpus</code> where these are not near zero.</p>")
+    return note + _table(["host", "collector's longest run ms", "waits behind jitterscope", "share of waits",
+                          "longest such wait ms", "most often"], table)
 
 
 SECTIONS.append(("cost", "Cost of watching"))

@@ -37,10 +37,9 @@ MAX_EPOCH_NS = 2**63 - 1
 EpochNs = Annotated[int, msgspec.Meta(ge=0, le=MAX_EPOCH_NS)]
 
 
-# gc=False (inherited): records are immutable and hold only scalars, lists of them and other records, so they
-# are never part of a reference cycle. msgspec already untracks a scalar-only instance once built; gc=False
-# skips the tracking altogether (decoding run-queue batches 7% faster, a one-off measure) and keeps the
-# records with lists (topology, attributions) out of the collector's scans too.
+# gc=False (inherited): records are immutable and hold only scalars, lists of them and other records, so they are
+# never part of a reference cycle. gc=False skips msgspec's tracking altogether (decoding run-queue batches 7%
+# faster, a one-off measure) and keeps the records with lists (topology, attributions) out of the collector's scans.
 class Record(msgspec.Struct, kw_only=True, frozen=True, gc=False):
     v: Literal[1] = SCHEMA_VERSION
     host: str
@@ -352,6 +351,7 @@ class CollectorStats(Record, frozen=True):
     bpf_run_count_by_program: dict[str, U64] = {}
     online_cpus: U16 = 0
     overhead_share: float = 0.0  # (BPF + collector CPU time) / (interval * online CPUs), last interval
+    longest_run_ns: U64 = 0  # the collector loop's longest run on a CPU without a wait or yield, last interval
 
 
 class Alert(Record, frozen=True):

@@ -115,6 +115,8 @@ class RunqSignal(LatencySignal):
         super().__init__()
         self.stacks: RunqStacks | None = None
         self.own_skipped = 0  # waits of jitterscope's own processes, not published
+        # others' waits behind one of jitterscope's own: the cost of watching, for `doctor` (collector-final.json)
+        self.behind_own = {"waits": 0, "longest_wait_ns": 0}
 
     def open(self, context: ProbeContext) -> None:
         self.ctx = context
@@ -140,6 +142,10 @@ class RunqSignal(LatencySignal):
         # own by pid (its role: collector, worker, ...), never by the name it gives itself
         suspect_comm, suspect_own = events.suspect_name(
             raw.suspect_comm, ctx.own.get(raw.suspect_pid) if raw.suspect_pid else None)
+        if suspect_own:
+            self.behind_own["waits"] += raw.waits
+            one = raw.wait_ns if raw.waits <= 1 else 0  # a sum of short waits is no one wait
+            self.behind_own["longest_wait_ns"] = max(self.behind_own["longest_wait_ns"], one)
         ctx.describe_process(pid)
         ctx.describe_process(raw.suspect_pid)
         # the stacks first: a StackTrace goes out before the event naming it

@@ -726,3 +726,7 @@ ALTER TABLE jitterscope.runq_events ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXI
 ALTER TABLE jitterscope.runq_events_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS suspect_own Bool DEFAULT startsWith(suspect_comm, 'jitterscope:');
 
 ALTER TABLE jitterscope.runq_events ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS suspect_own Bool DEFAULT startsWith(suspect_comm, 'jitterscope:');
+
+ALTER TABLE jitterscope.collector_stats_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS longest_run_ns UInt64 DEFAULT 0;
+
+ALTER TABLE jitterscope.collector_stats ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS longest_run_ns UInt64 DEFAULT 0;

@@ -82,7 +82,7 @@ def test_the_collectors_final_file_is_0600_in_a_0700_data_dir(tmp_path):
 
     data_dir = tmp_path / "data"
     fake = SimpleNamespace(
-        settings=SimpleNamespace(host="h1", data_dir=data_dir), stamp=SimpleNamespace(boot_id="b"), cost=None,
+        settings=SimpleNamespace(host="h1", data_dir=data_dir), stamp=SimpleNamespace(boot_id="b"), cost=None, probes=[],
         publisher=SimpleNamespace(sent_by_topic={"jitterscope.runq": 1}, undelivered=0, spooled=0))
     path = Collector.write_final(fake)
     assert path == data_dir / FINAL_FILE and mode(path) == 0o600 and mode(data_dir) == 0o700

@@ -324,6 +324,7 @@ def test_jitterscopes_own_waits_are_dropped_and_its_processes_labelled_as_suspec
     assert [r.suspect_comm for r in signal.ctx.published] == ["jitterscope:worker", "jshog"]
     assert [r.suspect_own for r in signal.ctx.published] == [True, False]
     assert signal.events_read == 3
+    assert signal.behind_own == {"waits": 1, "longest_wait_ns": 9_000_000}  # the cost of watching, for doctor
 
 
 def test_a_foreign_process_named_like_jitterscope_is_not_labelled_its_own(tmp_path):

@@ -1,0 +1,109 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The collector's manners on a CPU it shares with the servers it watches.
+
+A serving thread that becomes runnable while the collector is in the middle
+of a 30 ms /proc rescan waits up to 30 ms: the collector is then the very
+cause it reports (issue 39; bench/collector_slices.py measured runs of up to
+15 ms, 15 a second over 1 ms). Two remedies, both here:
+
+- :class:`Pacer`: long loops call :func:`point` at each item; past a budget
+  (0.5 ms) of running since the loop last slept, the thread offers the CPU
+  with ``sched_yield`` -- a no-op when nothing else is runnable on this CPU,
+  a switch when a serving thread is waiting. The work is the same; its runs
+  are short. It also measures the longest run it saw (from a wait's end to the
+  next wait or yield), which the collector publishes (CollectorStats.longest_run_ns).
+- :func:`confine`: jitterscope's own CPUs (``own_cpus``, housekeeping CPUs):
+  every thread of this process, and what it starts afterwards, runs there.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+
+log = logging.getLogger("jitterscope.collector")
+
+BUDGET_NS = 500_000  # well under the 1 ms a serving thread should ever wait behind us
+
+
+class Pacer:
+    """Yields the CPU when one thread has run past ``budget_ns`` since it
+    last slept (:meth:`waiting`) or yielded; only for the thread that last
+    called :meth:`waiting` (the collector's loop): other threads that share
+    code with it (the OTLP receiver's) pass through untouched."""
+
+    def __init__(self, budget_ns: int = BUDGET_NS, clock=time.perf_counter_ns, yield_cpu=os.sched_yield):
+        self.budget_ns = budget_ns
+        self._clock, self._yield = clock, yield_cpu
+        self._owner = None
+        self._since = clock()
+        self.longest_ns = 0  # the longest run seen since take_longest()
+        self.longest_run_max = 0  # and since start
+        self.yields = 0  # cumulative
+
+    def waiting(self, wait):
+        """Call ``wait`` (the loop's blocking poll): the run before it ends
+        there, a new one starts when it returns (its callbacks' work, short
+        per event, is not counted). Makes the caller's thread the paced one."""
+        if self._owner == threading.get_ident():
+            self._note(self._clock() - self._since)
+        try:
+            return wait()
+        finally:
+            self._owner, self._since = threading.get_ident(), self._clock()
+
+    def _note(self, ran: int) -> None:
+        self.longest_ns = max(self.longest_ns, ran)
+        self.longest_run_max = max(self.longest_run_max, ran)
+
+    def point(self) -> None:
+        """One item of a long loop done: yield if this run is over budget."""
+        if self._owner != threading.get_ident():
+            return
+        ran = self._clock() - self._since
+        if ran >= self.budget_ns:
+            self._note(ran)
+            self.yields += 1
+            self._yield()
+            self._since = self._clock()
+
+    def take_longest(self) -> int:
+        """The longest run since the last call (ns), then start afresh."""
+        longest, self.longest_ns = self.longest_ns, 0
+        return longest
+
+
+PACER = Pacer()
+point = PACER.point  # for the loops over /proc and over records: one call per item
+
+
+def paced(items):
+    """``items``, with a pace point after each."""
+    for item in items:
+        yield item
+        PACER.point()
+
+
+def confine(cpus: list[int], task_dir: Path = Path("/proc/self/task")) -> set[int]:
+    """Pin every thread of this process (those running now: affinity is per
+    thread, and new threads and children inherit their creator's) to
+    ``cpus``; nothing when empty. Raises BadConfig with the fix when the
+    kernel refuses the set (no CPU of it online or in this cgroup's cpuset)."""
+    from jitterscope.common.errors import BadConfig
+
+    if not cpus:
+        return set()
+    wanted = set(cpus)
+    for entry in os.listdir(task_dir):
+        try:
+            os.sched_setaffinity(int(entry), wanted)
+        except ProcessLookupError:  # a thread that ended meanwhile
+            continue
+        except OSError as exc:
+            raise BadConfig(f"own_cpus {sorted(wanted)}: the kernel refused it ({exc.strerror}); give CPUs this "
+                             f"host has online and this cgroup allows (now: {sorted(os.sched_getaffinity(0))})") from exc
+    log.info("confined to own_cpus", extra={"cpus": sorted(wanted)})
+    return wanted
