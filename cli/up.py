@@ -1,13 +1,17 @@
 # SPDX-License-Identifier: Apache-2.0
 """`jitterscope up`: the whole single-host stack, supervised.
 
-Starts the embedded broker (unless a Kafka is given), a streams worker and the
-collector as child processes, prints each alert as it arrives, and on Ctrl-C
-(or --duration) stops them in the order that loses nothing: the collector
-first (it flushes and writes what Kafka acknowledged, per topic, to
-collector-final.json), then the worker once its /metrics say it has stored
-(or dead-lettered) at least that many records of every topic -- or
-drain_timeout_s passed -- then the broker, which keeps data in memory only.
+Starts the embedded broker (unless a Kafka is given), the streams pipeline in
+two processes -- its judge stage (the alert rules, nothing else on its loop)
+and its store stage (attribution and ClickHouse), streams/stages.py -- and
+the collector as child processes, prints each alert as it arrives, and on
+Ctrl-C (or --duration) stops them in the order that loses nothing: the
+collector first (it flushes and writes what Kafka acknowledged, per topic, to
+collector-final.json), then the judge once its /metrics say it has read that
+many records of each topic it judges (it writes how many alert rows it
+published to judge-final.json), then the store once it has stored (or
+dead-lettered) at least that many records of every topic and alert rows --
+or drain_timeout_s passed -- then the broker, which keeps data in memory only.
 Counts, not a fixed wait: a worker that lags under a storm needs minutes,
 an idle one none.
 """
@@ -39,13 +43,13 @@ from jitterscope.query import dial_host
 from jitterscope.schemas import batches, events, topics
 from jitterscope.common.settings import FINAL_FILE, Settings, default_data_dir, to_env
 
-#: the worker's counter of records stored or dead-lettered, per input topic
-#: (the family name: its samples are named ..._total)
-ACCOUNTED = "jitterscope_streams_records_accounted"
-#: the worker's counter of records decoded, per input topic
-DECODED = "jitterscope_streams_records"
-#: the worker's histogram of alert raised minus event time, per alert kind
-ALERT_DELAY = "jitterscope_streams_alert_delay_seconds"
+#: the judge stage's final count of alert rows published (streams/app.py's JUDGE_FINAL_FILE: the front
+#: door imports no streams module, which a collector-only install lacks)
+JUDGE_FINAL_FILE = "judge-final.json"
+
+# what `up` reads on its stages' /metrics (cli/stage_metrics.py), named here as before
+from jitterscope.stage_metrics import (ACCOUNTED, ALERT_DELAY, DECODED, alert_delay_line,  # noqa: F401
+                                       histogram_quantile, parse_accounted, parse_histograms, parse_per_topic)
 POLL_S = 0.5
 #: without the collector's final counts (it crashed), the worker is taken as
 #: done once its counts stood still this long: longer than a sink flush and
@@ -123,76 +127,6 @@ def self_cost_line(path: Path) -> str | None:
         return None
 
 
-def parse_accounted(metrics_text: str) -> dict[str, int] | None:
-    """topic -> records stored or dead-lettered, from the worker's /metrics
-    text; None when the worker does not export the counter at all."""
-    return parse_per_topic(metrics_text, ACCOUNTED)
-
-
-def parse_per_topic(metrics_text: str, counter: str) -> dict[str, int] | None:
-    """topic -> the worker's ``counter`` (a family name), from its /metrics
-    text; None when the worker does not export the counter at all."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    found = None
-    for family in text_string_to_metric_families(metrics_text):
-        if family.name == counter:
-            found = found or {}
-            for sample in family.samples:
-                if sample.name == counter + "_total":
-                    found[sample.labels.get("topic", "")] = int(sample.value)
-    return found
-
-
-def parse_histograms(metrics_text: str, family: str, label: str) -> dict[str, list[tuple[float, float]]]:
-    """A Prometheus histogram family from /metrics text, per value of
-    ``label``: its cumulative buckets as (upper bound, count), ascending,
-    +Inf last."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    out: dict[str, list[tuple[float, float]]] = {}
-    for found in text_string_to_metric_families(metrics_text):
-        if found.name == family:
-            for sample in found.samples:
-                if sample.name == family + "_bucket":
-                    out.setdefault(sample.labels.get(label, ""), []).append(
-                        (float(sample.labels["le"]), sample.value))
-    return {key: sorted(buckets) for key, buckets in out.items()}
-
-
-def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float | None:
-    """The ``q`` quantile of cumulative buckets (upper bound, count), as
-    Prometheus' histogram_quantile() estimates it: linear within the bucket
-    that holds the rank (the first one from 0); in the +Inf bucket, the
-    largest finite bound. None for an empty histogram."""
-    if not buckets or buckets[-1][1] <= 0:
-        return None
-    rank = q * buckets[-1][1]
-    lower, below = 0.0, 0.0
-    for upper, count in buckets:
-        if count >= rank:
-            if upper == float("inf"):
-                return lower
-            return lower + (upper - lower) * ((rank - below) / (count - below) if count > below else 1.0)
-        lower, below = upper, count
-    return lower
-
-
-def alert_delay_line(metrics_text: str) -> str | None:
-    """p50/p99 of the worker's alert delay (raised minus the event's time),
-    per alert kind, the commonest first; None when it raised none."""
-    parts = []
-    try:
-        by_kind = parse_histograms(metrics_text, ALERT_DELAY, "kind")
-    except ValueError:  # not Prometheus text: nothing to say
-        return None
-    for kind, buckets in sorted(by_kind.items(), key=lambda kv: (-kv[1][-1][1], kv[0])):
-        p50, p99 = histogram_quantile(0.5, buckets), histogram_quantile(0.99, buckets)
-        if p50 is not None:
-            parts.append(f"{kind} p50 {p50 * 1e3:,.0f} ms, p99 {p99 * 1e3:,.0f} ms ({int(buckets[-1][1]):,})")
-    return "alert delay (event to alert raised): " + "; ".join(parts) if parts else None
-
-
 def unstored(sent: dict[str, int], accounted: dict[str, int]) -> dict[str, int]:
     """Per topic, records Kafka acknowledged that the worker has not stored
     yet. ``>=`` is done: a shared Kafka may hold records of earlier runs."""
@@ -263,13 +197,15 @@ class Stack:
         record): a worker still joining its group or finding its offsets held
         every record behind that, and a storm in the first second after
         "watching" had its first alerts 0.3-0.7 s late (bench/alert_delay.py)."""
-        if not self.settings.streams_web_port:
-            return
+        waiting = {p for p in (self.settings.judge_web_port, self.settings.streams_web_port) if p}
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        while waiting and time.monotonic() < deadline:
             self._check_children()
-            text = self._metrics(timeout=2)
-            if text and (parse_per_topic(text, DECODED) or {}).get(topics.TOPOLOGY, 0) > 0:
+            for port in list(waiting):  # the judge (alerts) and the store alike
+                text = self._metrics(timeout=2, port=port)
+                if text and (parse_per_topic(text, DECODED) or {}).get(topics.TOPOLOGY, 0) > 0:
+                    waiting.discard(port)
+            if not waiting:
                 return
             time.sleep(0.1)
         self.console.print(f"the streams worker has not read the collector's first records after {timeout_s:.0f} s; "
@@ -288,7 +224,7 @@ class Stack:
         """Every port this stack's processes listen on (0: off, or any free one)."""
         s = self.settings
         broker = [] if s.bootstrap_servers else [ports.broker_listener(s.broker_port)]
-        return [*broker, *ports.streams_listeners(s), *ports.collector_listeners(s)]
+        return [*broker, *ports.judge_listeners(s), *ports.streams_listeners(s), *ports.collector_listeners(s)]
 
     def start(self) -> str:
         s = self.settings
@@ -308,13 +244,17 @@ class Stack:
                 status.update("starting the embedded broker")
                 self.broker = EmbeddedBroker(s.broker_port, s.data_dir / "broker.log", s.kafka_partitions).start()
                 bootstrap = self.broker.bootstrap_servers
-            status.update("starting the streams worker and ClickHouse")
-            self._spawn("streams", ["streams"], bootstrap)
-            if s.streams_web_port:
-                wait_for_port(s.streams_web_port, 60, self.children["streams"])
+            status.update("starting the streams judge, store and ClickHouse")
+            # the judge apart: nothing the store or attribution do can stall an alert (streams/stages.py)
+            self._spawn("judge", ["streams", "--stage", "judge"], bootstrap)
+            self._spawn("streams", ["streams", "--stage", "store"], bootstrap)
+            for name, port in (("judge", s.judge_web_port), ("streams", s.streams_web_port)):
+                if port:
+                    wait_for_port(port, 60, self.children[name])
             status.update("starting the collector (compiling BPF)")
             # an earlier run's counts would make the drain compare against them
-            (s.data_dir / FINAL_FILE).unlink(missing_ok=True)
+            for stale in (FINAL_FILE, JUDGE_FINAL_FILE):
+                (s.data_dir / stale).unlink(missing_ok=True)
             self._spawn("collector", ["collector"], bootstrap)
             self._wait_for_collector()
             status.update("waiting for the streams worker to read the collector's first records")
@@ -383,74 +323,101 @@ class Stack:
             self.console.print(self.delay_line, markup=False, soft_wrap=True)
 
     def stop(self) -> None:
+        s = self.settings
         with self.console.status("stopping") as status:
-            collector, worker = self.children.get("collector"), self.children.get("streams")
+            collector = self.children.get("collector")
+            draining, delays = collector is not None, []
             if collector is not None:
                 status.update("stopping the collector (it sends what it holds)")
                 _terminate(collector)
-                if worker is not None:
+            # the judge first: stopped, it has published every alert row the store must then store
+            for name, port, family in (("judge", s.judge_web_port, DECODED), ("streams", s.streams_web_port, ACCOUNTED)):
+                if (proc := self.children.get(name)) is None:
+                    continue
+                if draining:
                     try:
-                        self._drain(status, worker)
+                        self._drain(status, proc, port, family)
                     except KeyboardInterrupt:  # a second Ctrl-C: the operator wants out now
                         self.console.print("drain interrupted: records not stored yet are lost", style="bold red")
-            if worker is not None:
-                if self.settings.streams_web_port and (text := self._metrics(timeout=3)):
-                    self.delay_line = alert_delay_line(text)
-                status.update("stopping the streams worker")
-                _terminate(worker)
+                        draining = False
+                if port and (text := self._metrics(timeout=3, port=port)):
+                    delays.append(text)
+                status.update(f"stopping the streams {'judge' if name == 'judge' else 'store'}")
+                _terminate(proc)
+            self.delay_line = alert_delay_line("\n".join(delays)) if delays else None
             if self.broker:
                 self.broker.stop()
 
-    def _metrics(self, timeout: float = 10) -> str | None:
-        """The worker's /metrics text; None while it does not answer (busy)."""
+    def _metrics(self, timeout: float = 10, port: int | None = None) -> str | None:
+        """A stage's /metrics text (default: the store's); None while it does not answer (busy)."""
         from jitterscope.query import WORKER_HTTP  # our own worker: no proxy, no redirects
 
         host = dial_host(self.settings.streams_web_bind)
         try:
-            with WORKER_HTTP.open(f"http://{host}:{self.settings.streams_web_port}/metrics", timeout=timeout) as r:
+            with WORKER_HTTP.open(f"http://{host}:{port or self.settings.streams_web_port}/metrics",
+                                  timeout=timeout) as r:
                 return r.read().decode()
         except (urllib.error.URLError, OSError, ValueError):
             return None
 
-    def _accounted(self) -> dict[str, int] | None:
-        """The worker's accounted counts; {} while it does not answer (busy)."""
-        text = self._metrics()
+    def _counts(self, port: int, family: str) -> dict[str, int] | None:
+        """A stage's per-topic counts (``family``); {} while it does not answer (busy)."""
+        text = self._metrics(port=port)
         try:
-            return {} if text is None else parse_accounted(text)
+            return {} if text is None else parse_per_topic(text, family)
         except ValueError:
             return {}
 
-    def _drain(self, status, worker: subprocess.Popen) -> None:
-        """Wait until the worker stored what the collector sent; print what it did not."""
+    def _to_drain(self, family: str, first: dict[str, int]) -> dict[str, int] | None:
+        """What a stage must have counted before it may stop: the collector's
+        sent records, of the topics the judge reads (``first``: its counts,
+        one per topic it reads); for the store, also the judge's alert rows."""
+        final = read_final(self.settings.data_dir / FINAL_FILE)
+        if final is None:
+            return None
+        sent = final["sent_by_topic"]
+        if family == DECODED:
+            return {t: n for t, n in sent.items() if t in first}
+        try:
+            rows = int(json.loads((self.settings.data_dir / JUDGE_FINAL_FILE).read_text())["alert_rows"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return sent  # no judge, or it left no count: its rows are not waited for
+        return {**sent, topics.ALERT_ROWS: rows}
+
+    def _drain(self, status, worker: subprocess.Popen, port: int, family: str = ACCOUNTED) -> None:
+        """Wait until a stage read (the judge) or stored what the collector sent; print what it did not."""
         s, say = self.settings, self.console.print
-        final = read_final(s.data_dir / FINAL_FILE)
-        if not s.streams_web_port or self._accounted() is None:
+        first = self._counts(port, family) if port else None
+        if first is None:
             say(f"the streams worker does not report what it stored; giving it {BLIND_DRAIN_S:g} s", style="yellow")
             time.sleep(BLIND_DRAIN_S)
             return
-        if final is None:
+        sent = self._to_drain(family, first)
+        if sent is None:
             say("the collector left no final counts (did it crash? see collector.log): waiting until the "
                 f"worker's stored counts stand still for {QUIET_S:g} s", style="yellow", soft_wrap=True)
-        sent = final["sent_by_topic"] if final else None
         total = sum(sent.values()) if sent else 0
+        doing = "judging" if family == DECODED else "storing"  # the judge: silent once done, as before the split
         quiet, deadline, why = Quiet(QUIET_S), time.monotonic() + s.drain_timeout_s, None
         accounted: dict[str, int] = {}
         while why is None:
             if worker.poll() is not None:
                 why = f"the streams worker exited with status {worker.returncode}"
                 break
-            accounted = self._accounted() or accounted
+            accounted = self._counts(port, family) or accounted
             if sent is not None:
                 left = unstored(sent, accounted)
-                status.update(f"storing: {total - sum(left.values()):,} of {total:,} records")
+                status.update(f"{doing}: {total - sum(left.values()):,} of {total:,} records")
                 if not left:
-                    say(f"stored all {total:,} records the collector sent")
+                    if family != DECODED:
+                        say(f"stored all {total:,} records the collector sent")
                     break
             else:
-                status.update(f"storing: {sum(accounted.values()):,} records so far")
+                status.update(f"{doing}: {sum(accounted.values()):,} records so far")
                 if quiet.settled(accounted, time.monotonic()):
-                    say(f"the worker stored {sum(accounted.values()):,} records; no more arrived "
-                        f"in {QUIET_S:g} s")
+                    if family != DECODED:
+                        say(f"the worker stored {sum(accounted.values()):,} records; no more arrived "
+                            f"in {QUIET_S:g} s")
                     break
             if time.monotonic() >= deadline:
                 why = f"gave up after {s.drain_timeout_s:g} s (drain_timeout_s)"
@@ -458,10 +425,11 @@ class Stack:
                 time.sleep(POLL_S)
         if why and sent is not None:
             for topic, n in unstored(sent, accounted).items():
-                say(f"not stored: {n:,} of {sent[topic]:,} {printable(topic)} records ({why})",
-                    style="bold red", markup=False, soft_wrap=True)
+                say(f"not {'judged' if family == DECODED else 'stored'}: {n:,} of {sent[topic]:,} "
+                    f"{printable(topic)} records ({why})", style="bold red", markup=False, soft_wrap=True)
         elif why:
-            say(f"could not confirm that everything was stored ({why})", style="bold red", markup=False)
+            say(f"could not confirm that everything was {doing[:-3]}ed ({why})", style="bold red", markup=False)
+        final = read_final(s.data_dir / FINAL_FILE) if family != DECODED else None
         for key, what in (("undelivered", "never reached Kafka (see collector.log)"),
                           ("spooled", "wait in the collector's on-disk spool for its next start")):
             if final and (n := final.get(key)):

@@ -312,6 +312,16 @@ class StreamsSettings(BaseModel):
     streams_web_port: int = Field(6066, ge=0, description="streams worker web port: /metrics, /query")
     streams_web_bind: str = Field(
         "127.0.0.1", description="address the streams worker's web port listens on (/query always needs its token)")
+    streams_stage: Literal["all", "judge", "store"] = Field(
+        "all", description="what a streams process does: all (judge, attribute and store, one process), judge "
+                           "(alert rules only, no ClickHouse: its own consumer group, so nothing stalls an alert) "
+                           "or store (attribute and store, with the alerts the judges publish); `up` runs a judge "
+                           "and a store (streams/stages.py)")
+    judge_web_port: int = Field(6067, ge=0, description="the judge stage's web port: /metrics only (0 = off)")
+    judge_replay_s: float = Field(
+        600.0, gt=0, description="on taking partitions, the judge stage re-reads this much of the topology, process "
+                                 "and device-traffic topics to learn its hosts again (collectors re-send them every "
+                                 "minute)")
     metrics_comms_max: int = Field(
         20, ge=1, description="process names with their own series in the streams worker's latency histograms on "
                               "/metrics; later ones are counted as comm=\"other\" (bounds Prometheus cardinality)")
