@@ -60,12 +60,15 @@ class BatchDecoder:
         self._one = msgspec.json.Decoder(record_type)
 
     def decode(self, payload: bytes) -> tuple[list[Record], list[BadLine]]:
-        lines = [line for line in payload.split(b"\n") if line.strip()]
-        if not lines:
+        # The usual message, lines each ending in a newline and none blank, becomes a JSON array with one
+        # C-level replace: splitting it into lines and joining them again cost ~40% of the decode (bench
+        # decode). A blank line leaves ",," and fails, as does a record cut over two lines; both go below.
+        body = payload.strip(b"\n")
+        if not body.strip():
             return [], [BadLine(0, "empty message", payload)]
         try:
-            records = self._batch.decode(b"[" + b",".join(lines) + b"]")
-            if len(records) == len(lines):  # else a line held two records, or half of one
+            records = self._batch.decode(b"[" + body.replace(b"\n", b",") + b"]")
+            if len(records) == body.count(b"\n") + 1:  # else a line held two records
                 return records, []
         except (msgspec.DecodeError, msgspec.ValidationError):
             pass

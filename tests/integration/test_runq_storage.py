@@ -40,7 +40,7 @@ def test_an_upgraded_store_keeps_every_event_and_stores_new_ones_in_whole_micros
         before.setattr(clickhouse, "MICROSECOND_FIELDS", {})
         clickhouse.migrate(client)
         old = [runq(s, "old") for s in range(50)]
-        clickhouse.insert_records(client, "runq_events", as_sent_before(old, "waits"))  # 017 added waits
+        clickhouse.insert_records(client, "runq_events", as_sent_before(old, "waits", "suspect_own"))  # 017, 018 added
     monkeypatch.setattr(clickhouse, "migrations", lambda: every)
     assert 15 in clickhouse.migrate(client)
 
