@@ -199,6 +199,15 @@ def test_the_kernel_log_clock_offset_from_the_scheduler_debug_header(tmp_path):
     assert clock_offset_ns(debug) is None
 
 
+def test_the_clock_offset_keeps_the_largest_of_its_reads(monkeypatch):
+    """A vCPU stopped between the kernel's ktime and cpu_clk reads makes one
+    read too small by the stall (an Xid stamped early): the largest counts."""
+    from jitterscope.collector import kmsg
+    reads = iter([-1_150_000, -6_150_000, -1_149_000, -1_151_000, -3_000_000])
+    monkeypatch.setattr(kmsg, "_one_offset_ns", lambda path: next(reads))
+    assert clock_offset_ns() == -1_149_000
+
+
 def test_the_signal_publishes_the_driver_s_line_and_refuses_the_forged(tmp_path):
     path = tmp_path / "kmsg"
     path.write_bytes(b"")
