@@ -53,6 +53,39 @@ def _pids(proc: Path) -> list[int]:
     return [int(e.name) for e in os.scandir(proc) if e.name.isdigit()]
 
 
+def _kernel_children(pid: int, proc: Path) -> list[int] | None:
+    """``pid``'s children from the kernel's own lists (/proc/PID/task/*/children,
+    each thread's forks): a tree without reading every process on the host;
+    [] when it is gone, None where the kernel keeps no such list
+    (CONFIG_PROC_CHILDREN off) or a captured tree lacks it."""
+    try:
+        tasks = os.listdir(proc / str(pid) / "task")
+    except OSError:
+        return None if (proc / str(pid)).is_dir() else []
+    found: list[int] = []
+    for tid in tasks:
+        text = _read(proc / str(pid) / "task" / tid / "children")
+        if text is None:
+            return None if (proc / str(pid)).is_dir() else []
+        found += [int(c) for c in text.split()]
+    return found
+
+
+class _ChildrenOnDemand(dict):
+    """ppid -> its live children, asked of the kernel per process reached
+    (a zombie, still on its parent's list, is left out as the scan does)."""
+
+    def __init__(self, proc: Path):
+        super().__init__()
+        self.proc = proc
+
+    def __missing__(self, pid: int) -> list[int]:
+        kids = [c for c in paced(_kernel_children(pid, self.proc) or [])
+                if (stat := _read(self.proc / str(c) / "stat")) and _ppid(stat) == pid]
+        self[pid] = kids
+        return kids
+
+
 def _is_root_cgroup(text: str) -> bool:
     return all(line.rsplit(":", 1)[-1] == "/" for line in text.splitlines() if line)
 
@@ -78,27 +111,28 @@ def find_groups(heads: set[int], mode: str, proc: Path = Path("/proc"),
     groups: dict[int, int] = {h: h for h in alive}
     if mode == "process" or not alive:
         return groups
-    pids = _pids(proc)
     wanted: dict[int, list[int]] = {h: [] for h in alive}
     if mode in ("tree", "auto"):
-        children: dict[int, list[int]] = defaultdict(list)
-        for pid in paced(pids):  # the whole of /proc: yields the CPU every 0.5 ms (pacing.py)
-            stat = _read(proc / str(pid) / "stat")
-            ppid = _ppid(stat) if stat else None
-            if ppid:
-                children[ppid].append(pid)
+        children: dict[int, list[int]] = _ChildrenOnDemand(proc)  # the group's processes only, not all of /proc
+        if _kernel_children(min(alive), proc) is None:  # no kernel lists here: every process's parent
+            children = defaultdict(list)
+            for pid in paced(_pids(proc)):  # the whole of /proc: yields the CPU every 0.5 ms (pacing.py)
+                stat = _read(proc / str(pid) / "stat")
+                ppid = _ppid(stat) if stat else None
+                if ppid:
+                    children[ppid].append(pid)
         for head in alive:
-            queue = list(children.get(head, ()))  # breadth first: nearest descendants first
+            queue = list(children[head])  # breadth first: nearest descendants first
             while queue and len(wanted[head]) < MAX_MEMBERS:
                 pid = queue.pop(0)
                 wanted[head].append(pid)
-                queue.extend(children.get(pid, ()))
+                queue.extend(children[pid])
     by_cgroup = [h for h in alive if mode == "cgroup" or (mode == "auto" and h in (containers or ()))]
     if by_cgroup:
         cgroups = {h: _read(proc / str(h) / "cgroup") for h in by_cgroup}
         cgroups = {h: text for h, text in cgroups.items() if text and not _is_root_cgroup(text)}
         if cgroups:
-            for pid in paced(pids):
+            for pid in paced(_pids(proc)):
                 text = _read(proc / str(pid) / "cgroup")
                 for head, mine in cgroups.items():
                     if text == mine:

@@ -103,3 +103,33 @@ def test_the_own_tree_is_jitterscopes_own(tmp_path, tree):
     collector.update_targets()
     assert held is collector.own and held.keys() == {os.getpid(), front.pid, engine, worker} | helpers
     assert held[os.getpid()] == "collector" and held[front.pid] == "up"  # each named by its role
+
+
+FORKS_ON_ASK = ("import subprocess, sys, time\n"
+                "sys.stdin.readline()\n"
+                "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+                "print(child.pid, flush=True)\n"
+                "time.sleep(60)\n")
+
+
+def test_a_group_is_read_from_the_kernels_child_lists_not_a_scan_of_proc(monkeypatch):
+    """Issue 39: each rescan read every process's stat to find a head's
+    descendants (13 ms of the collector's CPU every 2 s on a 300-process
+    host, bench/collector_slices.py); the kernel's own child lists name the
+    group, and a process forked after the first look is found at the next."""
+    from jitterscope.collector import serving_group
+
+    monkeypatch.setattr(serving_group, "_pids", lambda proc: pytest.fail("read every process in /proc"))
+    head = subprocess.Popen([sys.executable, "-c", FORKS_ON_ASK], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        assert serving_group.find_groups({head.pid}, "tree") == {head.pid: head.pid}
+        head.stdin.write("\n")
+        head.stdin.flush()
+        child = int(head.stdout.readline())
+        assert serving_group.find_groups({head.pid}, "tree") == {head.pid: head.pid, child: head.pid}
+        os.kill(child, signal.SIGKILL)  # a zombie its parent never reaps: no longer a member
+        wait_until(lambda: serving_group.find_groups({head.pid}, "tree") == {head.pid: head.pid}, 30, "the zombie left")
+    finally:
+        head.kill()
+        head.wait()
