@@ -69,8 +69,10 @@ from jitterscope.streams.evidence import (MAX_WAITS_PER_PROCESS, Evidence, HostE
                                           duration_ns, index_of, kth_smallest, overlap_ns, thread_parts, union_ns)
 from jitterscope.streams.thread_budget import (STALLS, ThreadBudget, behind_own_ns, carried_parts, kind_of,
                                                runq_per_thread, thread_budget)
+from jitterscope.streams.wait_columns import ColumnarIndex
 from jitterscope.streams.wait_index import TOP_SUSPECTS, SplitCache, Tie, WaitIndex, rank_suspects
 from jitterscope.streams.rolling_median import RollingMedian
+from jitterscope.streams.split_columns import split_many
 from jitterscope.streams.throttle_index import throttled_span
 
 # with the names importers took from here before the split into evidence, thread_budget and culprits
@@ -104,6 +106,8 @@ class Attributor:
         # during one due(): (host, serving group) -> the span of its ready windows, and its waits' index
         self._windows: dict[tuple, tuple[int, int]] = {}
         self._indexes: dict[tuple, WaitIndex | None] = {}
+        self._batch: dict[tuple, list[tuple[int, int]]] = defaultdict(list)  # (host, group) -> its windows
+        self._clipped: dict[tuple[int, int, int], tuple] = {}  # (id(wait), lo, hi) -> (wait, its part's split)
         # host -> (pid | cgroup | cpu, kind) -> evidence; requests look up their processes directly
         self._evidence: dict[str, HostEvidence] = defaultdict(lambda: defaultdict(SortedEvidence))
         self._newest: dict[str, int] = defaultdict(int)
@@ -225,6 +229,7 @@ class Attributor:
             key = _batch_key(span.host, self._group(span))
             lo, hi = self._windows.get(key, (span.start_ns, span.end_ns))
             self._windows[key] = (min(lo, span.start_ns), max(hi, span.end_ns))
+            self._batch[key].append((span.start_ns, span.end_ns))
         try:
             for span in ready:
                 key = (span.host, span.boot_id, span.seq)
@@ -237,6 +242,8 @@ class Attributor:
             self._splits.end_batch()
             self._windows.clear()
             self._indexes.clear()
+            self._batch.clear()
+            self._clipped.clear()
         return out
 
     def baseline_ns(self, host: str, name: str) -> tuple[int, bool]:
@@ -325,8 +332,8 @@ class Attributor:
         index, fast = self._index(evidence, span, group), None
         if index is not None:
             try:
-                per_thread, fast = index.charges(span.start_ns, span.end_ns, lambda event, lo, hi: split_wait(
-                    evidence, self._record(event.host, event.pid), event, lo, hi))
+                per_thread, fast = index.charges(span.start_ns, span.end_ns,
+                                                 lambda event, lo, hi: self._part_split(evidence, event, lo, hi))
             except Tie:
                 index = None
         runq = None if index else thread_parts(evidence, span.start_ns, span.end_ns, RunqEvent, group)
@@ -361,16 +368,37 @@ class Attributor:
         # a wait throttled or taken by interrupts is not routine, whoever held the CPU before
         return charged, budget, waited, max(0, routine - charged.throttled - charged.irq)
 
-    def _index(self, evidence: HostEvidence, span: RequestSpan, group: set[int] | None) -> WaitIndex | None:
-        """The index of the span's group's waits over its due() batch
-        (built once a batch); None outside due() or where the walk must answer."""
+    def _index(self, evidence: HostEvidence, span: RequestSpan,
+               group: set[int] | None) -> ColumnarIndex | WaitIndex | None:
+        """The index of the span's group's waits over its due() batch (built
+        once a batch, columnar where it can: streams/wait_columns.py); None
+        outside due() or where the walk must answer."""
         key = _batch_key(span.host, group)
         if key not in self._windows or span.end_ns <= span.start_ns:
             return None
         if key not in self._indexes:
             lo, hi = self._windows[key]
-            self._indexes[key] = WaitIndex.build(evidence, group, lo, hi, self._whole_split)
+            index = ColumnarIndex.build(evidence, group, lo, hi, self._batch[key],
+                                        lambda pid: self._record(span.host, pid))
+            if index is not None:
+                index.parts_split = self._clipped  # the splits of the parts it hands a carried request's walk
+            self._indexes[key] = index or WaitIndex.build(evidence, group, lo, hi, self._whole_splits)
         return self._indexes[key]
+
+    def _part_split(self, evidence: HostEvidence, event: RunqEvent, lo: int, hi: int, whole: bool = False) -> tuple:
+        """split_wait() of a part of a wait: from the batch's splits where its index split it."""
+        found = self._clipped.get((id(event), lo, hi))
+        if found is not None and found[0] is event:
+            return found[1]() if callable(found[1]) else found[1]
+        return self._whole_split(event) if whole else split_wait(evidence, self._record(event.host, event.pid), event,
+                                                                 lo, hi)
+
+    def _whole_splits(self, events: list[RunqEvent]) -> list[tuple]:
+        """_whole_split() of many waits of one host: those not kept split together (streams/split_columns.py)."""
+        records = [self._record(event.host, event.pid) for event in events]
+        return self._splits.get_many(events, records, lambda missing: split_many(
+            self._evidence.get(events[0].host, {}), [records[k] for k in missing], [events[k] for k in missing],
+            [events[k].ts_ns - events[k].wait_ns for k in missing], [events[k].ts_ns for k in missing]))
 
     def _whole_split(self, event: RunqEvent) -> tuple:
         """split_wait() of a whole wait, once while what it depends on stays
@@ -401,8 +429,7 @@ class Attributor:
                 longest = part
             count += 1
             contributed.add(event.pid)
-            split = (self._whole_split(event) if whole
-                     else split_wait(evidence, self._record(event.host, event.pid), event, lo, hi))
+            split = self._part_split(evidence, event, lo, hi, whole)
             cut, cgroup, shares, stolen = split
             throttles[cgroup] += cut
             for key, ns, record in shares:

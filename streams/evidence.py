@@ -24,6 +24,9 @@ Evidence = RunqEvent | GpuIoctl | CgroupThrottle | IrqTime | BlockedWait | PageP
 #: the key of a host's page placements (one list: the evictor is looked for host-wide)
 HOST_PAGES = "pages"
 MAX_WAITS_PER_PROCESS = 200_000  # memory bound per process, whatever the horizon
+#: holder command name -> a number, for SortedEvidence.columns: the names a host's tasks take are few,
+#: and comparing numbers in arrays is what makes a batch's suspects cheap
+COMM_IDS: dict[str, int] = {}
 _THREAD_ORDER = operator.itemgetter(0, 1, 2)  # a part's (pid, tid, start): one thread's parts in time order
 
 
@@ -97,6 +100,10 @@ class SortedEvidence:
     starts: list[int] = field(default_factory=list)  # ts - duration, sorted
     events: list[Evidence] = field(default_factory=list)  # in the same order
     longest_ns: int = 0  # longest one kept: how far before a request to look
+    # run-queue waits only, read as arrays by a due() batch (streams/wait_columns.py): per column
+    # (ends, tids, CPUs, holder pids, holder tids, holder comms as COMM_IDS) the values of
+    # events[:len(column)], filled in by columns() as they are asked for, not as events come
+    cols: tuple[list[int], ...] | None = None
 
     def add(self, event: Evidence, length: int | None = None) -> None:
         if length is None:
@@ -109,17 +116,40 @@ class SortedEvidence:
             index = bisect.bisect_right(self.starts, start)
             self.starts.insert(index, start)
             self.events.insert(index, event)
+            self._forget_columns(index, None)
         self.longest_ns = max(self.longest_ns, length)
         if len(self.events) > MAX_WAITS_PER_PROCESS:
             drop = MAX_WAITS_PER_PROCESS // 10  # the oldest tenth, in one go
             del self.starts[:drop]
             del self.events[:drop]
+            self._forget_columns(None, drop)
 
     def expire(self, before_ns: int) -> None:
         cut = bisect.bisect_left(self.starts, before_ns)
         if cut:
             del self.starts[:cut]
             del self.events[:cut]
+            self._forget_columns(None, cut)
+
+    def _forget_columns(self, after: int | None, before: int | None) -> None:
+        """Drop the columns' values from ``after`` on (an event inserted there) or before ``before`` (expired)."""
+        for column in self.cols or ():
+            del column[after:before]
+
+    def columns(self) -> tuple[list[int], ...]:
+        """The run-queue waits' columns (see ``cols``), brought up to date."""
+        if self.cols is None:
+            self.cols = ([], [], [], [], [], [])
+        ends, tids, cpus, pids, holders, comms = self.cols
+        new = self.events[len(ends):]
+        if new:
+            ends += [e.ts_ns for e in new]
+            tids += [e.tid for e in new]
+            cpus += [e.cpu for e in new]
+            pids += [e.suspect_pid for e in new]
+            holders += [e.suspect_tid for e in new]
+            comms += [COMM_IDS.setdefault(e.suspect_comm, len(COMM_IDS)) for e in new]
+        return self.cols
 
     def overlapping_range(self, start_ns: int, end_ns: int) -> tuple[int, int]:
         """The index range of the events that may overlap [start, end]."""

@@ -113,12 +113,13 @@ class WaitIndex:
     """One serving group's run-queue waits over one due() batch's span."""
 
     def __init__(self, threads: dict[tuple[int, int], _Thread], group: set[int] | None,
-                 whole: Callable[[RunqEvent], Split]):
+                 whole: Callable[[list[RunqEvent]], list[Split]]):
         self.threads = sorted(threads.items())  # the walk's (pid, tid) order
         self.group = group
         waits = sorted((event for _, t in self.threads for event in t.events), key=lambda e: e.ts_ns)
         self.ends = [event.ts_ns for event in waits]
-        self.split = {id(event): whole(event) for event in waits}  # id(wait) -> its whole split, while due() runs
+        # id(wait) -> its whole split, while due() runs: all of them split at once (streams/split_columns.py)
+        self.split = {id(event): split for event, split in zip(waits, whole(waits))}
         keyed: dict[tuple, tuple[list[int], list[int]]] = defaultdict(lambda: ([], [0]))
         for position, event in enumerate(waits):
             for key, value in self._shares(event, event.wait_ns, self.split[id(event)]):
@@ -131,10 +132,10 @@ class WaitIndex:
 
     @classmethod
     def build(cls, evidence: HostEvidence, group: set[int] | None, lo_ns: int, hi_ns: int,
-              whole: Callable[[RunqEvent], Split]) -> WaitIndex | None:
+              whole: Callable[[list[RunqEvent]], list[Split]]) -> WaitIndex | None:
         """The index of the group's waits that overlap [lo_ns, hi_ns] (the
         batch's windows); None where some thread's waits overlap (the walk
-        trims those). ``whole``: a whole wait's split."""
+        trims those). ``whole``: whole waits' splits."""
         if group is None:
             sources = [e for (_, k), e in evidence.items() if k is RunqEvent]
         else:
@@ -355,14 +356,27 @@ class SplitCache:
 
     def get(self, event: RunqEvent, record: object, split: Callable[[], Split]) -> Split:
         """The wait's split, from the cache where nothing it depends on changed since."""
+        return self.get_many([event], [record], lambda _missing: [split()])[0]
+
+    def get_many(self, events: list[RunqEvent], records: list[object],
+                 split: Callable[[list[int]], list[Split]]) -> list[Split]:
+        """The waits' splits, from the cache where nothing they depend on
+        changed since; ``split``: those of the waits at the positions given (the rest)."""
         if self._touched:
             self._drop_touched()
-        key, used = id(event), self._used[event.host]
-        found = used.get(key) or self._kept[event.host].get(key)
-        if found is None or found[0] is not event or found[1] is not record:  # an id reused, or a new record
-            found = (event, record, split())
-        used[key] = found
-        return found[2]
+        out: list = [None] * len(events)
+        missing = []
+        for k, (event, record) in enumerate(zip(events, records)):
+            key, used = id(event), self._used[event.host]
+            found = used.get(key) or self._kept[event.host].get(key)
+            if found is None or found[0] is not event or found[1] is not record:  # an id reused, or a new record
+                missing.append(k)
+            else:
+                used[key], out[k] = found, found[2]
+        for k, value in zip(missing, split(missing) if missing else ()):
+            self._used[events[k].host][id(events[k])] = (events[k], records[k], value)
+            out[k] = value
+        return out
 
     def end_batch(self) -> None:
         self._kept, self._used = self._used, defaultdict(dict)

@@ -15,7 +15,8 @@ import pytest
 from jitterscope.schemas.events import CgroupThrottle, IrqTime, ProcessInfo, RequestSpan, RunqEvent
 from jitterscope.streams.attribution import Attributor
 from jitterscope.streams.host_state import HostState
-from jitterscope.streams.wait_index import SplitCache, WaitIndex
+from jitterscope.streams.wait_columns import ColumnarIndex
+from jitterscope.streams.wait_index import SplitCache, Tie, WaitIndex
 
 MS = 1_000_000
 T0 = 1_800_000_000_000_000_000
@@ -109,17 +110,53 @@ def test_the_index_answers_as_the_walk(seed):
     assert any(d.self_wait_ns for d, _ in answered) and any(len(d.suspects) > 1 for d, _ in answered)
 
 
+class Columnar(Attributor):
+    """The attributor, counting the requests its columnar indexes answered (not a Tie, not declined)."""
+
+    answered = 0
+
+    def _charges(self, evidence, span, group, excess):
+        index = self._index(evidence, span, group)
+        if isinstance(index, ColumnarIndex):
+            try:
+                index.charges(span.start_ns, span.end_ns)
+                self.answered += 1
+            except Tie:
+                pass
+        return super()._charges(evidence, span, group, excess)
+
+
+@pytest.mark.parametrize("seed", range(6, 30))
+@pytest.mark.parametrize("known", [True, False])
+def test_the_columnar_index_answers_as_the_walk(seed, known, monkeypatch):
+    """The property that holds streams/wait_columns.py to the walk: random
+    hosts and requests (part 2 of issue 39), with and without process records."""
+    if not known:  # no serving groups, no cgroups: each request's own process, no throttling
+        monkeypatch.setitem(globals(), "host", lambda: None)
+    walked = attribute(Walking, seed, overlapping=False)[1]
+    columnar, answered = attribute(Columnar, seed, overlapping=False)
+    assert answered == walked
+    assert columnar.answered >= 40  # ties on this coarse grid walk; the rest the columns answer
+
+
+def test_the_row_wise_index_still_answers_as_the_walk_where_the_columns_decline(monkeypatch):
+    monkeypatch.setattr(ColumnarIndex, "build", classmethod(lambda cls, *args: None))
+    walked = attribute(Walking, 3, overlapping=False)[1]
+    indexed, answered = attribute(Counting, 3, overlapping=False)
+    assert answered == walked and indexed.answered == 60
+
+
 def test_overlapping_repeats_of_a_thread_are_walked_with_the_same_answer():
     assert attribute(Counting, 7, overlapping=True)[1] == attribute(Walking, 7, overlapping=True)[1]
     assert WaitIndex.build(attribute(Walking, 7, overlapping=True)[0]._evidence["h"], {SERVING, ENGINE},
-                           T0, T0 + 2_000 * MS, lambda event: (0, "", [], 0)) is None
+                           T0, T0 + 2_000 * MS, lambda events: [(0, "", [], 0)] * len(events)) is None
 
 
 def test_a_wait_straddling_both_edges_counts_only_the_window():
     index = WaitIndex.build({(SERVING, RunqEvent): _evidence(
         RunqEvent(host="h", boot_id="b", seq=1, ts_ns=T0 + 100 * MS, pid=SERVING, tid=1, comm="c", cpu=0,
                   wait_ns=100 * MS, suspect_pid=900, suspect_tid=900, suspect_comm="hog"))},
-        {SERVING}, T0, T0 + 100 * MS, lambda event: (0, "", [], 0))
+        {SERVING}, T0, T0 + 100 * MS, lambda events: [(0, "", [], 0)] * len(events))
     per_thread, charged = index.charges(T0 + 30 * MS, T0 + 40 * MS, lambda event, lo, hi: (0, "", [], 0))
     assert per_thread == {(SERVING, 1): 10 * MS}
     assert charged.runq == (10 * MS, 10 * MS, 1) and charged.suspects[0].wait_ns == 10 * MS

@@ -1,0 +1,134 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The charges of every window of a due() batch, from its waits' and edge
+parts' splits as columns: streams/wait_columns.py's arithmetic. Pure
+logic, no I/O.
+
+Each part (a whole wait, or a part a window clips off one) charges keys as
+streams/wait_index.py's ``_shares`` does: its throttled cgroup, the
+interrupts (in all, and per source), and of the rest the group's own
+threads (in all, and one per holder thread), the idle task, or a suspect
+(comm, pid). A window's total per key is the sum over the waits ending
+inside it (prefix sums over the waits in end order, searched per key),
+less the whole shares of those that start before it, plus its edge parts'
+shares: what WaitIndex.charges adds, for every window at once.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+from jitterscope.streams.split_columns import Splits
+from jitterscope.streams.wait_index import TOP_SUSPECTS, Charged, Tie, rank_suspects
+
+STOLEN, OWN, IDLE = 0, 1, 2  # the keys every batch has; the others follow in blocks
+
+
+class Keys:
+    """The batch's keys: STOLEN, OWN, IDLE, then a block per kind (throttle, irq, own thread, suspect)."""
+
+    def __init__(self) -> None:
+        self.blocks: dict[str, tuple[int, list]] = {}  # kind -> (first key, what each key of it names)
+        self.size = 3
+
+    def block(self, kind: str, names: list) -> int:
+        self.blocks[kind] = (self.size, names)
+        self.size += len(names)
+        return self.blocks[kind][0]
+
+    def span(self, kind: str) -> slice:
+        first, names = self.blocks[kind]
+        return slice(first, first + len(names))
+
+
+def entries(keys: Keys, splits: Splits, waits, k: np.ndarray, length: np.ndarray, group_pids: np.ndarray,
+            grouped: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(part, key, value) of every part's charges (parts: the splits'
+    rows; part p is a part of wait k[p], ``length`` ns long)."""
+    throttle = keys.block("throttle", [*splits.cgroup_names, ""])  # charged -1 (none) is the last: ""
+    irq = keys.block("irq", splits.source_names)
+    rest = length - splits.cut - splits.stolen
+    spid, stid = waits.spid[k], waits.stid[k]
+    own = (rest > 0) & grouped & np.isin(spid, group_pids)
+    idle = (rest > 0) & ~own & (spid == 0)
+    blamed = (rest > 0) & ~own & ~idle
+    threads, thread_key = np.unique(stid[own], return_inverse=True)
+    own_thread = keys.block("own thread", threads.tolist())
+    suspects, suspect_key = np.unique((waits.comm[k][blamed] << 32) | spid[blamed], return_inverse=True)
+    suspect = keys.block("suspect", [(int(s) >> 32, int(s) & 0xFFFFFFFF) for s in suspects.tolist()])
+    parts = np.arange(len(k))
+    own_at, idle_at, blamed_at = parts[own], parts[idle], parts[blamed]
+    return (np.concatenate([parts, parts, splits.part, own_at, own_at, idle_at, blamed_at]),
+            np.concatenate([throttle + np.where(splits.charged >= 0, splits.charged, len(splits.cgroup_names)),
+                            np.full(len(k), STOLEN), irq + splits.source_code, np.full(len(own_at), OWN),
+                            own_thread + thread_key.reshape(-1), np.full(len(idle_at), IDLE),
+                            suspect + suspect_key.reshape(-1)]),
+            np.concatenate([splits.cut, splits.stolen, splits.ns, rest[own], np.ones(len(own_at), dtype=np.int64),
+                            rest[idle], rest[blamed]]))
+
+
+def totals(keys: Keys, made: tuple, waits, windows: tuple[np.ndarray, np.ndarray], edges: tuple,
+           whole: int) -> np.ndarray:
+    """Per window (row) and key (column), what its parts charge the key."""
+    part, key, value = made
+    start, end = windows
+    edge_r, edge_k = edges[0], edges[1]
+    order = np.argsort(waits.end, kind="stable")  # WaitIndex's waits in end order
+    position = np.empty(whole, dtype=np.int64)
+    position[order] = np.arange(whole)
+    ends = waits.end[order]
+    a, b = np.searchsorted(ends, start, "right"), np.searchsorted(ends, end, "right")
+    mine = part < whole
+    stride = whole + 1
+    sort_key = key[mine] * stride + position[part[mine]]
+    by = np.argsort(sort_key, kind="stable")
+    sort_key, sums = sort_key[by], np.r_[0, np.cumsum(value[mine][by])]
+    lane = (np.arange(keys.size, dtype=np.int64) * stride)[None, :]
+    out = (sums[np.searchsorted(sort_key, lane + b[:, None], "left")]
+           - sums[np.searchsorted(sort_key, lane + a[:, None], "left")])
+    # an edge wait ending inside the window was counted whole above: its whole shares out, its part's in
+    counted = (waits.begin[edge_k] < start[edge_r]) & (waits.end[edge_k] <= end[edge_r])
+    whole_part, whole_key, whole_value = part[mine], key[mine], value[mine]
+    by_part = np.argsort(whole_part, kind="stable")
+    offsets = np.searchsorted(whole_part[by_part], np.arange(whole + 1))
+    r_out, k_out = edge_r[counted], edge_k[counted]
+    counts = offsets[k_out + 1] - offsets[k_out]
+    at = by_part[np.repeat(offsets[k_out] - np.cumsum(np.r_[0, counts[:-1]]), counts) + np.arange(counts.sum())]
+    np.subtract.at(out, (np.repeat(r_out, counts), whole_key[at]), whole_value[at])
+    np.add.at(out, (edge_r[part[~mine] - whole], key[~mine]), value[~mine])
+    return out
+
+
+def charged(keys: Keys, row: np.ndarray, runq: tuple[int, int, int], pids: set[int], comm_name) -> Charged | type:
+    """One window's charges from its row of totals; Tie where the walk's order would decide."""
+    throttles = row[keys.span("throttle")]
+    throttled = int(throttles.sum())
+    names = keys.blocks["throttle"][1]
+    if throttled and _tied(throttles):
+        return Tie
+    irq = int(row[STOLEN])
+    sources = row[keys.span("irq")]
+    if irq and (_tied(sources) or not sources.max()):
+        return Tie
+    by_suspect: dict[str, dict[int, int]] = defaultdict(dict)
+    block = row[keys.span("suspect")]
+    for at in np.flatnonzero(block > 0).tolist():
+        comm, pid = keys.blocks["suspect"][1][at]
+        by_suspect[comm_name(comm)][pid] = int(block[at])
+    sums = [sum(p.values()) for p in by_suspect.values()]
+    if len(set(sums)) < len(sums) or any(_tied(np.array(list(p.values()))) for p in by_suspect.values()):
+        return Tie
+    threads = row[keys.span("own thread")]
+    source_names = keys.blocks["irq"][1]
+    return Charged(runq=runq, suspects=rank_suspects(by_suspect, TOP_SUSPECTS), throttled=throttled,
+                   throttles={names[c]: int(throttles[c]) for c in np.flatnonzero(throttles).tolist()},
+                   irq=irq, sources={source_names[c]: int(sources[c]) for c in np.flatnonzero(sources).tolist()},
+                   irq_records={}, own_ns=int(row[OWN]),
+                   own_threads={keys.blocks["own thread"][1][c] for c in np.flatnonzero(threads > 0).tolist()},
+                   idle_ns=int(row[IDLE]), pids=pids)
+
+
+def _tied(values: np.ndarray) -> bool:
+    """Whether the largest of ``values`` is shared."""
+    return len(values) > 1 and int(np.partition(values, -2)[-2]) == int(values.max())

@@ -1,0 +1,343 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A serving group's run-queue waits as numpy columns for one due() batch,
+answering every request of the batch at once: the columnar form of
+streams/wait_index.py (issue 39: attribution at <= 50 us a request).
+
+WaitIndex made a request cheap (bisects per thread and per key) but built
+its index in Python, wait by wait, every batch, and asked per request in
+Python; on the vLLM mix that was ~1 ms a request. Here the batch reads its
+waits as arrays (streams/evidence.py's ``SortedEvidence.columns``), splits
+them all at once (streams/split_columns.py), and answers all its windows
+with array searches:
+
+- the waits in thread order ((pid, tid), then start), searched with keys
+  (thread, time): per window and thread the range of waits it overlaps, its
+  edge parts (clipped), totals (prefix sums) and longest (a sparse table);
+- every wait's and edge part's charges (throttled cgroup, interrupt
+  source, suspect (comm, pid), the group's own holder threads, idle) as
+  (key, value) entries; per key prefix sums over the waits in end order:
+  a window's sum is the waits ending inside it, less those starting before
+  it (whole shares out), plus its edge parts (clipped shares in), exactly
+  as WaitIndex adds them;
+- the union of the waits, for how long any thread waited.
+
+Exactness: where the walk's order decides (two keys tie for the largest
+charge) the window's answer is ``Tie`` and the request walks
+(streams/attribution.py); an interrupt source's record is the one of the
+last part, in the walk's order, whose split names it. A batch whose
+threads repeat waits, or whose numbers would leave int64 or float64
+exactness, is not indexed here (None). tests/unit/streams/test_wait_index.py
+holds the answers to the walk's.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+from collections import defaultdict
+from typing import Callable
+
+import numpy as np
+
+from jitterscope.schemas.events import ProcessInfo, RunqEvent
+from jitterscope.streams.evidence import COMM_IDS, HostEvidence
+from jitterscope.streams.split_columns import Splits, split_columns
+from jitterscope.streams.wait_charges import Keys, charged, entries, totals
+from jitterscope.streams.wait_index import Tie
+
+_SAFE = 2 ** 62
+
+
+class _Waits:
+    """The batch's waits in thread order, as columns."""
+
+    def __init__(self, columns: dict[str, np.ndarray], events: list[list[RunqEvent]]):
+        self.__dict__.update(columns)  # begin, end, pid, tid, cpu, spid, stid, comm, source, at
+        self.sources = events  # per source (process), its events; (source, at) names a wait's event
+        self.length = self.end - self.begin
+        keys = (self.pid << 32) | self.tid
+        self.threads, self.thread = np.unique(keys, return_inverse=True)  # sorted: the walk's (pid, tid) order
+        self.offsets = np.searchsorted(self.thread, np.arange(len(self.threads) + 1))
+        self.sums = np.r_[0, np.cumsum(self.length)]
+
+    def event(self, k: int) -> RunqEvent:
+        return self.sources[self.source[k]][self.at[k]]
+
+
+def gather(evidence: HostEvidence, group: set[int] | None, lo_ns: int, hi_ns: int) -> _Waits | None:
+    """The group's waits that overlap [lo_ns, hi_ns], as WaitIndex.build
+    takes them; None where some thread's waits overlap (the walk trims those)."""
+    if group is None:
+        pids = sorted(k for (k, kind) in evidence if kind is RunqEvent)
+    else:
+        pids = sorted(pid for pid in group if (pid, RunqEvent) in evidence)
+    parts: dict[str, list[np.ndarray]] = defaultdict(list)
+    events = []
+    for source, pid in enumerate(pids):
+        found = evidence[(pid, RunqEvent)]
+        cols = found.columns()
+        first, last = found.overlapping_range(lo_ns, hi_ns)
+        for name, values in zip(("begin", "end", "tid", "cpu", "spid", "stid", "comm"), (found.starts, *cols)):
+            parts[name].append(np.array(values[first:last], dtype=np.int64))
+        parts["pid"].append(np.full(last - first, pid, dtype=np.int64))
+        parts["source"].append(np.full(last - first, source, dtype=np.int64))
+        parts["at"].append(np.arange(first, last, dtype=np.int64))
+        events.append(found.events)
+    if not events:
+        return None
+    columns = {name: np.concatenate(values) for name, values in parts.items()}
+    begin, end = columns["begin"], columns["end"]
+    keep = (end > begin) & (end > lo_ns) & (begin < hi_ns)  # no part from an empty wait
+    order = np.lexsort((columns["begin"], columns["tid"], columns["pid"]))
+    order = order[keep[order]]
+    columns = {name: values[order] for name, values in columns.items()}
+    if not len(order) or int(columns["pid"].max()) >= 2 ** 31 or int(columns["tid"].max()) >= 2 ** 31:
+        return None
+    same = (columns["pid"][1:] == columns["pid"][:-1]) & (columns["tid"][1:] == columns["tid"][:-1])
+    if np.any(same & (columns["begin"][1:] < columns["end"][:-1])):
+        return None
+    return _Waits(columns, events)
+
+
+class ColumnarIndex:
+    """One serving group's waits over one due() batch, with every window's answer."""
+
+    def __init__(self, waits: _Waits, group: set[int] | None, answers: dict, union: tuple):
+        self.waits, self.group, self._answers = waits, group, answers
+        self.union_starts, self.union_ends, self.union_sums = union
+        self.parts_split: dict[tuple[int, int, int], tuple] = {}  # (id(wait), lo, hi) -> its part's split
+
+    @classmethod
+    def build(cls, evidence: HostEvidence, group: set[int] | None, lo_ns: int, hi_ns: int,
+              windows: list[tuple[int, int]], record_of: Callable[[int], ProcessInfo | None]) -> ColumnarIndex | None:
+        """The index of the group's waits over the batch's windows, each
+        window answered; None where WaitIndex or the walk must answer."""
+        waits = gather(evidence, group, lo_ns, hi_ns)
+        if waits is None:
+            return None
+        windows = sorted(set(windows))
+        try:
+            return cls._answer(evidence, group, waits, windows, record_of)
+        except OverflowError:
+            return None
+
+    @classmethod
+    def _answer(cls, evidence: HostEvidence, group: set[int] | None, waits: _Waits, windows: list[tuple[int, int]],
+                record_of: Callable[[int], ProcessInfo | None]) -> ColumnarIndex:
+        start = np.array([w[0] for w in windows], dtype=np.int64)
+        end = np.array([w[1] for w in windows], dtype=np.int64)
+        ranges = _ranges(waits, start, end)
+        edge_r, edge_k, edge_lo, edge_hi = _edges(waits, ranges, start, end)
+        pids = waits.pid
+        cgroups: dict[str, int] = {}
+        owner_of = {pid: cgroups.setdefault(getattr(record_of(pid), "cgroup", "") or "", len(cgroups))
+                    for pid in np.unique(pids).tolist()}
+        owner = np.array([owner_of[p] for p in pids.tolist()]) if len(pids) else np.zeros(0, dtype=np.int64)
+        k = np.r_[np.arange(len(pids)), edge_k]
+        splits = split_columns(evidence, list(cgroups), owner[k], waits.cpu[k], waits.spid[k] == 0,
+                               np.r_[waits.begin, edge_lo], np.r_[waits.end, edge_hi])
+        group_pids = np.array(sorted(group) if group else [], dtype=np.int64)
+        keys = Keys()
+        made = entries(keys, splits, waits, k, np.r_[waits.length, edge_hi - edge_lo], group_pids, group is not None)
+        edges = (edge_r, edge_k, edge_lo, edge_hi)
+        answers = _answers(keys, totals(keys, made, waits, (start, end), edges, len(pids)), waits, ranges, edges,
+                           _Latest(splits, ranges, edges, len(pids)))
+        index = cls(waits, group, dict(zip(windows, answers)), _union(waits))
+        index._keep_edge_splits(splits, len(pids), edge_k, edge_lo, edge_hi)
+        return index
+
+    def _keep_edge_splits(self, splits: Splits, whole: int, edge_k: np.ndarray, edge_lo: np.ndarray,
+                          edge_hi: np.ndarray) -> None:
+        """What parts() hands the walk of a carried request: its whole waits' and edge parts' splits."""
+        self._splits, self._whole = splits, whole
+        self._edge_at = {(k, lo, hi): whole + e for e, (k, lo, hi)
+                         in enumerate(zip(edge_k.tolist(), edge_lo.tolist(), edge_hi.tolist()))}
+        self._shares: dict[int, list] | None = None
+        self._lists: tuple | None = None
+
+    def charges(self, start_ns: int, end_ns: int, _edge=None) -> tuple[dict, object]:
+        """Run-queue ns per thread and the charges of a window of the batch (WaitIndex.charges). Raises Tie."""
+        found = self._answers.get((start_ns, end_ns))
+        if found is None or found is Tie:
+            raise Tie
+        per_thread, charged = found
+        return defaultdict(int, per_thread), charged
+
+    def union_ns(self, start_ns: int, end_ns: int) -> int:
+        """How long at least one of the group's threads waited inside [start, end]."""
+        a = bisect.bisect_right(self.union_ends, start_ns)
+        b = bisect.bisect_left(self.union_starts, end_ns)
+        if b <= a:
+            return 0
+        return (self.union_sums[b] - self.union_sums[a] - max(0, start_ns - self.union_starts[a])
+                - max(0, self.union_ends[b - 1] - end_ns))
+
+    def parts(self, start_ns: int, end_ns: int, tids: set[int]) -> list[tuple[RunqEvent, int, int, bool]]:
+        """The walk's parts (event, lo, hi, whole) of the threads ``tids``;
+        each part's split is kept in ``parts_split`` for the walk."""
+        if self._lists is None:
+            w = self.waits
+            self._lists = (w.begin.tolist(), w.end.tolist(), w.offsets.tolist(),
+                           [(key & 0xFFFFFFFF, t) for t, key in enumerate(w.threads.tolist())])
+        begins, ends, offsets, threads = self._lists
+        out = []
+        for tid, t in threads:
+            if tid not in tids:
+                continue
+            a, b = offsets[t], offsets[t + 1]
+            for k in range(bisect.bisect_right(ends, start_ns, a, b), bisect.bisect_left(begins, end_ns, a, b)):
+                lo, hi = max(begins[k], start_ns), min(ends[k], end_ns)
+                event = self.waits.event(k)
+                out.append((event, lo, hi, lo == begins[k] and hi == ends[k]))
+                at = k if out[-1][3] else self._edge_at.get((k, lo, hi))
+                if at is not None:  # the walk's split of it, made when the walk asks
+                    self.parts_split[(id(event), lo, hi)] = (event, functools.partial(self._split, at))
+        return out
+
+    def _split(self, at: int) -> tuple:
+        """split_wait's tuple of the part at ``at`` in the batch's splits."""
+        if self._shares is None:
+            self._shares = defaultdict(list)
+            s = self._splits
+            for k, key, ns, record in zip(s.part.tolist(), s.source, s.ns.tolist(), s.record):
+                self._shares[k].append((key, ns, record))
+        s = self._splits
+        code = int(s.charged[at])
+        return int(s.cut[at]), s.cgroup_names[code] if code >= 0 else "", self._shares.get(at, []), int(s.stolen[at])
+
+
+def _ranges(waits: _Waits, start: np.ndarray, end: np.ndarray) -> dict[str, np.ndarray]:
+    """Per window (row) and thread (column): the range [i, j) of its waits
+    the window overlaps, whether the first and last are clipped, and the
+    thread's total inside the window."""
+    base = int(waits.begin.min()) - 1  # every time at 1 or more past it: a search clipped to 0 finds none
+    span = int(waits.end.max()) - base + 2  # a search clipped to span - 1 passes every time
+    threads = len(waits.threads)
+    if threads * span >= _SAFE:
+        raise OverflowError
+    lane = (np.arange(threads, dtype=np.int64) * span)[None, :]
+    i = np.searchsorted(waits.thread * span + (waits.end - base),
+                        lane + np.clip(start - base, 0, span - 1)[:, None], "right")
+    j = np.searchsorted(waits.thread * span + (waits.begin - base),
+                        lane + np.clip(end - base, 0, span - 1)[:, None], "left")
+    has = j > i
+    ii, jj = np.where(has, i, 0), np.where(has, j - 1, 0)
+    first = has & (waits.begin[ii] < start[:, None])
+    last = has & (waits.end[jj] > end[:, None])
+    total = (waits.sums[j] - waits.sums[i] - np.where(first, start[:, None] - waits.begin[ii], 0)
+             - np.where(last, waits.end[jj] - end[:, None], 0))
+    return {"i": i, "j": j, "has": has, "first": first, "last": last, "total": np.where(has, total, 0)}
+
+
+def _answers(keys: Keys, table: np.ndarray, waits: _Waits, ranges: dict, edges: tuple, latest: _Latest) -> list:
+    """Per window: (run-queue ns per thread, its Charged), or Tie."""
+    edge_r, _edge_k, edge_lo, edge_hi = edges
+    longest = _longest(waits, ranges)
+    np.maximum.at(longest, edge_r, edge_hi - edge_lo)
+    runq = zip(ranges["total"].sum(axis=1).tolist(), longest.tolist(), (ranges["j"] - ranges["i"]).sum(axis=1).tolist())
+    threads = [(key >> 32, key & 0xFFFFFFFF) for key in waits.threads.tolist()]
+    out = []
+    for r, ((total, most, count), row) in enumerate(zip(runq, table)):
+        on = np.flatnonzero(ranges["has"][r]).tolist()
+        answer = charged(keys, row, (total, most, count), {threads[t][0] for t in on}, comm_name)
+        if answer is not Tie:
+            if answer.irq:
+                source = max(answer.sources, key=answer.sources.get)
+                answer.irq_records = {source: latest.record(r, source)}
+            answer = ({threads[t]: v for t, v in zip(on, ranges["total"][r, on].tolist())}, answer)
+        out.append(answer)
+    return out
+
+
+def _longest(waits: _Waits, ranges: dict) -> np.ndarray:
+    """Per window, the longest of the waits whole inside it (a sparse table of the lengths, in thread order)."""
+    table = [waits.length]
+    while 2 ** len(table) <= len(waits.length):
+        row, half = table[-1], 2 ** (len(table) - 1)
+        table.append(np.maximum(row[:-half], row[half:]))
+    a = ranges["i"] + ranges["first"]
+    b = ranges["j"] - ranges["last"]
+    some = b > a
+    level = np.frexp(np.maximum(b - a, 1))[1] - 1  # floor(log2): exact for any int64 count
+    out = np.zeros(a.shape, dtype=np.int64)
+    for k, row in enumerate(table):
+        at = some & (level == k)
+        if at.any():
+            out[at] = np.maximum(row[a[at]], row[b[at] - 2 ** k])
+    return out.max(axis=1, initial=0)
+
+
+class _Latest:
+    """The record the walk kept for an interrupt source: its record in the
+    last part, in (pid, tid, start) order, whose split names it (a share of
+    0 ns names it too). WaitIndex._latest_record, for one window at a time."""
+
+    def __init__(self, splits: Splits, ranges: dict, edges: tuple, whole: int):
+        self.splits, self.ranges, self.whole = splits, ranges, whole
+        self.edge_r, self.edge_k = edges[0], edges[1]
+        self.code = {name: c for c, name in enumerate(splits.source_names)}
+        mine = splits.part < whole
+        self.stride = whole + 1
+        key = splits.source_code[mine] * self.stride + splits.part[mine]
+        self.by = np.flatnonzero(mine)[np.argsort(key, kind="stable")]
+        self.keys = key[np.argsort(key, kind="stable")]
+        self.edge_shares = np.flatnonzero(~mine)
+
+    def record(self, r: int, source: tuple):
+        c, ranges = self.code[source], self.ranges
+        lo = (ranges["i"][r] + ranges["first"][r])[ranges["has"][r]]
+        hi = (ranges["j"][r] - ranges["last"][r])[ranges["has"][r]]
+        at = np.searchsorted(self.keys, c * self.stride + hi, "left") - 1
+        ok = (hi > lo) & (at >= 0)
+        ok &= self.keys[np.maximum(at, 0)] >= c * self.stride + lo
+        best, share = -1, None
+        if ok.any():
+            best_at = at[ok].max()
+            best, share = int(self.keys[best_at] - c * self.stride), int(self.by[best_at])
+        shares = self.edge_shares
+        part = self.splits.part[shares] - self.whole
+        here = shares[(self.splits.source_code[shares] == c) & (self.edge_r[part] == r)]
+        if len(here):
+            k = self.edge_k[self.splits.part[here] - self.whole]
+            if int(k.max()) > best:
+                share = int(here[np.argmax(k)])
+        return self.splits.record[share]
+
+
+def _edges(waits: _Waits, ranges: dict, start: np.ndarray,
+           end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Every window's edge parts (window, wait, lo, hi), as WaitIndex._threads
+    clips them: a thread's first wait where it starts before the window,
+    its last where it ends after (one part where that is the same wait)."""
+    r1, t1 = np.nonzero(ranges["first"])
+    k1 = ranges["i"][r1, t1]
+    both = ranges["last"] & ~(ranges["first"] & (ranges["j"] - 1 == ranges["i"]))
+    r2, t2 = np.nonzero(both)
+    k2 = ranges["j"][r2, t2] - 1
+    r, k = np.r_[r1, r2], np.r_[k1, k2]
+    order = np.lexsort((k, r))
+    r, k = r[order], k[order]
+    return r, k, np.maximum(waits.begin[k], start[r]), np.minimum(waits.end[k], end[r])
+
+
+def _union(waits: _Waits) -> tuple[list[int], list[int], list[int]]:
+    """The union of the waits as disjoint intervals: (starts, ends, prefix sums of their lengths)."""
+    order = np.lexsort((waits.end, waits.begin))
+    begin, end = waits.begin[order], waits.end[order]
+    reach = np.maximum.accumulate(end)
+    new = np.r_[True, begin[1:] > reach[:-1]]  # WaitIndex's _merged: a start at the reach so far joins
+    starts = begin[new]
+    last = np.r_[np.flatnonzero(new)[1:] - 1, len(begin) - 1]
+    ends = reach[last]
+    return starts.tolist(), ends.tolist(), [0, *np.cumsum(ends - starts).tolist()]
+
+
+def comm_name(comm: int) -> str:
+    """The command name COMM_IDS numbered."""
+    global _NAMES
+    if comm >= len(_NAMES):
+        _NAMES = list(COMM_IDS)
+    return _NAMES[comm]
+
+
+_NAMES: list[str] = []
