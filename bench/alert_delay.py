@@ -225,14 +225,25 @@ def bench_alert_delay_steady(rounds: int = int(os.environ.get("BENCH_ALERT_ROUND
     return bench_alert_delay(rounds, bursts, STEADY_S, STEADY_WHAT)
 
 
+#: `alert-delay-stages`: the baseline arm is this tree with `up` running one streams process (judge,
+#: attribution and store on one loop), against its default, the judge apart (streams/stages.py)
+ONE_PROCESS = {"JITTERSCOPE_UP_STAGES": "false"}
+
+
+def bench_alert_delay_stages(rounds: int = int(os.environ.get("BENCH_ALERT_ROUNDS", "2"))) -> str:
+    return bench_alert_delay(rounds, before_env=ONE_PROCESS)
+
+
 def bench_alert_delay(rounds: int = int(os.environ.get("BENCH_ALERT_ROUNDS", "2")), workload=storm,
-                      seconds: float = STORM_S, what: str = STORM_WHAT) -> str:
+                      seconds: float = STORM_S, what: str = STORM_WHAT, before_env: dict | None = None) -> str:
+    """``before_env``: the baseline is this tree with these settings (not the tree at BEFORE)."""
     runs: dict[str, list[dict]] = {"before": [], "after": []}
     with tempfile.TemporaryDirectory() as tmp:
-        before_tree = baseline_tree(Path(tmp))
+        before_tree = None if before_env else baseline_tree(Path(tmp))
         for r in range(rounds):  # alternating, the order flipped each round
             for label in (("before", "after") if r % 2 == 0 else ("after", "before")):
-                result = storm_under_up(before_tree if label == "before" else None, seconds, workload=workload)
+                result = storm_under_up(before_tree if label == "before" else None, seconds,
+                                        extra_env=before_env if label == "before" else None, workload=workload)
                 runs[label].append(result)
                 d = result["delays"]
                 print(f"<!-- round {r} {label}: {len(d)} alerts, p50 {_pct(d, 0.5):.3f} s, "
@@ -252,7 +263,8 @@ def bench_alert_delay(rounds: int = int(os.environ.get("BENCH_ALERT_ROUNDS", "2"
     median_p50 = statistics.median(_pct(run["delays"], 0.5) for run in runs["after"])
     summaries = "; ".join(run["summary"] for run in runs["after"] if run["summary"]) or "none printed"
     return (f"| run-queue alert delay (raised − wait end) in {what}, {rounds} alternating rounds | {ours} | "
-            f"the alert path as at {BEFORE}: {base} | p99 {our_p99 / base_p99:.2f}x |\n"
+            f"{'one streams process' if before_env else f'the alert path as at {BEFORE}'}: {base} | "
+            f"p99 {our_p99 / base_p99:.2f}x |\n"
             f"\n`up`'s stop summary (the worker's histogram), this tree: {summaries} (median per-run p50 "
             f"{median_p50 * 1e3:,.0f} ms)\n")
 

@@ -884,6 +884,7 @@ BENCHES = {"decode": bench_decode, "pipeline": bench_pipeline, "probe": bench_pr
            "alert-delay": lambda: __import__("alert_delay").bench_alert_delay(),
            "alert-delay-worker": lambda: __import__("alert_delay").bench_alert_delay_worker(),
            "alert-delay-steady": lambda: __import__("alert_delay").bench_alert_delay_steady(),
+           "alert-delay-stages": lambda: __import__("alert_delay").bench_alert_delay_stages(),
            "alert-delay-collector": lambda: __import__("alert_delay").bench_alert_delay_collector(),
            "glue": lambda: __import__("blocked").bench_tracepoint_glue(),
            "vllm-capacity": lambda: __import__("mix").bench_vllm_capacity(),

@@ -34,7 +34,7 @@ from rich.console import Console
 
 from jitterscope.common import errors
 from jitterscope import topic_admin
-from jitterscope.broker import EmbeddedBroker, wait_for_port
+from jitterscope.broker import EmbeddedBroker, free_port, wait_for_port
 from jitterscope.collector.pacing import confine
 from jitterscope.common import kafka_auth, ports
 from jitterscope.common.logs import printable
@@ -197,7 +197,8 @@ class Stack:
         record): a worker still joining its group or finding its offsets held
         every record behind that, and a storm in the first second after
         "watching" had its first alerts 0.3-0.7 s late (bench/alert_delay.py)."""
-        waiting = {p for p in (self.settings.judge_web_port, self.settings.streams_web_port) if p}
+        waiting = {p for name, p in (("judge", self.settings.judge_web_port), ("streams", self.settings.streams_web_port))
+                   if p and name in self.children}
         deadline = time.monotonic() + timeout_s
         while waiting and time.monotonic() < deadline:
             self._check_children()
@@ -233,6 +234,8 @@ class Stack:
         # anything else on a port of ours) is one line per port, not a worker
         # and a collector that die with a traceback after "watching"
         ports.require_free(*self.listeners())
+        if s.up_stages and not s.judge_web_port:  # `up` reads the judge's /metrics (its drain): any free port, never a fixed one
+            s = self.settings = s.model_copy(update={"judge_web_port": free_port()})
         private_dir(s.data_dir)  # the store and the query token live here
         with self.console.status("starting jitterscope") as status:
             if s.bootstrap_servers:
@@ -246,10 +249,11 @@ class Stack:
                 bootstrap = self.broker.bootstrap_servers
             status.update("starting the streams judge, store and ClickHouse")
             # the judge apart: nothing the store or attribution do can stall an alert (streams/stages.py)
-            self._spawn("judge", ["streams", "--stage", "judge"], bootstrap)
-            self._spawn("streams", ["streams", "--stage", "store"], bootstrap)
+            if s.up_stages:
+                self._spawn("judge", ["streams", "--stage", "judge"], bootstrap)
+            self._spawn("streams", ["streams", "--stage", "store" if s.up_stages else "all"], bootstrap)
             for name, port in (("judge", s.judge_web_port), ("streams", s.streams_web_port)):
-                if port:
+                if port and name in self.children:
                     wait_for_port(port, 60, self.children[name])
             status.update("starting the collector (compiling BPF)")
             # an earlier run's counts would make the drain compare against them
