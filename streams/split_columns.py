@@ -50,11 +50,16 @@ class Splits:
     source_code: np.ndarray  # in source_names
     source_names: list[tuple]
     ns: np.ndarray
-    record: list[IrqTime]
+    record_at: np.ndarray  # in records
+    records: list[IrqTime]
 
     @property
     def cgroups(self) -> list[str]:
         return [self.cgroup_names[c] if c >= 0 else "" for c in self.charged.tolist()]
+
+    @property
+    def record(self) -> list[IrqTime]:
+        return [self.records[k] for k in self.record_at.tolist()]
 
     @property
     def source(self) -> list[tuple]:
@@ -68,7 +73,7 @@ def split_columns(evidence: HostEvidence, cgroups: list[str], owner: np.ndarray,
     where idle[k], as columns. Raises OverflowError where int64 or float64
     would not give split_wait's integers."""
     cut, charged, cgroup_names = _throttled_many(evidence, cgroups, owner, idle, lo, hi)
-    part, source, source_names, ns, record = _irq_many(evidence, cpu, lo, hi)
+    part, source, source_names, ns, record_at, records = _irq_many(evidence, cpu, lo, hi)
     spent = np.zeros(len(lo), dtype=np.int64)
     np.add.at(spent, part, ns)
     left = hi - lo - cut
@@ -77,7 +82,7 @@ def split_columns(evidence: HostEvidence, cgroups: list[str], owner: np.ndarray,
     scale = np.where(spent > 0, np.minimum(1.0, left / np.maximum(spent, 1)), 0.0)  # at most what the wait has left
     return Splits(cut=cut, charged=charged, cgroup_names=cgroup_names, stolen=(spent * scale).astype(np.int64),
                   part=part, source_code=source, source_names=source_names, ns=(ns * scale[part]).astype(np.int64),
-                  record=record)
+                  record_at=record_at, records=records)
 
 
 def split_many(evidence: HostEvidence, infos: list[ProcessInfo | None], events: list[RunqEvent], los: list[int],
@@ -161,12 +166,13 @@ def _throttle_ns(found: SortedEvidence, l: np.ndarray, h: np.ndarray, idle: np.n
 
 
 def _irq_many(evidence: HostEvidence, cpu: np.ndarray, lo: np.ndarray,
-              hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[tuple], np.ndarray, list[IrqTime]]:
+              hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[tuple], np.ndarray, np.ndarray, list[IrqTime]]:
     """culprits.irq_by_source for every part, unscaled, as shares (part,
     source, ns, the source's latest record), part-major and in split_wait's
     order within a part. Every CPU's records in one table keyed (CPU, start):
     one search for all the parts, whatever their CPUs."""
-    none = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), [], np.zeros(0, dtype=np.int64), [])
+    none = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), [], np.zeros(0, dtype=np.int64),
+            np.zeros(0, dtype=np.int64), [])
     cpus = np.unique(cpu).tolist() if len(cpu) else []
     table = _irq_table(evidence, cpus, int(lo.min()), int(hi.max())) if cpus else None
     if table is None:
@@ -203,7 +209,7 @@ def _irq_many(evidence: HostEvidence, cpu: np.ndarray, lo: np.ndarray,
     sums = np.add.reduceat(ns[order], begin)
     place = np.argsort(firsts, kind="stable")
     return (mine[rows[firsts]][place], source[met[firsts]][place], list(names), sums[place],
-            [records[k] for k in met[lasts][place].tolist()])
+            met[lasts][place], records)
 
 
 def _irq_table(evidence: HostEvidence, cpus: list[int], lo: int, hi: int) -> tuple | None:

@@ -100,35 +100,49 @@ def totals(keys: Keys, made: tuple, waits, windows: tuple[np.ndarray, np.ndarray
     return out
 
 
-def charged(keys: Keys, row: np.ndarray, runq: tuple[int, int, int], pids: set[int], comm_name) -> Charged | type:
-    """One window's charges from its row of totals; Tie where the walk's order would decide."""
-    throttles = row[keys.span("throttle")]
-    throttled = int(throttles.sum())
-    names = keys.blocks["throttle"][1]
-    if throttled and _tied(throttles):
-        return Tie
-    irq = int(row[STOLEN])
-    sources = row[keys.span("irq")]
-    if irq and (_tied(sources) or not sources.max()):
-        return Tie
-    by_suspect: dict[str, dict[int, int]] = defaultdict(dict)
-    block = row[keys.span("suspect")]
-    for at in np.flatnonzero(block > 0).tolist():
-        comm, pid = keys.blocks["suspect"][1][at]
-        by_suspect[comm_name(comm)][pid] = int(block[at])
-    sums = [sum(p.values()) for p in by_suspect.values()]
-    if len(set(sums)) < len(sums) or any(_tied(np.array(list(p.values()))) for p in by_suspect.values()):
-        return Tie
-    threads = row[keys.span("own thread")]
-    source_names = keys.blocks["irq"][1]
-    return Charged(runq=runq, suspects=rank_suspects(by_suspect, TOP_SUSPECTS), throttled=throttled,
-                   throttles={names[c]: int(throttles[c]) for c in np.flatnonzero(throttles).tolist()},
-                   irq=irq, sources={source_names[c]: int(sources[c]) for c in np.flatnonzero(sources).tolist()},
-                   irq_records={}, own_ns=int(row[OWN]),
-                   own_threads={keys.blocks["own thread"][1][c] for c in np.flatnonzero(threads > 0).tolist()},
-                   idle_ns=int(row[IDLE]), pids=pids)
+def charged(keys: Keys, table: np.ndarray, runq: list[tuple[int, int, int]], pids: list[set[int]],
+            comm_name) -> tuple[list, np.ndarray]:
+    """Every window's charges from its row of totals (Tie where the walk's
+    order would decide), and per window the source of interrupts charged
+    most (-1: none asked). The throttles and sources name only the one
+    charged most: all attribution reads of them (``_culprit``)."""
+    throttles, sources = table[:, keys.span("throttle")], table[:, keys.span("irq")]
+    throttled, irq = throttles.sum(axis=1), table[:, STOLEN]
+    tie = ((throttled > 0) & _tied(throttles)) | ((irq > 0) & (_tied(sources) | (sources.max(axis=1, initial=0) == 0)))
+    top_throttle = throttles.argmax(axis=1) if throttles.shape[1] else np.zeros(len(table), dtype=np.int64)
+    top_source = np.where(irq > 0, sources.argmax(axis=1) if sources.shape[1] else 0, -1)
+    cgroup_names, source_names = keys.blocks["throttle"][1], keys.blocks["irq"][1]
+    suspect_names, thread_names = keys.blocks["suspect"][1], keys.blocks["own thread"][1]
+    rows = zip(tie.tolist(), throttled.tolist(), top_throttle.tolist(), irq.tolist(), top_source.tolist(),
+               table[:, keys.span("suspect")].tolist(), table[:, keys.span("own thread")].tolist(),
+               table[:, OWN].tolist(), table[:, IDLE].tolist(), runq, pids)
+    out = []
+    for tied, cut, cgroup, stolen, source, suspects, threads, own, idle, window, found in rows:
+        by_suspect: dict[str, dict[int, int]] = defaultdict(dict)
+        for (comm, pid), ns in zip(suspect_names, suspects):
+            if ns > 0:
+                by_suspect[comm_name(comm)][pid] = ns
+        sums = [sum(p.values()) for p in by_suspect.values()]
+        if tied or len(set(sums)) < len(sums) or any(_tied_values(p.values()) for p in by_suspect.values()):
+            out.append(Tie)
+            continue
+        out.append(Charged(runq=window, suspects=rank_suspects(by_suspect, TOP_SUSPECTS), throttled=cut,
+                           throttles={cgroup_names[cgroup]: cut} if cut else {}, irq=stolen,
+                           sources={source_names[source]: stolen} if stolen else {}, irq_records={}, own_ns=own,
+                           own_threads={tid for tid, n in zip(thread_names, threads) if n > 0}, idle_ns=idle,
+                           pids=found))
+    return out, top_source
 
 
-def _tied(values: np.ndarray) -> bool:
+def _tied_values(values) -> bool:
     """Whether the largest of ``values`` is shared."""
-    return len(values) > 1 and int(np.partition(values, -2)[-2]) == int(values.max())
+    top = sorted(values, reverse=True)[:2]
+    return len(top) == 2 and top[0] == top[1]
+
+
+def _tied(block: np.ndarray) -> np.ndarray:
+    """Per row, whether its largest value is shared."""
+    if block.shape[1] < 2:
+        return np.zeros(len(block), dtype=bool)
+    top = np.partition(block, -2, axis=1)
+    return top[:, -1] == top[:, -2]

@@ -234,17 +234,20 @@ def _answers(keys: Keys, table: np.ndarray, waits: _Waits, ranges: dict, edges: 
     edge_r, _edge_k, edge_lo, edge_hi = edges
     longest = _longest(waits, ranges)
     np.maximum.at(longest, edge_r, edge_hi - edge_lo)
-    runq = zip(ranges["total"].sum(axis=1).tolist(), longest.tolist(), (ranges["j"] - ranges["i"]).sum(axis=1).tolist())
+    runq = list(zip(ranges["total"].sum(axis=1).tolist(), longest.tolist(),
+                    (ranges["j"] - ranges["i"]).sum(axis=1).tolist()))
     threads = [(key >> 32, key & 0xFFFFFFFF) for key in waits.threads.tolist()]
+    pids = [threads[t][0] for t in range(len(threads))]
+    per_window = ranges["total"].tolist()  # a thread with a part has a total: parts are never empty
+    answers, sources = charged(keys, table, runq, [{p for p, total in zip(pids, row) if total} for row in per_window],
+                               comm_name)
+    records = latest.records(sources)
     out = []
-    for r, ((total, most, count), row) in enumerate(zip(runq, table)):
-        on = np.flatnonzero(ranges["has"][r]).tolist()
-        answer = charged(keys, row, (total, most, count), {threads[t][0] for t in on}, comm_name)
+    for answer, totals, source, record in zip(answers, per_window, sources.tolist(), records):
         if answer is not Tie:
             if answer.irq:
-                source = max(answer.sources, key=answer.sources.get)
-                answer.irq_records = {source: latest.record(r, source)}
-            answer = ({threads[t]: v for t, v in zip(on, ranges["total"][r, on].tolist())}, answer)
+                answer.irq_records = {keys.blocks["irq"][1][source]: record}
+            answer = ({thread: total for thread, total in zip(threads, totals) if total}, answer)
         out.append(answer)
     return out
 
@@ -279,29 +282,38 @@ class _Latest:
         mine = splits.part < whole
         self.stride = whole + 1
         key = splits.source_code[mine] * self.stride + splits.part[mine]
-        self.by = np.flatnonzero(mine)[np.argsort(key, kind="stable")]
-        self.keys = key[np.argsort(key, kind="stable")]
+        order = np.argsort(key, kind="stable")
+        # led by a key below every search, so that "the last before" is always an index (-1: none)
+        self.by = np.r_[-1, np.flatnonzero(mine)[order]]
+        self.keys = np.r_[-1, key[order]]
         self.edge_shares = np.flatnonzero(~mine)
 
-    def record(self, r: int, source: tuple):
-        c, ranges = self.code[source], self.ranges
-        lo = (ranges["i"][r] + ranges["first"][r])[ranges["has"][r]]
-        hi = (ranges["j"][r] - ranges["last"][r])[ranges["has"][r]]
-        at = np.searchsorted(self.keys, c * self.stride + hi, "left") - 1
-        ok = (hi > lo) & (at >= 0)
-        ok &= self.keys[np.maximum(at, 0)] >= c * self.stride + lo
-        best, share = -1, None
-        if ok.any():
-            best_at = at[ok].max()
-            best, share = int(self.keys[best_at] - c * self.stride), int(self.by[best_at])
+    def records(self, codes: np.ndarray) -> list:
+        """Per window, the record of source ``codes[r]`` the walk kept (None where codes[r] is -1)."""
+        ranges, stride = self.ranges, self.stride
+        lo = np.where(ranges["has"], ranges["i"] + ranges["first"], 0)
+        hi = np.where(ranges["has"], ranges["j"] - ranges["last"], 0)
+        base = (np.maximum(codes, 0) * stride)[:, None]
+        at = np.searchsorted(self.keys, base + hi, "left") - 1  # the last share of the source before hi (or -1)
+        found = self.keys[at]
+        position = np.where((codes >= 0)[:, None] & (hi > lo) & (found >= base + lo), found - base, -1)
+        rows = np.arange(len(codes))
+        column = position.argmax(axis=1) if position.shape[1] else np.zeros(len(codes), dtype=np.int64)
+        best = position[rows, column] if position.shape[1] else np.full(len(codes), -1)
+        share = np.where(best >= 0, self.by[at[rows, column]] if position.shape[1] else -1, -1)
         shares = self.edge_shares
-        part = self.splits.part[shares] - self.whole
-        here = shares[(self.splits.source_code[shares] == c) & (self.edge_r[part] == r)]
-        if len(here):
-            k = self.edge_k[self.splits.part[here] - self.whole]
-            if int(k.max()) > best:
-                share = int(here[np.argmax(k)])
-        return self.splits.record[share]
+        e = self.splits.part[shares] - self.whole
+        r = self.edge_r[e]
+        mine = self.splits.source_code[shares] == codes[r]
+        shares, r, position = shares[mine], r[mine], self.edge_k[e[mine]]
+        order = np.lexsort((position, r))
+        last = np.r_[r[order][1:] != r[order][:-1], True] if len(order) else np.zeros(0, dtype=bool)
+        for window, pos, found in zip(r[order][last].tolist(), position[order][last].tolist(),
+                                      shares[order][last].tolist()):
+            if pos > best[window]:
+                share[window] = found
+        s = self.splits
+        return [s.records[s.record_at[k]] if k >= 0 else None for k in share.tolist()]
 
 
 def _edges(waits: _Waits, ranges: dict, start: np.ndarray,
