@@ -237,7 +237,9 @@ def insert_ndjson(client, table: str, record_type: type[msgspec.Struct], payload
         lines.flush()
         client.command(f"INSERT INTO {DATABASE}.{table} ({columns}) SELECT {select} FROM "
                        f"file({_sql_literal(lines.name)}, JSONEachRow, {_sql_literal(structure)}) "
-                       "SETTINGS input_format_skip_unknown_fields = 1")
+                       # one parsing thread: a batch is a few MB, and on a 2-CPU host parallel parsing measured
+                       # 0.85x the records per CPU second and slower wall time too (bench/RESULTS.md, issue 39)
+                       "SETTINGS input_format_skip_unknown_fields = 1, input_format_parallel_parsing = 0")
     return True
 
 

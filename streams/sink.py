@@ -25,6 +25,7 @@ deduplicated source, with the view's own SELECT. (The ledger's seq bitmaps,
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import operator
 import re
@@ -47,15 +48,30 @@ ROLLUP_SOURCES = frozenset({"latency_histograms", "request_attribution", "runq_e
 
 
 _KEY = operator.attrgetter("host", "boot_id", "seq")
+_GROUP = operator.attrgetter("host", "boot_id")
+_SEQ = operator.attrgetter("seq")
 
 
-def unseen(records: list, known: set[tuple[str, str, int]]) -> list:
-    """Records whose (host, boot_id, seq) is neither stored nor earlier in the batch."""
-    keys = list(map(_KEY, records))
-    if not known.intersection(keys) and len(set(keys)) == len(keys):
+def seqs_by_group(records: list) -> dict[tuple[str, str], list[int]]:
+    """(host, boot_id) -> the seqs of its records, in order. One step per
+    run of records of one group (a message's), not per record: at 200k
+    records a second a per-record Python loop here cost as much as ClickHouse's
+    parse of the same records (bench/RESULTS.md, issue 39)."""
+    groups: dict[tuple[str, str], list[int]] = {}
+    for group, run in itertools.groupby(records, key=_GROUP):
+        groups.setdefault(group, []).extend(map(_SEQ, run))
+    return groups
+
+
+def unseen(records: list, known: set[tuple[str, str, int]],
+           groups: dict[tuple[str, str], list[int]] | None = None) -> list:
+    """Records whose (host, boot_id, seq) is neither stored nor earlier in the
+    batch. ``groups``: seqs_by_group(records), where the caller has it."""
+    groups = seqs_by_group(records) if groups is None else groups
+    if not known and all(len(set(seqs)) == len(seqs) for seqs in groups.values()):
         return list(records)  # the usual batch, new and without repeats: checked in C, not per record
     fresh, seen = [], set(known)
-    for key, record in zip(keys, records):
+    for key, record in zip(map(_KEY, records), records):
         if key not in seen:
             seen.add(key)
             fresh.append(record)
@@ -86,15 +102,7 @@ def stored_keys(client, table: str, records: list) -> set[tuple[str, str, int]]:
 
 def seq_ranges(records: list) -> dict[tuple[str, str], list[int]]:
     """(host, boot_id) -> [lowest, highest] seq among ``records``."""
-    ranges: dict[tuple[str, str], list[int]] = {}
-    for host, boot_id, seq in map(_KEY, records):
-        if (span := ranges.get((host, boot_id))) is None:
-            ranges[(host, boot_id)] = [seq, seq]
-        elif seq < span[0]:
-            span[0] = seq
-        elif seq > span[1]:
-            span[1] = seq
-    return ranges
+    return {group: [min(seqs), max(seqs)] for group, seqs in seqs_by_group(records).items()}
 
 
 def highest_stored(client, table: str, host: str) -> dict[tuple[str, str], int]:
@@ -104,17 +112,18 @@ def highest_stored(client, table: str, host: str) -> dict[tuple[str, str], int]:
     return {(host, boot_id): int(seq) for boot_id, seq in result.result_rows}
 
 
-def unstored(client, table: str, records: list, stored_through: dict[tuple[str, str], int]) -> list:
+def unstored(client, table: str, records: list, stored_through: dict[tuple[str, str], int],
+             groups: dict[tuple[str, str], list[int]] | None = None) -> list:
     """``records`` without the keys ``table`` holds already or repeats within
     them. ``stored_through``: (host, boot_id) -> the highest seq known stored,
     for every host of ``records`` (kept up to date here): only a (host,
-    boot_id) whose seqs reach back to it is looked up."""
-    ranges = seq_ranges(records)
-    doubtful = {group for group, (lowest, _) in ranges.items() if lowest <= stored_through.get(group, -1)}
-    known = stored_keys(client, table, [r for r in records if (r.host, r.boot_id) in doubtful]) if doubtful else set()
-    for group, (_, highest) in ranges.items():
-        stored_through[group] = max(highest, stored_through.get(group, -1))
-    return unseen(records, known)
+    boot_id) whose seqs reach back to it is looked up. ``groups``: seqs_by_group(records)."""
+    groups = seqs_by_group(records) if groups is None else groups
+    doubtful = {group for group, seqs in groups.items() if min(seqs) <= stored_through.get(group, -1)}
+    known = stored_keys(client, table, [r for r in records if _GROUP(r) in doubtful]) if doubtful else set()
+    for group, seqs in groups.items():
+        stored_through[group] = max(max(seqs), stored_through.get(group, -1))
+    return unseen(records, known, groups)
 
 
 def raw_chunks(parts: list[tuple[list, bytes | None]], step: int) -> list[tuple[list, bytes | None]]:
@@ -210,12 +219,13 @@ class ClickHouseSink:
         """Insert; rows bound for a rollup source only if not stored yet. Returns rows inserted."""
         if table in ROLLUP_SOURCES:
             stored_through = self._stored_through.setdefault(table, {})
-            for host in sorted({r.host for r in records}):
+            groups = seqs_by_group(records)
+            for host in sorted({host for host, _ in groups}):
                 if (table, host) not in self._taken_over:
                     self._rebuild(table, host)
                     stored_through.update(highest_stored(self.client, table, host))
                     self._taken_over.add((table, host))
-            fresh = unstored(self.client, table, records, stored_through)
+            fresh = unstored(self.client, table, records, stored_through, groups)
             raw = raw if len(fresh) == len(records) else None  # some were stored: the lines no longer match
             records = fresh
         if raw is None or not self._insert_raw(table, records, raw):

@@ -139,8 +139,9 @@ def test_ledger_counts_rows_stored_before_its_migration(tmp_path, monkeypatch):
     every = clickhouse.migrations()
     monkeypatch.setattr(clickhouse, "migrations", lambda: [m for m in every if m[0] < 9])
     clickhouse.migrate(client)
-    clickhouse.insert_records(client, "runq_events",  # 017 added waits
-                              as_sent_before([runq("old-store", BASE1 + i) for i in (0, 1, 2, 5)], "waits"))
+    clickhouse.insert_records(client, "runq_events",  # 017 added waits, 018 suspect_own
+                              as_sent_before([runq("old-store", BASE1 + i) for i in (0, 1, 2, 5)],
+                                             "waits", "suspect_own"))
     monkeypatch.setattr(clickhouse, "migrations", lambda: every)
     assert 9 in clickhouse.migrate(client)
     clickhouse.insert_records(client, "runq_events", [runq("old-store", BASE1 + 6)])

@@ -1,0 +1,210 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`bench/run.py store-path` and `store-kafka`: the storing stage's cost per
+record, the vLLM mix (bench/vllm_mix.py) through the sink into embedded chDB.
+
+store-path: in one process, each message decoded (schemas/batches.py: the
+judge of a record, and the keys the sink's dedup needs), gathered into
+chunks of sink_batch_rows (sink.raw_chunks) and written; the decoded path
+(records serialised by clickhouse-connect) and the raw path (the lines as
+they came, ``write(..., raw=)``) alternate round by round over the same
+messages, each round under a fresh boot_id (no redelivery to look up). Wall
+time and the process's CPU time (chDB's threads included) per round.
+
+store-kafka: the same, fed by an aiokafka consumer (Faust's driver) from the
+embedded broker, committing after each chunk: a store process's rate with
+its Kafka reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import resource
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from jitterscope.schemas import batches, topics
+from jitterscope.streams import clickhouse, sink
+
+TARGET = 200_000
+
+
+def _cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def vllm_messages(records: int) -> tuple[list[tuple[str, bytes]], int]:
+    """(topic, NDJSON payload) of enough vLLM-shaped hosts' mix for about ``records``; (messages, hosts)."""
+    import mix
+
+    hosts = 8
+    seconds = max(mix.TICK_S, records / (hosts * mix.vllm_host_rate()))
+    return [(topic, payload) for _at, topic, _key, payload, _n in
+            mix.schedule(hosts, seconds, time.time_ns(), shape="vllm")], hosts
+
+
+def _reboot(messages: list[tuple[str, bytes]], boot: str) -> list[tuple[str, bytes]]:
+    return [(topic, payload.replace(b'"boot_id":"vllm"', f'"boot_id":"{boot}"'.encode())) for topic, payload in messages]
+
+
+async def store_messages(writer: sink.ClickHouseSink, messages: list[tuple[str, bytes]], raw: bool,
+                         step: int) -> int:
+    """What a store process does with a take of messages: decode each, write
+    each topic's in chunks of ``step`` (raw lines or decoded records); records stored."""
+    stored = 0
+    by_topic: dict[str, list[tuple[list, bytes | None]]] = {}
+    for topic, payload in messages:
+        good, bad = DECODERS[topic].decode(payload)
+        by_topic.setdefault(topic, []).append((good, payload if raw and not bad else None))
+    for topic, parts in by_topic.items():
+        table = clickhouse.TABLE_OF[topics.INPUT_TOPICS[topic]]
+        for records, lines in sink.raw_chunks(parts, step):
+            await writer.write(table, records, raw=lines)
+            stored += len(records)
+    return stored
+
+
+DECODERS = {topic: batches.BatchDecoder(kind) for topic, kind in topics.INPUT_TOPICS.items()}
+
+
+def _round(writer, messages, raw: bool, step: int) -> tuple[float, float, int]:
+    wall, cpu = time.perf_counter(), _cpu_s()
+    n = asyncio.run(store_messages(writer, messages, raw, step))
+    return time.perf_counter() - wall, _cpu_s() - cpu, n
+
+
+def bench_store_path(records: int = 200_000, rounds: int = 4, step: int = 50_000) -> str:
+    """The decoded and the raw path, alternating, over the same messages."""
+    messages, hosts = vllm_messages(records)
+    took: dict[str, list[tuple[float, float, int]]] = {"decoded": [], "raw": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        client = clickhouse.connect(None, Path(tmp))
+        clickhouse.migrate(client)
+        writers = {label: sink.ClickHouseSink(client) for label in took}
+        for label, writer in writers.items():  # takeover (rebuild queries) of each host, once per sink
+            _round(writer, _reboot(messages, f"warm-{label}"), label == "raw", step)
+        for r in range(rounds):
+            for label in (("decoded", "raw") if r % 2 == 0 else ("raw", "decoded")):
+                took[label].append(_round(writers[label], _reboot(messages, f"{label}-{r}"), label == "raw", step))
+        decode = min(_timed_decode(messages) for _ in range(3))
+        client.close()
+    rate = {label: [n / wall for wall, _cpu, n in runs] for label, runs in took.items()}
+    cpu = {label: [n / cpu for _wall, cpu, n in runs] for label, runs in took.items()}
+    n = took["raw"][0][2]
+    med = {label: statistics.median(values) for label, values in rate.items()}
+    return "\n".join([
+        f"| store path, vLLM mix ({hosts} hosts, {n:,} records in {len(messages):,} messages, 4 topics), decode → "
+        f"sink.write in chunks of {step:,} → chDB, one process, {rounds} rounds each, alternating: **raw lines** "
+        f"(`write(..., raw=)`) | {_spread(rate['raw'])} records/s wall, {_spread(cpu['raw'])} per CPU-second | "
+        f"decoded records (today's path): {_spread(rate['decoded'])} wall, {_spread(cpu['decoded'])} per CPU-s | "
+        f"{med['raw'] / med['decoded']:.2f}x wall, "
+        f"{statistics.median(cpu['raw']) / statistics.median(cpu['decoded']):.2f}x CPU; the goal "
+        f"{TARGET:,}: {med['raw'] / TARGET:.2f}x |",
+        f"| of which decoding alone (BatchDecoder, the same messages) | {n / decode:,.0f} records/s | | |"])
+
+
+def _timed_decode(messages) -> float:
+    started = time.perf_counter()
+    for topic, payload in messages:
+        DECODERS[topic].decode(payload)
+    return time.perf_counter() - started
+
+
+def _spread(values: list[float]) -> str:
+    return f"{statistics.median(values):,.0f} ({min(values):,.0f}–{max(values):,.0f})"
+
+
+def _produce(bootstrap: str, messages: list[tuple[str, bytes]], suffix: str) -> None:
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "compression.type": "lz4", "linger.ms": 5,
+                         "message.max.bytes": 8_000_000})
+    for topic, payload in messages:
+        key = payload[payload.index(b'"host":"') + 8:].split(b'"', 1)[0]
+        producer.produce(topic + suffix, payload, key=key)
+        producer.poll(0)
+    assert producer.flush(60) == 0
+
+
+async def consume_and_store(bootstrap: str, writer, names: list[str], suffix: str, records: int, raw: bool,
+                            step: int) -> int:
+    """A store process: fetch the topics ``names`` + ``suffix`` (this round's
+    copies: Tansu's high-water marks under-report, so a round cannot start at
+    the last one's end) from their start, decode, write each take in chunks,
+    commit; until ``records`` are stored."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=f"bench-{time.time_ns()}",
+                                enable_auto_commit=False, fetch_max_wait_ms=20, max_partition_fetch_bytes=8 << 20,
+                                fetch_max_bytes=64 << 20)
+    await consumer.start()
+    try:
+        assigned = [TopicPartition(t + suffix, p) for t in names for p in range(topics.PARTITIONS)]
+        consumer.assign(assigned)
+        await consumer.seek_to_beginning(*assigned)
+        stored = 0
+        while stored < records:
+            take = await consumer.getmany(timeout_ms=200, max_records=2_000)
+            messages = [(tp.topic.removesuffix(suffix), m.value) for tp, batch in take.items() for m in batch]
+            stored += await store_messages(writer, messages, raw, step)
+            await consumer.commit()
+        return stored
+    finally:
+        await consumer.stop()
+
+
+def bench_store_kafka(records: int = 200_000, rounds: int = 2, step: int = 50_000) -> str:
+    """store-path's two ways, each fed from the embedded broker by one aiokafka consumer."""
+    from jitterscope.broker import EmbeddedBroker, create_topics
+
+    messages, hosts = vllm_messages(records)
+    n = sum(len(DECODERS[t].decode(p)[0]) for t, p in messages)
+    took: dict[str, list[tuple[float, float]]] = {"decoded": [], "raw": []}
+    broker = EmbeddedBroker().start()
+    try:
+        names = sorted({t for t, _ in messages})
+        with tempfile.TemporaryDirectory() as tmp:
+            client = clickhouse.connect(None, Path(tmp))
+            clickhouse.migrate(client)
+            writers = {label: sink.ClickHouseSink(client) for label in took}
+            for r in range(rounds + 1):  # the first round of each warms up (takeovers), unrecorded
+                for label in (("decoded", "raw") if r % 2 == 0 else ("raw", "decoded")):
+                    suffix = f".{label}{r}"
+                    create_topics(broker.bootstrap_servers, names=[t + suffix for t in names])
+                    _produce(broker.bootstrap_servers, _reboot(messages, f"{label}-{r}"), suffix)
+                    wall, cpu = time.perf_counter(), _cpu_s()
+                    stored = asyncio.run(consume_and_store(broker.bootstrap_servers, writers[label], names, suffix,
+                                                           n, label == "raw", step))
+                    assert stored == n, (stored, n)
+                    if r:
+                        took[label].append((n / (time.perf_counter() - wall), n / (_cpu_s() - cpu)))
+            client.close()
+    finally:
+        broker.stop()
+    rate = {label: [w for w, _ in runs] for label, runs in took.items()}
+    cpu = {label: [c for _, c in runs] for label, runs in took.items()}
+    med = {label: statistics.median(values) for label, values in rate.items()}
+    return (f"| store process fed by Kafka: the same vLLM mix ({hosts} hosts, {n:,} records, lz4) in the embedded "
+            f"broker → one aiokafka consumer (getmany, commit per take) → decode → sink.write → chDB, {rounds} "
+            f"rounds each, alternating: **raw lines** | {_spread(rate['raw'])} records/s wall, "
+            f"{_spread(cpu['raw'])} per CPU-second | decoded records: {_spread(rate['decoded'])} wall, "
+            f"{_spread(cpu['decoded'])} per CPU-s | {med['raw'] / med['decoded']:.2f}x wall, "
+            f"{statistics.median(cpu['raw']) / statistics.median(cpu['decoded']):.2f}x CPU; the goal "
+            f"{TARGET:,}: {med['raw'] / TARGET:.2f}x |")
+
+
+if __name__ == "__main__":
+    import os
+    import platform
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    benches = {"store-path": bench_store_path, "store-kafka": bench_store_kafka}
+    names = sys.argv[1:] or list(benches)
+    print(f"\n### {time.strftime('%Y-%m-%d %H:%M')} — {platform.node()}, {os.cpu_count()} CPUs\n")
+    print(f"`.venv/bin/python bench/store.py {' '.join(names)}`\n")
+    print("| what | measured | baseline (same run) | ratio |\n|---|---|---|---|")
+    for name in names:
+        print(benches[name](), flush=True)
