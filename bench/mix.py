@@ -53,11 +53,12 @@ OTHERS = list(range(2000, 2016))  # other watched processes (every victim is wat
 SUSPECTS = [(300 + i, f"job{i}") for i in range(5)]
 #: the worker's hot path before the judge ran ahead of the store (issue 13): the baseline's revision
 MIX_BEFORE = "15e4fbd"
-#: attribution as on main before it was indexed (issue 18 part 3): the attribution-mix bench's same-run baseline
-ATTRIBUTION_BEFORE = "c65d1a8"
+#: attribution as on main before it was columnar (issue 39; row-wise index of issue 18 part 3 since c65d1a8):
+#: the attribution-mix bench's same-run baseline
+ATTRIBUTION_BEFORE = "d485576"
 #: attribution's modules, each after those it imports: the baseline loads them all as at ATTRIBUTION_BEFORE
 ATTRIBUTION_MODULES = ["streams/evidence.py", "streams/culprits.py", "streams/gpu_events.py", "streams/thread_budget.py",
-                       "streams/attribution.py"]
+                       "streams/wait_index.py", "streams/attribution.py"]
 #: the worker's own hot-path files: the baseline runs them as committed at MIX_BEFORE
 HOT_PATH = ["streams/store_queue.py", "streams/app.py", "streams/sink.py", "streams/clickhouse.py", "streams/attribution.py",
             "streams/handlers.py", "streams/alert_groups.py", "streams/throttle_index.py",
@@ -483,8 +484,10 @@ def bench_attribution_mix(rounds: int = 3, shapes: str = os.environ.get("BENCH_S
             assert result == expected, "the attribution differs from the modules as at " + ATTRIBUTION_BEFORE
         spans = len(result)
         rates = {label: [spans / t for t in times] for label, times in took.items()}
+        cost = {label: [t / spans * 1e6 for t in times] for label, times in took.items()}
         ratio = statistics.median(took["before"]) / statistics.median(took["after"])
         rows.append(f"| attribute {what}: {seconds:.0f} s, {spans:,} requests, median of {rounds} alternating rounds | "
-                    f"{_spread(rates['after'], '{:,.0f}')} requests/s | "
-                    f"as at {ATTRIBUTION_BEFORE}: {_spread(rates['before'], '{:,.0f}')} requests/s | {ratio:.2f}x |")
+                    f"{_spread(rates['after'], '{:,.0f}')} requests/s = {_spread(cost['after'], '{:,.0f}')} us a request | "
+                    f"as at {ATTRIBUTION_BEFORE}: {_spread(rates['before'], '{:,.0f}')} requests/s = "
+                    f"{_spread(cost['before'], '{:,.0f}')} us a request | {ratio:.2f}x |")
     return "\n".join(rows)

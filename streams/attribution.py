@@ -362,9 +362,12 @@ class Attributor:
         charged.contributed = contributed
         # the carrying thread's parts are whole in the walked (or carried) parts; the index is asked
         # for them only where it answered for the whole group
-        routine, charged.behind_gil_holders = behind_own_ns(
-            index.parts(span.start_ns, span.end_ns, {budget.tid}) if index else parts[RunqEvent], budget,
-            group) if budget.tid and group else (0, 0)
+        if budget.tid and group and isinstance(index, ColumnarIndex) and not budget.gil_holders:
+            routine = index.behind(span.start_ns, span.end_ns, budget.tid)  # and none behind GIL holders
+        else:
+            routine, charged.behind_gil_holders = behind_own_ns(
+                index.parts(span.start_ns, span.end_ns, {budget.tid}) if index else parts[RunqEvent], budget,
+                group) if budget.tid and group else (0, 0)
         # a wait throttled or taken by interrupts is not routine, whoever held the CPU before
         return charged, budget, waited, max(0, routine - charged.throttled - charged.irq)
 

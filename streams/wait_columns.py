@@ -144,6 +144,8 @@ class ColumnarIndex:
                            _Latest(splits, ranges, edges, len(pids)))
         index = cls(waits, group, dict(zip(windows, answers)), _union(waits))
         index._keep_edge_splits(splits, len(pids), edge_k, edge_lo, edge_hi)
+        index._behind = _behind(waits, ranges, edges, np.isin(waits.spid, group_pids))
+        index._rows = {window: r for r, window in enumerate(windows)}
         return index
 
     def _keep_edge_splits(self, splits: Splits, whole: int, edge_k: np.ndarray, edge_lo: np.ndarray,
@@ -152,7 +154,6 @@ class ColumnarIndex:
         self._splits, self._whole = splits, whole
         self._edge_at = {(k, lo, hi): whole + e for e, (k, lo, hi)
                          in enumerate(zip(edge_k.tolist(), edge_lo.tolist(), edge_hi.tolist()))}
-        self._shares: dict[int, list] | None = None
         self._lists: tuple | None = None
 
     def charges(self, start_ns: int, end_ns: int, _edge=None) -> tuple[dict, object]:
@@ -162,6 +163,12 @@ class ColumnarIndex:
             raise Tie
         per_thread, charged = found
         return defaultdict(int, per_thread), charged
+
+    def behind(self, start_ns: int, end_ns: int, tid: int) -> int:
+        """How long the threads ``tid`` (of any of the group's processes) waited
+        inside a window of the batch behind the group's own threads (thread_budget.behind_own_ns)."""
+        row = self._behind[self._rows[(start_ns, end_ns)]]
+        return int(row[(self.waits.threads & 0xFFFFFFFF) == tid].sum())
 
     def union_ns(self, start_ns: int, end_ns: int) -> int:
         """How long at least one of the group's threads waited inside [start, end]."""
@@ -196,14 +203,12 @@ class ColumnarIndex:
 
     def _split(self, at: int) -> tuple:
         """split_wait's tuple of the part at ``at`` in the batch's splits."""
-        if self._shares is None:
-            self._shares = defaultdict(list)
-            s = self._splits
-            for k, key, ns, record in zip(s.part.tolist(), s.source, s.ns.tolist(), s.record):
-                self._shares[k].append((key, ns, record))
         s = self._splits
+        a, b = np.searchsorted(s.part, [at, at + 1])  # the shares are part-major
+        shares = [(s.source_names[c], ns, s.records[r]) for c, ns, r
+                  in zip(s.source_code[a:b].tolist(), s.ns[a:b].tolist(), s.record_at[a:b].tolist())]
         code = int(s.charged[at])
-        return int(s.cut[at]), s.cgroup_names[code] if code >= 0 else "", self._shares.get(at, []), int(s.stolen[at])
+        return int(s.cut[at]), s.cgroup_names[code] if code >= 0 else "", shares, int(s.stolen[at])
 
 
 def _ranges(waits: _Waits, start: np.ndarray, end: np.ndarray) -> dict[str, np.ndarray]:
@@ -249,6 +254,16 @@ def _answers(keys: Keys, table: np.ndarray, waits: _Waits, ranges: dict, edges: 
                 answer.irq_records = {keys.blocks["irq"][1][source]: record}
             answer = ({thread: total for thread, total in zip(threads, totals) if total}, answer)
         out.append(answer)
+    return out
+
+
+def _behind(waits: _Waits, ranges: dict, edges: tuple, own: np.ndarray) -> np.ndarray:
+    """Per window and thread, its waits' ns inside the window behind the group's own threads (``own``)."""
+    sums = np.r_[0, np.cumsum(np.where(own, waits.length, 0))]
+    a, b = ranges["i"] + ranges["first"], ranges["j"] - ranges["last"]
+    out = np.where(b > a, sums[np.maximum(a, b)] - sums[a], 0)
+    edge_r, edge_k, edge_lo, edge_hi = edges
+    np.add.at(out, (edge_r, waits.thread[edge_k]), np.where(own[edge_k], edge_hi - edge_lo, 0))
     return out
 
 
