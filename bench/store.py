@@ -6,9 +6,10 @@ store-path: in one process, each message decoded (schemas/batches.py: the
 judge of a record, and the keys the sink's dedup needs), gathered into
 chunks of sink_batch_rows (sink.raw_chunks) and written; the decoded path
 (records serialised by clickhouse-connect) and the raw path (the lines as
-they came, ``write(..., raw=)``) alternate round by round over the same
-messages, each round under a fresh boot_id (no redelivery to look up). Wall
-time and the process's CPU time (chDB's threads included) per round.
+they came, ``write(..., raw=)``), and the sink and decoder as they were
+before both (BEFORE), take turns round by round over the same messages, each
+round under a fresh boot_id (no redelivery to look up). Wall time and the
+process's CPU time (chDB's threads included) per round.
 
 store-kafka: the same, fed by an aiokafka consumer (Faust's driver) from the
 embedded broker, committing after each chunk: a store process's rate with
@@ -23,11 +24,14 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from jitterscope.schemas import batches, topics
 from jitterscope.streams import clickhouse, sink
 
 TARGET = 200_000
+#: the sink and the decoder before the raw path and the per-run key bookkeeping (issue 39)
+BEFORE = "d485576"
 
 
 def _cpu_s() -> float:
@@ -49,19 +53,26 @@ def _reboot(messages: list[tuple[str, bytes]], boot: str) -> list[tuple[str, byt
     return [(topic, payload.replace(b'"boot_id":"vllm"', f'"boot_id":"{boot}"'.encode())) for topic, payload in messages]
 
 
-async def store_messages(writer: sink.ClickHouseSink, messages: list[tuple[str, bytes]], raw: bool,
-                         step: int) -> int:
+class Arm(NamedTuple):
+    """One way to store: a sink, the decoders, whether the lines go in as they came."""
+
+    writer: object
+    decoders: dict
+    raw: bool
+
+
+async def store_messages(arm: Arm, messages: list[tuple[str, bytes]], step: int) -> int:
     """What a store process does with a take of messages: decode each, write
     each topic's in chunks of ``step`` (raw lines or decoded records); records stored."""
     stored = 0
     by_topic: dict[str, list[tuple[list, bytes | None]]] = {}
     for topic, payload in messages:
-        good, bad = DECODERS[topic].decode(payload)
-        by_topic.setdefault(topic, []).append((good, payload if raw and not bad else None))
+        good, bad = arm.decoders[topic].decode(payload)
+        by_topic.setdefault(topic, []).append((good, payload if arm.raw and not bad else None))
     for topic, parts in by_topic.items():
         table = clickhouse.TABLE_OF[topics.INPUT_TOPICS[topic]]
         for records, lines in sink.raw_chunks(parts, step):
-            await writer.write(table, records, raw=lines)
+            await (arm.writer.write(table, records) if lines is None else arm.writer.write(table, records, raw=lines))
             stored += len(records)
     return stored
 
@@ -69,46 +80,75 @@ async def store_messages(writer: sink.ClickHouseSink, messages: list[tuple[str, 
 DECODERS = {topic: batches.BatchDecoder(kind) for topic, kind in topics.INPUT_TOPICS.items()}
 
 
-def _round(writer, messages, raw: bool, step: int) -> tuple[float, float, int]:
+def arms(client) -> dict[str, Arm]:
+    """before (BEFORE's sink and decoder), decoded (this tree's, records), raw (this tree's, lines)."""
+    import run
+
+    from prometheus_client import REGISTRY
+
+    ours = (sink.ROWS_WRITTEN, sink.INSERT_FAILURES)  # the old sink registers the same metric names
+    for metric in ours:
+        REGISTRY.unregister(metric)
+    old = run._modules_at(BEFORE, ["schemas/batches.py", "streams/sink.py"])
+    for theirs, metric in zip((old["streams/sink.py"].ROWS_WRITTEN, old["streams/sink.py"].INSERT_FAILURES), ours):
+        REGISTRY.unregister(theirs)
+        REGISTRY.register(metric)
+    old_decoders = {topic: old["schemas/batches.py"].BatchDecoder(kind) for topic, kind in topics.INPUT_TOPICS.items()}
+    return {"before": Arm(old["streams/sink.py"].ClickHouseSink(client), old_decoders, False),
+            "decoded": Arm(sink.ClickHouseSink(client), DECODERS, False),
+            "raw": Arm(sink.ClickHouseSink(client), DECODERS, True)}
+
+
+def _turns(labels: list[str], r: int) -> list[str]:
+    return labels[r % len(labels):] + labels[:r % len(labels)]
+
+
+def _rows(what: str, took: dict[str, list[tuple[float, float]]]) -> str:
+    """A row per arm of this tree against ``before``: (records/s wall, records per CPU-second) per round."""
+    med = {label: (statistics.median(w for w, _ in runs), statistics.median(c for _, c in runs))
+           for label, runs in took.items()}
+    spread = {label: (_spread([w for w, _ in runs]), _spread([c for _, c in runs])) for label, runs in took.items()}
+    return "\n".join(
+        f"| {what}: **{label}** | {spread[label][0]} records/s wall, {spread[label][1]} per CPU-second | "
+        f"before ({BEFORE}): {spread['before'][0]} wall, {spread['before'][1]} per CPU-s | "
+        f"{med[label][0] / med['before'][0]:.2f}x wall, {med[label][1] / med['before'][1]:.2f}x CPU; "
+        f"the goal {TARGET:,}: {med[label][0] / TARGET:.2f}x wall |" for label in ("decoded", "raw"))
+
+
+def _round(arm: Arm, messages, step: int) -> tuple[float, float, int]:
     wall, cpu = time.perf_counter(), _cpu_s()
-    n = asyncio.run(store_messages(writer, messages, raw, step))
+    n = asyncio.run(store_messages(arm, messages, step))
     return time.perf_counter() - wall, _cpu_s() - cpu, n
 
 
 def bench_store_path(records: int = 200_000, rounds: int = 4, step: int = 50_000) -> str:
-    """The decoded and the raw path, alternating, over the same messages."""
+    """Each arm in turn over the same messages, in one process."""
     messages, hosts = vllm_messages(records)
-    took: dict[str, list[tuple[float, float, int]]] = {"decoded": [], "raw": []}
+    took: dict[str, list[tuple[float, float]]] = {"before": [], "decoded": [], "raw": []}
     with tempfile.TemporaryDirectory() as tmp:
         client = clickhouse.connect(None, Path(tmp))
         clickhouse.migrate(client)
-        writers = {label: sink.ClickHouseSink(client) for label in took}
-        for label, writer in writers.items():  # takeover (rebuild queries) of each host, once per sink
-            _round(writer, _reboot(messages, f"warm-{label}"), label == "raw", step)
+        ways = arms(client)
+        for label, arm in ways.items():  # takeover (rebuild queries) of each host, once per sink
+            _round(arm, _reboot(messages, f"warm-{label}"), step)
         for r in range(rounds):
-            for label in (("decoded", "raw") if r % 2 == 0 else ("raw", "decoded")):
-                took[label].append(_round(writers[label], _reboot(messages, f"{label}-{r}"), label == "raw", step))
-        decode = min(_timed_decode(messages) for _ in range(3))
+            for label in _turns(list(ways), r):
+                wall, cpu, n = _round(ways[label], _reboot(messages, f"{label}-{r}"), step)
+                took[label].append((n / wall, n / cpu))
+        decode = {label: min(_timed_decode(ways[label].decoders, messages) for _ in range(3))
+                  for label in ("before", "raw")}
         client.close()
-    rate = {label: [n / wall for wall, _cpu, n in runs] for label, runs in took.items()}
-    cpu = {label: [n / cpu for _wall, cpu, n in runs] for label, runs in took.items()}
-    n = took["raw"][0][2]
-    med = {label: statistics.median(values) for label, values in rate.items()}
     return "\n".join([
-        f"| store path, vLLM mix ({hosts} hosts, {n:,} records in {len(messages):,} messages, 4 topics), decode → "
-        f"sink.write in chunks of {step:,} → chDB, one process, {rounds} rounds each, alternating: **raw lines** "
-        f"(`write(..., raw=)`) | {_spread(rate['raw'])} records/s wall, {_spread(cpu['raw'])} per CPU-second | "
-        f"decoded records (today's path): {_spread(rate['decoded'])} wall, {_spread(cpu['decoded'])} per CPU-s | "
-        f"{med['raw'] / med['decoded']:.2f}x wall, "
-        f"{statistics.median(cpu['raw']) / statistics.median(cpu['decoded']):.2f}x CPU; the goal "
-        f"{TARGET:,}: {med['raw'] / TARGET:.2f}x |",
-        f"| of which decoding alone (BatchDecoder, the same messages) | {n / decode:,.0f} records/s | | |"])
+        _rows(f"store path, vLLM mix ({hosts} hosts, {n:,} records in {len(messages):,} messages, 4 topics): "
+              f"decode → sink.write in chunks of {step:,} → chDB, one process, {rounds} rounds each in turn", took),
+        f"| of which decoding alone (BatchDecoder, the same messages) | {n / decode['raw']:,.0f} records/s | "
+        f"before ({BEFORE}): {n / decode['before']:,.0f} | {decode['before'] / decode['raw']:.2f}x |"])
 
 
-def _timed_decode(messages) -> float:
+def _timed_decode(decoders: dict, messages) -> float:
     started = time.perf_counter()
     for topic, payload in messages:
-        DECODERS[topic].decode(payload)
+        decoders[topic].decode(payload)
     return time.perf_counter() - started
 
 
@@ -128,7 +168,7 @@ def _produce(bootstrap: str, messages: list[tuple[str, bytes]], suffix: str) -> 
     assert producer.flush(60) == 0
 
 
-async def consume_and_store(bootstrap: str, writer, names: list[str], suffix: str, records: int, raw: bool,
+async def consume_and_store(bootstrap: str, arm: Arm, names: list[str], suffix: str, records: int,
                             step: int) -> int:
     """A store process: fetch the topics ``names`` + ``suffix`` (this round's
     copies: Tansu's high-water marks under-report, so a round cannot start at
@@ -148,7 +188,7 @@ async def consume_and_store(bootstrap: str, writer, names: list[str], suffix: st
         while stored < records:
             take = await consumer.getmany(timeout_ms=200, max_records=2_000)
             messages = [(tp.topic.removesuffix(suffix), m.value) for tp, batch in take.items() for m in batch]
-            stored += await store_messages(writer, messages, raw, step)
+            stored += await store_messages(arm, messages, step)
             await consumer.commit()
         return stored
     finally:
@@ -161,38 +201,31 @@ def bench_store_kafka(records: int = 200_000, rounds: int = 2, step: int = 50_00
 
     messages, hosts = vllm_messages(records)
     n = sum(len(DECODERS[t].decode(p)[0]) for t, p in messages)
-    took: dict[str, list[tuple[float, float]]] = {"decoded": [], "raw": []}
+    took: dict[str, list[tuple[float, float]]] = {"before": [], "decoded": [], "raw": []}
     broker = EmbeddedBroker().start()
     try:
         names = sorted({t for t, _ in messages})
         with tempfile.TemporaryDirectory() as tmp:
             client = clickhouse.connect(None, Path(tmp))
             clickhouse.migrate(client)
-            writers = {label: sink.ClickHouseSink(client) for label in took}
+            ways = arms(client)
             for r in range(rounds + 1):  # the first round of each warms up (takeovers), unrecorded
-                for label in (("decoded", "raw") if r % 2 == 0 else ("raw", "decoded")):
+                for label in _turns(list(ways), r):
                     suffix = f".{label}{r}"
                     create_topics(broker.bootstrap_servers, names=[t + suffix for t in names])
                     _produce(broker.bootstrap_servers, _reboot(messages, f"{label}-{r}"), suffix)
                     wall, cpu = time.perf_counter(), _cpu_s()
-                    stored = asyncio.run(consume_and_store(broker.bootstrap_servers, writers[label], names, suffix,
-                                                           n, label == "raw", step))
+                    stored = asyncio.run(consume_and_store(broker.bootstrap_servers, ways[label], names, suffix,
+                                                           n, step))
                     assert stored == n, (stored, n)
                     if r:
                         took[label].append((n / (time.perf_counter() - wall), n / (_cpu_s() - cpu)))
             client.close()
     finally:
         broker.stop()
-    rate = {label: [w for w, _ in runs] for label, runs in took.items()}
-    cpu = {label: [c for _, c in runs] for label, runs in took.items()}
-    med = {label: statistics.median(values) for label, values in rate.items()}
-    return (f"| store process fed by Kafka: the same vLLM mix ({hosts} hosts, {n:,} records, lz4) in the embedded "
-            f"broker → one aiokafka consumer (getmany, commit per take) → decode → sink.write → chDB, {rounds} "
-            f"rounds each, alternating: **raw lines** | {_spread(rate['raw'])} records/s wall, "
-            f"{_spread(cpu['raw'])} per CPU-second | decoded records: {_spread(rate['decoded'])} wall, "
-            f"{_spread(cpu['decoded'])} per CPU-s | {med['raw'] / med['decoded']:.2f}x wall, "
-            f"{statistics.median(cpu['raw']) / statistics.median(cpu['decoded']):.2f}x CPU; the goal "
-            f"{TARGET:,}: {med['raw'] / TARGET:.2f}x |")
+    return _rows(f"a store process fed by Kafka, the same vLLM mix ({hosts} hosts, {n:,} records, lz4) in the "
+                 f"embedded broker → one aiokafka consumer (getmany, commit per take) → decode → sink.write → chDB, "
+                 f"{rounds} rounds each in turn", took)
 
 
 if __name__ == "__main__":
