@@ -40,11 +40,11 @@ A wait is then split by what kept the CPU from the thread:
   (the tasks outside the group that held the CPU).
 
 Cost: due() indexes each serving group's run-queue waits once per batch
-(streams/wait_index.py: per-thread and per-key prefix sums, O(n log n) for
-the n waits the batch's windows overlap, each wait split once); a request
-then costs O((threads + keys) log n) plus its edge waits, not a walk of
-every wait in its window. Where the index cannot answer as the walk would
-(a thread's overlapping repeats), the request walks its parts.
+and answers all its windows at once, in numpy columns
+(streams/wait_columns.py; O(n log n) for the n waits the windows overlap).
+Where two keys tie for the largest charge, the row-wise index
+(streams/wait_index.py) breaks the tie as the walk would; where a thread's
+waits overlap (repeats), the request walks its parts.
 
 The evidence store and its interval arithmetic are streams/evidence.py, the
 carrying thread's time budget streams/thread_budget.py, which cause the
@@ -330,12 +330,13 @@ class Attributor:
         behind the group's own threads: from the due() batch's index
         (streams/wait_index.py) where it answers, else by walking the parts."""
         index, fast = self._index(evidence, span, group), None
-        if index is not None:
+        while index is not None:
             try:
                 per_thread, fast = index.charges(span.start_ns, span.end_ns,
                                                  lambda event, lo, hi: self._part_split(evidence, event, lo, hi))
-            except Tie:
-                index = None
+                break
+            except Tie:  # the row-wise index breaks the columns' ties as the walk does; its own, the walk
+                index = self._index(evidence, span, group, True) if isinstance(index, ColumnarIndex) else None
         runq = None if index else thread_parts(evidence, span.start_ns, span.end_ns, RunqEvent, group)
         parts = {RunqEvent: runq, GpuIoctl: thread_parts(evidence, span.start_ns, span.end_ns, GpuIoctl, group)}
         contributed: set[int] = set()
@@ -371,22 +372,23 @@ class Attributor:
         # a wait throttled or taken by interrupts is not routine, whoever held the CPU before
         return charged, budget, waited, max(0, routine - charged.throttled - charged.irq)
 
-    def _index(self, evidence: HostEvidence, span: RequestSpan,
-               group: set[int] | None) -> ColumnarIndex | WaitIndex | None:
+    def _index(self, evidence: HostEvidence, span: RequestSpan, group: set[int] | None,
+               row_wise: bool = False) -> ColumnarIndex | WaitIndex | None:
         """The index of the span's group's waits over its due() batch (built
-        once a batch, columnar where it can: streams/wait_columns.py); None
-        outside due() or where the walk must answer."""
+        once a batch, columnar where it can: streams/wait_columns.py, else
+        or where ``row_wise`` streams/wait_index.py); None outside due() or
+        where the walk must answer."""
         key = _batch_key(span.host, group)
         if key not in self._windows or span.end_ns <= span.start_ns:
             return None
-        if key not in self._indexes:
+        if (key, row_wise) not in self._indexes:
             lo, hi = self._windows[key]
-            index = ColumnarIndex.build(evidence, group, lo, hi, self._batch[key],
-                                        lambda pid: self._record(span.host, pid))
+            index = None if row_wise else ColumnarIndex.build(evidence, group, lo, hi, self._batch[key],
+                                                              lambda pid: self._record(span.host, pid))
             if index is not None:
                 index.parts_split = self._clipped  # the splits of the parts it hands a carried request's walk
-            self._indexes[key] = index or WaitIndex.build(evidence, group, lo, hi, self._whole_splits)
-        return self._indexes[key]
+            self._indexes[(key, row_wise)] = index or WaitIndex.build(evidence, group, lo, hi, self._whole_splits)
+        return self._indexes[(key, row_wise)]
 
     def _part_split(self, evidence: HostEvidence, event: RunqEvent, lo: int, hi: int, whole: bool = False) -> tuple:
         """split_wait() of a part of a wait: from the batch's splits where its index split it."""

@@ -21,7 +21,6 @@ tests/unit/streams/test_split_columns.py holds it to split_wait.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass
 
 import numpy as np
