@@ -100,17 +100,23 @@ def totals(keys: Keys, made: tuple, waits, windows: tuple[np.ndarray, np.ndarray
     return out
 
 
-def charged(keys: Keys, table: np.ndarray, runq: list[tuple[int, int, int]], pids: list[set[int]],
-            comm_name) -> tuple[list, np.ndarray]:
+def charged(keys: Keys, table: np.ndarray, runq: list[tuple[int, int, int]], pids: list[set[int]], comm_name,
+            first_source) -> tuple[list, np.ndarray]:
     """Every window's charges from its row of totals (Tie where the walk's
     order would decide), and per window the source of interrupts charged
     most (-1: none asked). The throttles and sources name only the one
-    charged most: all attribution reads of them (``_culprit``)."""
+    charged most: all attribution reads of them (``_culprit``).
+    ``first_source(window, sources)``: of tied sources, the one the walk
+    met first (None: not known here, a Tie)."""
     throttles, sources = table[:, keys.span("throttle")], table[:, keys.span("irq")]
     throttled, irq = throttles.sum(axis=1), table[:, STOLEN]
-    tie = ((throttled > 0) & _tied(throttles)) | ((irq > 0) & (_tied(sources) | (sources.max(axis=1, initial=0) == 0)))
+    tie = (throttled > 0) & _tied(throttles)
     top_throttle = throttles.argmax(axis=1) if throttles.shape[1] else np.zeros(len(table), dtype=np.int64)
     top_source = np.where(irq > 0, sources.argmax(axis=1) if sources.shape[1] else 0, -1)
+    for r in np.flatnonzero((irq > 0) & (_tied(sources) | (sources.max(axis=1, initial=0) == 0))).tolist():
+        found = first_source(r, np.flatnonzero(sources[r] == sources[r].max()))  # max() keeps the first met
+        tie[r] |= found is None
+        top_source[r] = -1 if found is None else found
     cgroup_names, source_names = keys.blocks["throttle"][1], keys.blocks["irq"][1]
     suspect_names, thread_names = keys.blocks["suspect"][1], keys.blocks["own thread"][1]
     rows = zip(tie.tolist(), throttled.tolist(), top_throttle.tolist(), irq.tolist(), top_source.tolist(),

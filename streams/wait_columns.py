@@ -245,7 +245,7 @@ def _answers(keys: Keys, table: np.ndarray, waits: _Waits, ranges: dict, edges: 
     pids = [threads[t][0] for t in range(len(threads))]
     per_window = ranges["total"].tolist()  # a thread with a part has a total: parts are never empty
     answers, sources = charged(keys, table, runq, [{p for p, total in zip(pids, row) if total} for row in per_window],
-                               comm_name)
+                               comm_name, latest.first)
     records = latest.records(sources)
     out = []
     for answer, totals, source, record in zip(answers, per_window, sources.tolist(), records):
@@ -302,6 +302,25 @@ class _Latest:
         self.by = np.r_[-1, np.flatnonzero(mine)[order]]
         self.keys = np.r_[-1, key[order]]
         self.edge_shares = np.flatnonzero(~mine)
+
+    def first(self, r: int, codes: np.ndarray) -> int | None:
+        """Of the sources ``codes``, the one the walk met first in window r:
+        in the first part, in (pid, tid, start) order, whose split names one
+        of them, the first so named (None where none is named)."""
+        ranges, stride, s = self.ranges, self.stride, self.splits
+        lo = (ranges["i"][r] + ranges["first"][r])[ranges["has"][r]]
+        hi = (ranges["j"][r] - ranges["last"][r])[ranges["has"][r]]
+        found = []  # (part's position, share) of each source's first share
+        for c in codes.tolist():
+            at = np.searchsorted(self.keys, c * stride + lo, "left")  # its first share at or after lo
+            key = self.keys[np.minimum(at, len(self.keys) - 1)]
+            inside = (hi > lo) & (at < len(self.keys)) & (key < c * stride + hi)
+            found += [(int(key[k] - c * stride), int(self.by[at[k]])) for k in np.flatnonzero(inside)[:1].tolist()]
+        shares = self.edge_shares[np.isin(s.source_code[self.edge_shares], codes)]
+        e = s.part[shares] - self.whole
+        here = self.edge_r[e] == r
+        found += zip(self.edge_k[e[here]].tolist(), shares[here].tolist())
+        return int(s.source_code[min(found)[1]]) if found else None
 
     def records(self, codes: np.ndarray) -> list:
         """Per window, the record of source ``codes[r]`` the walk kept (None where codes[r] is -1)."""
