@@ -880,6 +880,8 @@ BENCHES = {"decode": bench_decode, "pipeline": bench_pipeline, "probe": bench_pr
            "attribution": bench_attribution, "hardware": bench_hardware_probes, "saved": bench_saved_queries, "storage": bench_storage,
            "storm": bench_storm_memory, "footprint": bench_collector_footprint, "pipeline-mix": lambda: __import__("mix").bench_pipeline_mix(),
            "sink-batch": lambda: __import__("mix").bench_sink_batch(),
+           "store-path": lambda: __import__("store").bench_store_path(),
+           "store-kafka": lambda: __import__("store").bench_store_kafka(),
            "attribution-mix": lambda: __import__("mix").bench_attribution_mix(),
            "alert-delay": lambda: __import__("alert_delay").bench_alert_delay(),
            "alert-delay-worker": lambda: __import__("alert_delay").bench_alert_delay_worker(),
