@@ -131,3 +131,16 @@ def test_a_redelivered_batch_of_lines_feeds_the_rollup_once(store):
     assert calls == {"raw": 1, "decoded": 1}, "the redelivery's stored rows are dropped, decoded"
     assert client.query("SELECT count(), (SELECT sum(waits) FROM jitterscope.runq_minute WHERE host = 'again') "
                         "FROM jitterscope.runq_events WHERE host = 'again'").result_rows == [(20, 20)]
+
+
+def test_chunks_hold_whole_messages_and_end_every_line():
+    parts = [([1, 2], b"a\nb\n"), ([3], b"c"), ([4, 5, 6], b"d\ne\nf\n"), ([7], None), ([8], b"h\n")]
+    assert sink.raw_chunks(parts, step=3) == [([1, 2, 3], b"a\nb\nc\n"), ([4, 5, 6], b"d\ne\nf\n"),
+                                              ([7, 8], None)]
+    assert sink.raw_chunks([([1, 2, 3, 4], b"a\nb\nc\nd\n")], step=2) == [([1, 2, 3, 4], b"a\nb\nc\nd\n")]
+
+
+def test_a_server_and_a_nested_type_keep_the_decoded_path():
+    line = msgspec.json.encode(example(events.RunqEvent, "server", 1)) + b"\n"
+    assert not clickhouse.insert_ndjson(object(), "runq_events", events.RunqEvent, line), "nothing asked of a server"
+    assert clickhouse.ndjson_plan(events.Topology, "topology") is None
