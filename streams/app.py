@@ -123,6 +123,9 @@ class StreamsWorker(StorePath, AttributionTick):
         self.state = HostState()
         self.attributor = None
         self.alert_rows_sent = 0  # the judge's alert rows published (JUDGE_FINAL_FILE)
+        # set once the judge has re-learned the partitions it took: Faust resumes the streams before the
+        # assignment hook ends, and a wait judged before then would be parked for a record already sent
+        self.relearned = asyncio.Event()
         if self.stage != "judge":  # the judge never opens the store: chDB admits one process per data directory
             self._open_store()
         self.handlers = Handlers(self.state, Thresholds.from_settings(settings), self.attributor)
@@ -200,14 +203,19 @@ class StreamsWorker(StorePath, AttributionTick):
             gained = set(assigned) - held
             held.clear()
             held.update(assigned)
-            if gained and self.stage == "judge":
-                await self.relearn(gained)
+            if self.stage == "judge":
+                try:
+                    if gained:
+                        await self.relearn(gained)
+                finally:
+                    self.relearned.set()
             elif gained:
                 await self.sink.run(self.sink.forget_hosts)
 
         # a parked wait's message is stored and committed: judge it before another worker takes its host, or none will
         @app.on_partitions_revoked.connect
         async def judge_parked_on_hand_over(_app, revoked, **_kwargs) -> None:
+            self.relearned.clear()  # until the assignment that follows has been re-learned
             if revoked:
                 await self.judge_all_parked()
 
@@ -242,32 +250,27 @@ class StreamsWorker(StorePath, AttributionTick):
     def _add_timers(self, app: faust.App) -> None:
         """The stage's ticks: attribution (not the judge's), the parked
         run-queue waits (not the store's) and the alert groups; and its loop-lag probe."""
+        ticks = [(ALERT_GROUP_TICK_S, lambda: self.alert_groups_due(time.time_ns()), "alert group")]
         if self.stage != "judge":
-            @app.timer(interval=ATTRIBUTION_TICK_S)
-            async def attribute() -> None:
-                try:
-                    await self.attribute_due(time.time_ns())
-                except Exception:  # the timer must keep running: the next tick retries what is pending
-                    log.exception("attribution tick failed")
-
+            ticks.append((ATTRIBUTION_TICK_S, lambda: self.attribute_due(time.time_ns()), "attribution"))
         if self.stage != "store":
-            @app.timer(interval=PARKED_TICK_S)
-            async def judge_parked() -> None:
-                try:
-                    await self.parked_due()
-                except Exception:  # the timer must keep running: the next tick judges what is due
-                    log.exception("parked run-queue waits tick failed")
+            ticks.append((PARKED_TICK_S, self.parked_due, "parked run-queue waits"))
+        for interval, step, what in ticks:
+            self._add_tick(app, interval, step, what)
 
         @app.task
         async def loop_lag() -> None:
             await stages.measure_loop_lag(self.stage)
 
-        @app.timer(interval=ALERT_GROUP_TICK_S)
-        async def resolve_alert_groups() -> None:
+    @staticmethod
+    def _add_tick(app: faust.App, interval: float, step, what: str) -> None:
+        async def tick() -> None:
             try:
-                await self.alert_groups_due(time.time_ns())
-            except Exception:  # the timer must keep running: groups stay open until the next tick
-                log.exception("alert group tick failed")
+                await step()
+            except Exception:  # the timer must keep running: the next tick does what is due (pending, open groups)
+                log.exception("%s tick failed", what)
+
+        app.timer(interval=interval, name=f"{what} tick")(tick)
 
     def _add_announce(self, app: faust.App) -> None:
         s = self.settings
@@ -321,6 +324,8 @@ class StreamsWorker(StorePath, AttributionTick):
             # acked (at-least-once); the store stage stores the records.
             stream = stream.noack()
             async for event in stream.events():
+                if not self.relearned.is_set():
+                    await self.relearned.wait()
                 decoded = await self.receive(name, decoder, event.value, event.message)
                 if decoded.alerts:
                     await self.keep_alerts(decoded.alerts)

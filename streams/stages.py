@@ -33,8 +33,9 @@ learning only (``replay_learned``): judging those records again would
 announce their alerts twice. Collectors re-send topology and process records
 every minute, so a window of minutes is the whole state. Chosen over a
 changelog topic: no compaction on Tansu, and a second copy of records the
-input topics already hold. Run-queue waits that arrive before a process
-record is learned are parked as always (streams/handlers.py).
+input topics already hold. The judge's agents wait until the re-read is done
+(Faust resumes the streams before its assignment hook ends), so a wait is
+never parked for a record the topics already held (streams/handlers.py).
 """
 
 from __future__ import annotations
