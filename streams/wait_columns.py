@@ -152,8 +152,8 @@ class ColumnarIndex:
                           edge_hi: np.ndarray) -> None:
         """What parts() hands the walk of a carried request: its whole waits' and edge parts' splits."""
         self._splits, self._whole = splits, whole
-        self._edge_at = {(k, lo, hi): whole + e for e, (k, lo, hi)
-                         in enumerate(zip(edge_k.tolist(), edge_lo.tolist(), edge_hi.tolist()))}
+        self._edges = (edge_k, edge_lo, edge_hi)
+        self._edge_at: dict[tuple[int, int, int], int] | None = None  # made when a carried request first asks
         self._lists: tuple | None = None
 
     def charges(self, start_ns: int, end_ns: int, _edge=None) -> tuple[dict, object]:
@@ -182,6 +182,9 @@ class ColumnarIndex:
     def parts(self, start_ns: int, end_ns: int, tids: set[int]) -> list[tuple[RunqEvent, int, int, bool]]:
         """The walk's parts (event, lo, hi, whole) of the threads ``tids``;
         each part's split is kept in ``parts_split`` for the walk."""
+        if self._edge_at is None:
+            self._edge_at = {(k, lo, hi): self._whole + e for e, (k, lo, hi) in enumerate(zip(*(
+                column.tolist() for column in self._edges)))}
         if self._lists is None:
             w = self.waits
             self._lists = (w.begin.tolist(), w.end.tolist(), w.offsets.tolist(),
