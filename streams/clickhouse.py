@@ -219,10 +219,12 @@ def embedded(client) -> bool:
 
 def insert_ndjson(client, table: str, record_type: type[msgspec.Struct], payload: bytes) -> bool:
     """Store NDJSON lines of ``record_type`` as they came off the wire, with
-    no Python object per value: ClickHouse parses them (~2 us a run-queue
-    line, against ~5 us to build and serialise decoded records; bench/run.py
-    store-path). The lines must already have been decoded by
-    schemas/batches.py's BatchDecoder without a bad line: that decode is the
+    no Python work per value: ClickHouse's reader parses them. Measured, that
+    costs about the CPU that building columns and clickhouse-connect's Native
+    serialisation of the decoded records does (bench/RESULTS.md, issue 39);
+    it moves the work out of Python code, it does not remove it. The lines
+    must already have been decoded by schemas/batches.py's BatchDecoder
+    without a bad line: that decode is the
     one judge of what a record is (ranges, required fields, the version),
     ClickHouse's JSON reader is more lenient. Only chDB: it reads the lines
     from a private temporary file (as clickhouse-connect's own chDB inserts
