@@ -127,12 +127,17 @@ class Columnar(Attributor):
 
 
 @pytest.mark.parametrize("seed", range(6, 30))
-@pytest.mark.parametrize("known", [True, False])
-def test_the_columnar_index_answers_as_the_walk(seed, known, monkeypatch):
+@pytest.mark.parametrize("evidence_of", ["group", "process", "host"])
+def test_the_columnar_index_answers_as_the_walk(seed, evidence_of, monkeypatch):
     """The property that holds streams/wait_columns.py to the walk: random
-    hosts and requests (part 2 of issue 39), with and without process records."""
-    if not known:  # no serving groups, no cgroups: each request's own process, no throttling
+    hosts and requests (part 2 of issue 39), the evidence of the serving
+    group, of the span's process alone (no process records: no cgroups, no
+    throttling), or of every process of the host (a span with no pid)."""
+    if evidence_of == "process":
         monkeypatch.setitem(globals(), "host", lambda: None)
+    if evidence_of == "host":
+        made = spans
+        monkeypatch.setitem(globals(), "spans", lambda rng: [msgspec.structs.replace(s, pid=0) for s in made(rng)])
     walked = attribute(Walking, seed, overlapping=False)[1]
     columnar, answered = attribute(Columnar, seed, overlapping=False)
     assert answered == walked
