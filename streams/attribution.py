@@ -478,7 +478,8 @@ class Attributor:
                 "cfs_throttling": found.throttle.cgroup if found.throttle else "",
                 "irq": found.irq.source if found.irq else "",
                 "gpu_ioctl_stall": ioctl_name(longest_call.request) if longest_call else "",
-                "memory_stall": evictor(evidence, span, group, lambda pid: self._record(span.host, pid)),
+                "memory_stall": cause == "memory_stall"  # looked for only then: a 60 s look back
+                and evictor(evidence, span, group, lambda pid: self._record(span.host, pid)),
                 }.get(cause) or budget.wakers.get(kind_of(cause), "")
 
     def _gpus(self, host: str, group: set[int] | None) -> set[str] | None:
