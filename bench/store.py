@@ -3,13 +3,12 @@
 record, the vLLM mix (bench/vllm_mix.py) through the sink into embedded chDB.
 
 store-path: in one process, each message decoded (schemas/batches.py: the
-judge of a record, and the keys the sink's dedup needs), gathered into
-chunks of sink_batch_rows (sink.raw_chunks) and written; the decoded path
-(records serialised by clickhouse-connect) and the raw path (the lines as
-they came, ``write(..., raw=)``), and the sink and decoder as they were
-before both (BEFORE), take turns round by round over the same messages, each
-round under a fresh boot_id (no redelivery to look up). Wall time and the
-process's CPU time (chDB's threads included) per round.
+judge of a record, and the keys the sink's dedup needs), each topic's
+records written in chunks of sink_batch_rows (as streams/store_path.py
+does); this tree's sink and decoder (decoded) and the sink and decoder as
+they were before issue 39 (BEFORE) take turns round by round over the same
+messages, each round under a fresh boot_id (no redelivery to look up).
+Wall time and the process's CPU time (chDB's threads included) per round.
 
 store-kafka: the same, fed by an aiokafka consumer (Faust's driver) from the
 embedded broker, committing after each chunk: a store process's rate with
@@ -30,7 +29,7 @@ from jitterscope.schemas import batches, topics
 from jitterscope.streams import clickhouse, sink
 
 TARGET = 200_000
-#: the sink and the decoder before the raw path and the per-run key bookkeeping (issue 39)
+#: the sink and the decoder before the per-run key bookkeeping and the decoder's one replace (issue 39)
 BEFORE = "d485576"
 
 
@@ -54,26 +53,26 @@ def _reboot(messages: list[tuple[str, bytes]], boot: str) -> list[tuple[str, byt
 
 
 class Arm(NamedTuple):
-    """One way to store: a sink, the decoders, whether the lines go in as they came."""
+    """One way to store: a sink, the decoders."""
 
     writer: object
     decoders: dict
-    raw: bool
 
 
 async def store_messages(arm: Arm, messages: list[tuple[str, bytes]], step: int) -> int:
     """What a store process does with a take of messages: decode each, write
-    each topic's in chunks of ``step`` (raw lines or decoded records); records stored."""
+    each topic's in chunks of ``step``; records stored."""
     stored = 0
-    by_topic: dict[str, list[tuple[list, bytes | None]]] = {}
+    by_topic: dict[str, list] = {}
     for topic, payload in messages:
-        good, bad = arm.decoders[topic].decode(payload)
-        by_topic.setdefault(topic, []).append((good, payload if arm.raw and not bad else None))
-    for topic, parts in by_topic.items():
+        good, _bad = arm.decoders[topic].decode(payload)
+        by_topic.setdefault(topic, []).extend(good)
+    for topic, records in by_topic.items():
         table = clickhouse.TABLE_OF[topics.INPUT_TOPICS[topic]]
-        for records, lines in sink.raw_chunks(parts, step):
-            await (arm.writer.write(table, records) if lines is None else arm.writer.write(table, records, raw=lines))
-            stored += len(records)
+        for start in range(0, len(records), step):
+            chunk = records[start:start + step]
+            await arm.writer.write(table, chunk)
+            stored += len(chunk)
     return stored
 
 
@@ -81,7 +80,7 @@ DECODERS = {topic: batches.BatchDecoder(kind) for topic, kind in topics.INPUT_TO
 
 
 def arms(client) -> dict[str, Arm]:
-    """before (BEFORE's sink and decoder), decoded (this tree's, records), raw (this tree's, lines)."""
+    """before (BEFORE's sink and decoder), decoded (this tree's)."""
     import run
 
     from prometheus_client import REGISTRY
@@ -94,9 +93,8 @@ def arms(client) -> dict[str, Arm]:
         REGISTRY.unregister(theirs)
         REGISTRY.register(metric)
     old_decoders = {topic: old["schemas/batches.py"].BatchDecoder(kind) for topic, kind in topics.INPUT_TOPICS.items()}
-    return {"before": Arm(old["streams/sink.py"].ClickHouseSink(client), old_decoders, False),
-            "decoded": Arm(sink.ClickHouseSink(client), DECODERS, False),
-            "raw": Arm(sink.ClickHouseSink(client), DECODERS, True)}
+    return {"before": Arm(old["streams/sink.py"].ClickHouseSink(client), old_decoders),
+            "decoded": Arm(sink.ClickHouseSink(client), DECODERS)}
 
 
 def _turns(labels: list[str], r: int) -> list[str]:
@@ -104,15 +102,16 @@ def _turns(labels: list[str], r: int) -> list[str]:
 
 
 def _rows(what: str, took: dict[str, list[tuple[float, float]]]) -> str:
-    """A row per arm of this tree against ``before``: (records/s wall, records per CPU-second) per round."""
+    """This tree's row against ``before``: (records/s wall, records per CPU-second) per round."""
     med = {label: (statistics.median(w for w, _ in runs), statistics.median(c for _, c in runs))
            for label, runs in took.items()}
     spread = {label: (_spread([w for w, _ in runs]), _spread([c for _, c in runs])) for label, runs in took.items()}
-    return "\n".join(
+    label = "decoded"
+    return (
         f"| {what}: **{label}** | {spread[label][0]} records/s wall, {spread[label][1]} per CPU-second | "
         f"before ({BEFORE}): {spread['before'][0]} wall, {spread['before'][1]} per CPU-s | "
         f"{med[label][0] / med['before'][0]:.2f}x wall, {med[label][1] / med['before'][1]:.2f}x CPU; "
-        f"the goal {TARGET:,}: {med[label][0] / TARGET:.2f}x wall |" for label in ("decoded", "raw"))
+        f"the goal {TARGET:,}: {med[label][0] / TARGET:.2f}x wall |")
 
 
 def _round(arm: Arm, messages, step: int) -> tuple[float, float, int]:
@@ -124,7 +123,7 @@ def _round(arm: Arm, messages, step: int) -> tuple[float, float, int]:
 def bench_store_path(records: int = 200_000, rounds: int = 4, step: int = 50_000) -> str:
     """Each arm in turn over the same messages, in one process."""
     messages, hosts = vllm_messages(records)
-    took: dict[str, list[tuple[float, float]]] = {"before": [], "decoded": [], "raw": []}
+    took: dict[str, list[tuple[float, float]]] = {"before": [], "decoded": []}
     with tempfile.TemporaryDirectory() as tmp:
         client = clickhouse.connect(None, Path(tmp))
         clickhouse.migrate(client)
@@ -136,13 +135,13 @@ def bench_store_path(records: int = 200_000, rounds: int = 4, step: int = 50_000
                 wall, cpu, n = _round(ways[label], _reboot(messages, f"{label}-{r}"), step)
                 took[label].append((n / wall, n / cpu))
         decode = {label: min(_timed_decode(ways[label].decoders, messages) for _ in range(3))
-                  for label in ("before", "raw")}
+                  for label in ("before", "decoded")}
         client.close()
     return "\n".join([
         _rows(f"store path, vLLM mix ({hosts} hosts, {n:,} records in {len(messages):,} messages, 4 topics): "
               f"decode → sink.write in chunks of {step:,} → chDB, one process, {rounds} rounds each in turn", took),
-        f"| of which decoding alone (BatchDecoder, the same messages) | {n / decode['raw']:,.0f} records/s | "
-        f"before ({BEFORE}): {n / decode['before']:,.0f} | {decode['before'] / decode['raw']:.2f}x |"])
+        f"| of which decoding alone (BatchDecoder, the same messages) | {n / decode['decoded']:,.0f} records/s | "
+        f"before ({BEFORE}): {n / decode['before']:,.0f} | {decode['before'] / decode['decoded']:.2f}x |"])
 
 
 def _timed_decode(decoders: dict, messages) -> float:
@@ -196,12 +195,12 @@ async def consume_and_store(bootstrap: str, arm: Arm, names: list[str], suffix: 
 
 
 def bench_store_kafka(records: int = 200_000, rounds: int = 2, step: int = 50_000) -> str:
-    """store-path's two ways, each fed from the embedded broker by one aiokafka consumer."""
+    """store-path's arms, each fed from the embedded broker by one aiokafka consumer."""
     from jitterscope.broker import EmbeddedBroker, create_topics
 
     messages, hosts = vllm_messages(records)
     n = sum(len(DECODERS[t].decode(p)[0]) for t, p in messages)
-    took: dict[str, list[tuple[float, float]]] = {"before": [], "decoded": [], "raw": []}
+    took: dict[str, list[tuple[float, float]]] = {"before": [], "decoded": []}
     broker = EmbeddedBroker().start()
     try:
         names = sorted({t for t, _ in messages})

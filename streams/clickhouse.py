@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import operator
 import re
-import tempfile
 import time
 from importlib import resources
 from pathlib import Path
@@ -163,86 +162,6 @@ def insert_records(client, table: str, records: list[msgspec.Struct]) -> None:
         fields = [f for f, _ in _columns(type(records[0]))]
         data = [_to_microseconds(column) if field in coarse else column for field, column in zip(fields, data)]
     client.insert(f"{DATABASE}.{table}", data, column_names=names, column_oriented=True)
-
-
-#: what an NDJSON value of a scalar field is read as by insert_ndjson; msgspec has already held it to its
-#: field's range (schemas/events.py), and the INSERT casts it to the column's own type
-_WIRE_TYPES = {msgspec.inspect.IntType: "Int64", msgspec.inspect.StrType: "String",
-               msgspec.inspect.BoolType: "Bool", msgspec.inspect.FloatType: "Float64"}
-
-
-def _sql_literal(value) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
-    return repr(value)
-
-
-@functools.cache
-def ndjson_plan(record_type: type[msgspec.Struct], table: str) -> tuple[str, str, str] | None:
-    """(columns, structure, select) that store NDJSON lines of ``record_type``
-    in ``table`` with one INSERT SELECT, as insert_records would store the
-    decoded records: the epoch-ns fields become their DateTime64 columns,
-    MICROSECOND_FIELDS are truncated, an omitted field takes its record
-    default (read Nullable, then ifNull: a file()'s omitted field would get
-    its type's zero, not the record's default), ``v`` and unknown fields are
-    skipped. None for a type with a field that is not a scalar (lists, nested
-    records, unions): those keep the decoded path."""
-    coarse = MICROSECOND_FIELDS.get(table, frozenset())
-    columns, structure, select = [], [], []
-    for field in msgspec.inspect.type_info(record_type).fields:
-        if field.name == "v":
-            continue
-        wire = _WIRE_TYPES.get(type(field.type))
-        if wire is None or (not field.required and field.default is msgspec.NODEFAULT):
-            return None
-        value = f"`{field.encode_name}`"
-        if field.required:
-            structure.append(f"{value} {wire}")
-        else:
-            structure.append(f"{value} Nullable({wire})")
-            value = f"ifNull({value}, {_sql_literal(field.default)})"
-        if field.name in coarse:
-            value = f"({value}) - ({value}) % 1000"
-        if field.name in TIME_COLUMNS:
-            value = f"fromUnixTimestamp64Nano({value})"
-        columns.append(f"`{TIME_COLUMNS.get(field.name, field.name)}`")
-        select.append(value)
-    return ", ".join(columns), ", ".join(structure), ", ".join(select)
-
-
-def embedded(client) -> bool:
-    """Whether ``client`` is chDB's (in this process) rather than a server's over HTTP."""
-    return type(client).__name__ == "ChdbClient"
-
-
-def insert_ndjson(client, table: str, record_type: type[msgspec.Struct], payload: bytes) -> bool:
-    """Store NDJSON lines of ``record_type`` as they came off the wire, with
-    no Python work per value: ClickHouse's reader parses them. Measured, that
-    costs about the CPU that building columns and clickhouse-connect's Native
-    serialisation of the decoded records does (bench/RESULTS.md, issue 39);
-    it moves the work out of Python code, it does not remove it. The lines
-    must already have been decoded by schemas/batches.py's BatchDecoder
-    without a bad line: that decode is the
-    one judge of what a record is (ranges, required fields, the version),
-    ClickHouse's JSON reader is more lenient. Only chDB: it reads the lines
-    from a private temporary file (as clickhouse-connect's own chDB inserts
-    do); a server would take them in the request body, a path not built yet.
-    False, having stored nothing, where this path does not apply."""
-    plan = ndjson_plan(record_type, table)
-    if plan is None or not embedded(client):
-        return False
-    columns, structure, select = plan
-    with tempfile.NamedTemporaryFile(prefix="jitterscope-", suffix=".ndjson") as lines:  # 0600, O_EXCL
-        lines.write(payload)
-        lines.flush()
-        client.command(f"INSERT INTO {DATABASE}.{table} ({columns}) SELECT {select} FROM "
-                       f"file({_sql_literal(lines.name)}, JSONEachRow, {_sql_literal(structure)}) "
-                       # one parsing thread: a batch is a few MB, and on a 2-CPU host parallel parsing measured
-                       # 0.85x the records per CPU second and slower wall time too (bench/RESULTS.md, issue 39)
-                       "SETTINGS input_format_skip_unknown_fields = 1, input_format_parallel_parsing = 0")
-    return True
 
 
 def select_records(client, record_type: type[msgspec.Struct], where: str = "1", parameters: dict | None = None,

@@ -126,29 +126,6 @@ def unstored(client, table: str, records: list, stored_through: dict[tuple[str, 
     return unseen(records, known, groups)
 
 
-def raw_chunks(parts: list[tuple[list, bytes | None]], step: int) -> list[tuple[list, bytes | None]]:
-    """Messages, as (records, the NDJSON payload they were decoded from, or
-    None where some line was bad), gathered into chunks for ``write``: whole
-    messages, up to ``step`` records a chunk (a larger message alone), so a
-    chunk's lines are exactly its records; None for a chunk holding any
-    message without its payload."""
-    chunks: list[tuple[list, bytes | None]] = []
-    records: list = []
-    lines: list[bytes] | None = []
-    for part, payload in parts:
-        if records and len(records) + len(part) > step:
-            chunks.append((records, None if lines is None else b"".join(lines)))
-            records, lines = [], []
-        records.extend(part)
-        if payload is None or lines is None:
-            lines = None
-        else:
-            lines.append(payload if payload.endswith(b"\n") else payload + b"\n")
-    if records:
-        chunks.append((records, None if lines is None else b"".join(lines)))
-    return chunks
-
-
 #: how far back a taken-over host's rollups are rebuilt, before its newest stored row
 REBUILD_WINDOW_S = 600
 #: rollups whose states are sets and maxima (009_seq_ledger.sql's seq bitmaps): feeding the same rows
@@ -192,19 +169,16 @@ class ClickHouseSink:
         # chDB serialises calls per client; one thread keeps inserts ordered.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clickhouse")
 
-    async def write(self, table: str, records: list, raw: bytes | None = None) -> None:
+    async def write(self, table: str, records: list) -> None:
         """Insert. An unreachable server is retried until it answers (the
         batch waits, uncommitted); any other error is the data's and is raised
-        at once, so the caller can isolate the bad records and dead-letter them.
-        ``raw``: the NDJSON lines ``records`` were decoded from, one a record
-        and in their order, each ending in a newline (``raw_chunks``); where
-        it is given they are stored as they came (clickhouse.insert_ndjson)."""
+        at once, so the caller can isolate the bad records and dead-letter them."""
         if not records:
             return
         loop = asyncio.get_running_loop()
         while True:
             try:
-                inserted = await loop.run_in_executor(self._executor, self._insert, table, records, raw)
+                inserted = await loop.run_in_executor(self._executor, self._insert, table, records)
                 ROWS_WRITTEN.labels(table).inc(inserted)
                 return
             except OperationalError as exc:
@@ -215,7 +189,7 @@ class ClickHouseSink:
                 INSERT_FAILURES.labels(table).inc()
                 raise
 
-    def _insert(self, table: str, records: list, raw: bytes | None = None) -> int:
+    def _insert(self, table: str, records: list) -> int:
         """Insert; rows bound for a rollup source only if not stored yet. Returns rows inserted."""
         if table in ROLLUP_SOURCES:
             stored_through = self._stored_through.setdefault(table, {})
@@ -225,32 +199,9 @@ class ClickHouseSink:
                     self._rebuild(table, host)
                     stored_through.update(highest_stored(self.client, table, host))
                     self._taken_over.add((table, host))
-            fresh = unstored(self.client, table, records, stored_through, groups)
-            raw = raw if len(fresh) == len(records) else None  # some were stored: the lines no longer match
-            records = fresh
-        if raw is None or not self._insert_raw(table, records, raw):
-            clickhouse.insert_records(self.client, table, records)
+            records = unstored(self.client, table, records, stored_through, groups)
+        clickhouse.insert_records(self.client, table, records)
         return len(records)
-
-    def _insert_raw(self, table: str, records: list, raw: bytes) -> bool:
-        """clickhouse.insert_ndjson, when ``raw`` holds a line per record.
-        Where ClickHouse's reader refuses what msgspec took (a key given
-        twice in a line), the decoded records go in instead, and so does the
-        verdict on them: no record is lost to the reader's stricter taste. An
-        INSERT that fails writes no part (its rows are one block), but should
-        one have, a rollup source's records are checked against what is
-        stored before the second try, so its views still see each row once."""
-        if not records or raw.count(b"\n") != len(records) or not raw.endswith(b"\n"):
-            return False
-        try:
-            return clickhouse.insert_ndjson(self.client, table, type(records[0]), raw)
-        except OperationalError:
-            raise
-        except Exception as exc:
-            log.info("ClickHouse refused the lines for %s as sent (%s); storing them decoded", table, str(exc)[:200])
-            if table in ROLLUP_SOURCES:
-                records[:] = unseen(records, stored_keys(self.client, table, records))
-            return False
 
     def forget_hosts(self) -> None:
         """Another worker may have stored some hosts' rows meanwhile (this one
