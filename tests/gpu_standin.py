@@ -89,6 +89,16 @@ PROCESS_NAME = b"jsgpuinfer"
 RT_PRIORITY = 10  # --rt: low among real-time priorities (the kernel's threaded IRQs run at 50)
 
 
+def driver_log_env(mark: str) -> dict[str, str]:
+    """A collector's environment in which kernel-log lines carrying ``mark``
+    are read as the NVIDIA driver's (tests/driver_standin/sitecustomize.py):
+    a line written to /dev/kmsg from user space gets facility user, and only
+    the kernel's lines are Xids (collector/probes/xid.py)."""
+    standin = str(Path(__file__).resolve().parent / "driver_standin")
+    return {"JITTERSCOPE_TEST_DRIVER_MARK": mark,
+            "PYTHONPATH": os.pathsep.join(filter(None, [standin, os.environ.get("PYTHONPATH")]))}
+
+
 def request_code(name: str) -> int:
     """The request number user space passes for the named call."""
     return nvidia.ioctl_request(name, PARAM_SIZES.get(name, 32))

@@ -16,12 +16,11 @@ Xids: the collector reads this test's own lines as the driver's
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 
 from tests.conftest import span_pipeline, wait_until
-from tests.gpu_standin import GpuStandin
+from tests.gpu_standin import GpuStandin, driver_log_env
 
 pytestmark = [pytest.mark.bpf, pytest.mark.integration]
 
@@ -32,9 +31,7 @@ DRIVER_MARK = f"jsdriver-{os.getpid()}"
 
 @pytest.fixture(scope="module")
 def pipeline(stack):
-    standin = str(Path(__file__).resolve().parents[1] / "driver_standin")
-    yield span_pipeline(stack, JITTERSCOPE_HARDWARE_PROBES='["xid"]', JITTERSCOPE_TEST_DRIVER_MARK=DRIVER_MARK,
-                        PYTHONPATH=os.pathsep.join(filter(None, [standin, os.environ.get("PYTHONPATH")])))
+    yield span_pipeline(stack, JITTERSCOPE_HARDWARE_PROBES='["xid"]', **driver_log_env(DRIVER_MARK))
 
 
 def test_the_request_in_the_xid_window_names_it_in_clickhouse(pipeline):

@@ -20,10 +20,12 @@ import time
 import pytest
 
 from tests.conftest import wait_until
+from tests.gpu_standin import driver_log_env
 
 pytestmark = [pytest.mark.bpf, pytest.mark.integration]
 
 IOCTLS = 200
+DRIVER_MARK = f"jsdriver-{os.getpid()}"  # this test's kernel-log lines, read as the driver's
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +36,7 @@ def pipeline(stack):
                                      JITTERSCOPE_MIGRATION_STORM_PER_S="5")
     collector = stack.start_collector(
         JITTERSCOPE_GPU_DEVICE_PATTERNS='["/dev/zero"]', JITTERSCOPE_GPU_IOCTL_THRESHOLD_MS="0.000001",
-        JITTERSCOPE_TARGET_RESCAN_S="0.2", JITTERSCOPE_HISTOGRAM_INTERVAL_S="1")
+        JITTERSCOPE_TARGET_RESCAN_S="0.2", JITTERSCOPE_HISTOGRAM_INTERVAL_S="1", **driver_log_env(DRIVER_MARK))
     yield stack, worker, collector
 
 
@@ -138,7 +140,7 @@ def test_xid_lines_in_the_kernel_log_reach_clickhouse_and_alert(pipeline):
     not in its topology; the mapping to a GPU is tests/bpf/test_xid.py's, on
     a fixture topology."""
     stack, worker, collector = pipeline
-    marker = f"jitterscope-integration-{os.getpid()}-{time.time_ns()}"
+    marker = f"jitterscope-integration-{os.getpid()}-{time.time_ns()} {DRIVER_MARK}"  # read as the driver's
     with open("/dev/kmsg", "w") as log:
         log.write(f"<3>NVRM: Xid (PCI:0000:3b:00): 48, pid={os.getpid()}, name=pytest, {marker}\n")
     rows = wait_until(lambda: stack.query(
