@@ -38,17 +38,20 @@ def parse_per_topic(metrics_text: str, counter: str) -> dict[str, int] | None:
 def parse_histograms(metrics_text: str, family: str, label: str) -> dict[str, list[tuple[float, float]]]:
     """A Prometheus histogram family from /metrics text, per value of
     ``label``: its cumulative buckets as (upper bound, count), ascending,
-    +Inf last."""
+    +Inf last. The text may be several processes' (`up`'s judge and store):
+    the same bucket of the same series is summed, as Prometheus' sum() by
+    (le) would, never listed twice."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    out: dict[str, list[tuple[float, float]]] = {}
+    out: dict[str, dict[float, float]] = {}
     for found in text_string_to_metric_families(metrics_text):
         if found.name == family:
             for sample in found.samples:
                 if sample.name == family + "_bucket":
-                    out.setdefault(sample.labels.get(label, ""), []).append(
-                        (float(sample.labels["le"]), sample.value))
-    return {key: sorted(buckets) for key, buckets in out.items()}
+                    buckets = out.setdefault(sample.labels.get(label, ""), {})
+                    upper = float(sample.labels["le"])
+                    buckets[upper] = buckets.get(upper, 0.0) + sample.value
+    return {key: sorted(buckets.items()) for key, buckets in out.items()}
 
 
 def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float | None:

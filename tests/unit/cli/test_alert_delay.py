@@ -56,3 +56,20 @@ def test_no_alerts_or_no_histogram_says_nothing():
     assert alert_delay_line(generate_latest(registry).decode()) is None
     assert alert_delay_line("# TYPE other_total counter\nother_total 3\n") is None
     assert alert_delay_line("not { prometheus") is None
+
+
+def test_two_stages_expositions_of_one_kind_are_summed_not_interleaved():
+    """`up` reads the judge's and the store's /metrics as one text: one
+    kind in both (each raised some) is one histogram, its buckets summed."""
+    texts = []
+    for observed in ((0.03,) * 99, (5.0,)):  # the judge's 99 quick alerts, the store's one slow
+        registry = CollectorRegistry()
+        delay = Histogram(FAMILY, "x", ["kind"], buckets=(0.005, 0.05, 0.1, 1.0, 10.0), registry=registry)
+        for seconds in observed:
+            delay.labels("request_slo").observe(seconds)
+        texts.append(generate_latest(registry).decode())
+
+    [(kind, buckets)] = parse_histograms("\n".join(texts), FAMILY, "kind").items()
+    assert kind == "request_slo" and buckets[-1] == (INF, 100.0)
+    assert [b for b, _ in buckets] == [0.005, 0.05, 0.1, 1.0, 10.0, INF]  # each bound once
+    assert 0.005 < histogram_quantile(0.5, buckets) <= 0.05 and histogram_quantile(0.99, buckets) <= 0.05
