@@ -61,6 +61,24 @@ def attribution(stack, request_id: str) -> dict | None:
     return dict(zip(names, rows[0])) if rows else None
 
 
+def every_attribution(stack, worker, request_ids) -> dict[str, dict]:
+    """Each request's attribution, once every one of them is stored: the last
+    request to end is not always the last one stored (a tick attributes what
+    is due together, and the store takes its rows in batches)."""
+    got: dict[str, dict | None] = {}
+
+    def all_stored() -> bool:
+        got.update({r: attribution(stack, r) for r in request_ids if got.get(r) is None})
+        return all(got.values())
+
+    try:
+        wait_until(all_stored, 90, "every request attributed", worker)
+    except AssertionError as exc:
+        missing = sorted(r for r in request_ids if got.get(r) is None)
+        raise AssertionError(f"{len(missing)} of {len(request_ids)} requests never attributed: {missing[:20]}") from exc
+    return got
+
+
 def watching(collector, pid: int) -> bool:
     """The collector's blocked probe watches ``pid`` (its GIL probe says how it went)."""
     for line in collector.text().splitlines():
@@ -139,9 +157,7 @@ def test_gil_wait_is_explained_with_its_holder(pipeline):
     hog_tid = int(next(f[1] for f in lines if f[0] == "gil-hog"))
     affected, quiet, lost = split(requests)
 
-    last = max(requests, key=lambda r: requests[r][1])
-    wait_until(lambda: attribution(stack, last), 90, "the last request attributed", worker)
-    got = {r: attribution(stack, r) for r in requests}
+    got = every_attribution(stack, worker, requests)
 
     # The holder is the hog but for a few: the span exporter's thread holds
     # the GIL too when it serialises a batch, and then it is the one to name
@@ -272,9 +288,7 @@ def test_weights_evicted_under_a_shared_memory_limit_are_a_memory_stall_and_the_
     requests = {f[0]: tuple(map(int, f[1:])) for f in lines if len(f) == 5}
     affected, quiet, lost = split(requests)
 
-    last = max(requests, key=lambda r: requests[r][1])
-    wait_until(lambda: attribution(stack, last), 90, "the last request attributed", worker)
-    got = {r: attribution(stack, r) for r in requests}
+    got = every_attribution(stack, worker, requests)
     evictor = f"log-archiver (pid {archiver.pid})"
     right = [r for r in affected if got[r]["cause"] == "memory_stall" and got[r]["culprit"] == evictor]
     assert len(right) >= 0.9 * len(affected), (
@@ -332,9 +346,7 @@ def test_disk_reads_on_the_request_path_are_io_wait(pipeline):
         f"(the FUSE file under it answered {reads} reads)", sorted(read_ms.values()))
     affected, quiet, lost = split(requests)
 
-    last = max(requests, key=lambda r: requests[r][1])
-    wait_until(lambda: attribution(stack, last), 90, "the last request attributed", worker)
-    got = {r: attribution(stack, r) for r in requests}
+    got = every_attribution(stack, worker, requests)
     # the device is the culprit: the one whose I/Os took longest on the host while the request ran
     right = [r for r in affected if got[r]["cause"] == "io_wait" and got[r]["culprit"] == device
              and 0.9 * DISK_DELAY_MS <= got[r]["io_wait_ns"] / MS <= got[r]["duration_ns"] / MS]
