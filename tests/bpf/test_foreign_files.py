@@ -106,7 +106,7 @@ class Planted:
 def planted_interpreter():
     """(the attacker's running process, Planted, its own _PyRuntime address)."""
     if not os.path.exists(PYTHON):
-        pytest.skip(f"{PYTHON} (Debian's static CPython 3.11) is not installed")
+        pytest.fail(f"{PYTHON} (Debian's static CPython 3.11, with python3-bpfcc) is missing: run `make setup`")
     base = Path(tempfile.mkdtemp(prefix="jitterscope-fifo-"))
     os.chmod(base, 0o755)
     p = Planted(base)
