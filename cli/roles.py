@@ -76,8 +76,8 @@ def streams(
     alert_ms: AlertOpt = None,
     web_port: Annotated[Optional[int], typer.Option(help="port for /metrics and /query (0 = off)")] = None,
     stage: Annotated[Optional[str], typer.Option(
-        help="all (one process), judge (alert rules only, no ClickHouse) or store (attribution and the store); "
-             "each stage is its own consumer group")] = None,
+        help="all (one process), judge (alert rules only), attribute (requests joined with evidence) or "
+             "store (into ClickHouse); each stage is its own consumer group, and scales by adding processes")] = None,
 ) -> None:
     """Run a streams worker: decode, alert, and write everything to ClickHouse (or one stage of that)."""
     from jitterscope.common import logs

@@ -2,16 +2,19 @@
 """`jitterscope up`: the whole single-host stack, supervised.
 
 Starts the embedded broker (unless a Kafka is given), the streams pipeline in
-two processes -- its judge stage (the alert rules, nothing else on its loop)
-and its store stage (attribution and ClickHouse), streams/stages.py -- and
-the collector as child processes, prints each alert as it arrives, and on
-Ctrl-C (or --duration) stops them in the order that loses nothing: the
-collector first (it flushes and writes what Kafka acknowledged, per topic, to
-collector-final.json), then the judge once its /metrics say it has read that
-many records of each topic it judges (it writes how many alert rows it
-published to judge-final.json), then the store once it has stored (or
-dead-lettered) at least that many records of every topic and alert rows --
-or drain_timeout_s passed -- then the broker, which keeps data in memory only.
+three processes -- its judge stage (the alert rules, nothing else on its
+loop), its attribution stage (requests joined with kernel evidence) and its
+store stage (ClickHouse), streams/stages.py -- and the collector as child
+processes, prints each alert as it arrives, and on Ctrl-C (or --duration)
+stops them in the order that loses nothing: the collector first (it flushes
+and writes what Kafka acknowledged, per topic, to collector-final.json), then
+the judge and the attribution stage, each once its /metrics say it has read
+that many records of each topic it reads (each writes what it published,
+alert rows and attributions, to its own final file; the attribution stage
+attributes the requests it still held before it exits), then the store once
+it has stored (or dead-lettered) at least that many records of every topic,
+alert rows and attributions -- or drain_timeout_s passed -- then the broker,
+which keeps data in memory only.
 Counts, not a fixed wait: a worker that lags under a storm needs minutes,
 an idle one none.
 """
@@ -43,9 +46,10 @@ from jitterscope.query import dial_host
 from jitterscope.schemas import batches, events, topics
 from jitterscope.common.settings import FINAL_FILE, Settings, default_data_dir, to_env
 
-#: the judge stage's final count of alert rows published (streams/app.py's JUDGE_FINAL_FILE: the front
-#: door imports no streams module, which a collector-only install lacks)
-JUDGE_FINAL_FILE = "judge-final.json"
+#: what the judge and attribution stages published, written as each exits (streams/app.py's
+#: STAGE_FINAL_FILES: the front door imports no streams module, which a collector-only install lacks)
+STAGE_FINAL_FILES = {"judge": "judge-final.json", "attribute": "attribute-final.json"}
+JUDGE_FINAL_FILE = STAGE_FINAL_FILES["judge"]
 
 # what `up` reads on its stages' /metrics (cli/stage_metrics.py), named here as before
 from jitterscope.stage_metrics import (ACCOUNTED, ALERT_DELAY, DECODED, alert_delay_line,  # noqa: F401
@@ -197,12 +201,11 @@ class Stack:
         record): a worker still joining its group or finding its offsets held
         every record behind that, and a storm in the first second after
         "watching" had its first alerts 0.3-0.7 s late (bench/alert_delay.py)."""
-        waiting = {p for name, p in (("judge", self.settings.judge_web_port), ("streams", self.settings.streams_web_port))
-                   if p and name in self.children}
+        waiting = {p for name, p, _family in self._stages() if p and name in self.children}
         deadline = time.monotonic() + timeout_s
         while waiting and time.monotonic() < deadline:
             self._check_children()
-            for port in list(waiting):  # the judge (alerts) and the store alike
+            for port in list(waiting):  # the judge (alerts), the attribution and the store alike
                 text = self._metrics(timeout=2, port=port)
                 if text and (parse_per_topic(text, DECODED) or {}).get(topics.TOPOLOGY, 0) > 0:
                     waiting.discard(port)
@@ -225,7 +228,16 @@ class Stack:
         """Every port this stack's processes listen on (0: off, or any free one)."""
         s = self.settings
         broker = [] if s.bootstrap_servers else [ports.broker_listener(s.broker_port)]
-        return [*broker, *ports.judge_listeners(s), *ports.streams_listeners(s), *ports.collector_listeners(s)]
+        return [*broker, *ports.judge_listeners(s), *ports.attribute_listeners(s), *ports.streams_listeners(s),
+                *ports.collector_listeners(s)]
+
+    def _stages(self) -> list[tuple[str, int, str]]:
+        """The streams processes in the order they stop (name, web port, what
+        their drain counts): the judge and the attribution stage first, so
+        that once stopped they have published everything the store then stores."""
+        s = self.settings
+        return [("judge", s.judge_web_port, DECODED), ("attribute", s.attribute_web_port, DECODED),
+                ("streams", s.streams_web_port, ACCOUNTED)]
 
     def start(self) -> str:
         s = self.settings
@@ -234,8 +246,9 @@ class Stack:
         # anything else on a port of ours) is one line per port, not a worker
         # and a collector that die with a traceback after "watching"
         ports.require_free(*self.listeners())
-        if s.up_stages and not s.judge_web_port:  # `up` reads the judge's /metrics (its drain): any free port, never a fixed one
-            s = self.settings = s.model_copy(update={"judge_web_port": free_port()})
+        if s.up_stages:  # `up` reads the stages' /metrics (their drain): any free port, never a fixed one
+            s = self.settings = s.model_copy(update={
+                "judge_web_port": s.judge_web_port or free_port(), "attribute_web_port": s.attribute_web_port or free_port()})
         private_dir(s.data_dir)  # the store and the query token live here
         with self.console.status("starting jitterscope") as status:
             if s.bootstrap_servers:
@@ -247,17 +260,18 @@ class Stack:
                 status.update("starting the embedded broker")
                 self.broker = EmbeddedBroker(s.broker_port, s.data_dir / "broker.log", s.kafka_partitions).start()
                 bootstrap = self.broker.bootstrap_servers
-            status.update("starting the streams judge, store and ClickHouse")
-            # the judge apart: nothing the store or attribution do can stall an alert (streams/stages.py)
+            status.update("starting the streams judge, attribution, store and ClickHouse")
+            # the stages apart: nothing the store or attribution do can stall an alert (streams/stages.py)
             if s.up_stages:
                 self._spawn("judge", ["streams", "--stage", "judge"], bootstrap)
+                self._spawn("attribute", ["streams", "--stage", "attribute"], bootstrap)
             self._spawn("streams", ["streams", "--stage", "store" if s.up_stages else "all"], bootstrap)
-            for name, port in (("judge", s.judge_web_port), ("streams", s.streams_web_port)):
+            for name, port, _family in self._stages():
                 if port and name in self.children:
                     wait_for_port(port, 60, self.children[name])
             status.update("starting the collector (compiling BPF)")
             # an earlier run's counts would make the drain compare against them
-            for stale in (FINAL_FILE, JUDGE_FINAL_FILE):
+            for stale in (FINAL_FILE, *STAGE_FINAL_FILES.values()):
                 (s.data_dir / stale).unlink(missing_ok=True)
             self._spawn("collector", ["collector"], bootstrap)
             self._wait_for_collector()
@@ -335,7 +349,7 @@ class Stack:
                 status.update("stopping the collector (it sends what it holds)")
                 _terminate(collector)
             # the judge first: stopped, it has published every alert row the store must then store
-            for name, port, family in (("judge", s.judge_web_port, DECODED), ("streams", s.streams_web_port, ACCOUNTED)):
+            for name, port, family in self._stages():
                 if (proc := self.children.get(name)) is None:
                     continue
                 if draining:
@@ -346,7 +360,7 @@ class Stack:
                         draining = False
                 if port and (text := self._metrics(timeout=3, port=port)):
                     delays.append(text)
-                status.update(f"stopping the streams {'judge' if name == 'judge' else 'store'}")
+                status.update(f"stopping the streams {'store' if name == 'streams' else name}")
                 _terminate(proc)
             self.delay_line = alert_delay_line("\n".join(delays)) if delays else None
             if self.broker:
@@ -382,11 +396,16 @@ class Stack:
         sent = final["sent_by_topic"]
         if family == DECODED:
             return {t: n for t, n in sent.items() if t in first}
-        try:
-            rows = int(json.loads((self.settings.data_dir / JUDGE_FINAL_FILE).read_text())["alert_rows"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return sent  # no judge, or it left no count: its rows are not waited for
-        return {**sent, topics.ALERT_ROWS: rows}
+        published = dict(sent)
+        for name in STAGE_FINAL_FILES.values():
+            try:
+                final = json.loads((self.settings.data_dir / name).read_text())
+                counts = {topics.ALERT_ROWS: int(final["alert_rows"]), topics.ATTRIBUTION: int(final.get("attributions", 0))}
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # no such stage, or it left no count: what it published is not waited for
+            for topic, n in counts.items():
+                published[topic] = published.get(topic, 0) + n
+        return published
 
     def _drain(self, status, worker: subprocess.Popen, port: int, family: str = ACCOUNTED) -> None:
         """Wait until a stage read (the judge) or stored what the collector sent; print what it did not."""

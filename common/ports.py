@@ -210,6 +210,17 @@ def judge_listeners(s) -> list[Listener]:
     return [Listener("the judge stage's /metrics", "judge_web_port", s.judge_web_port, s.streams_web_bind)]
 
 
+def attribute_listeners(s) -> list[Listener]:
+    """The attribution stage's (streams/stages.py; ``s``: its Settings)."""
+    return [Listener("the attribution stage's /metrics", "attribute_web_port", s.attribute_web_port,
+                     s.streams_web_bind)]
+
+
+def stage_listeners(stage: str, s) -> list[Listener]:
+    """What a streams process of ``stage`` listens on."""
+    return {"judge": judge_listeners, "attribute": attribute_listeners}.get(stage, streams_listeners)(s)
+
+
 def collector_listeners(s) -> list[Listener]:
     """The collector's (``s``: its Settings)."""
     return [Listener("the collector's /metrics", "collector_metrics_port", s.collector_metrics_port,

@@ -43,6 +43,7 @@ from jitterscope.streams import clickhouse, kafka_patches, notify, signal_metric
 from jitterscope.streams.alert_groups import AlertGroups, announced
 from jitterscope.streams.alert_metrics import count_raised
 from jitterscope.streams.attribution import Attributor
+from jitterscope.streams.attribution_stage import AttributionStage, HeldRequests
 from jitterscope.streams.attribution_tick import AttributionTick
 from jitterscope.streams.handlers import Handlers
 from jitterscope.streams.outbox import Outbox
@@ -62,8 +63,9 @@ ATTRIBUTION_TICK_S = 0.25
 PARKED_TICK_S = 0.05
 ALERT_GROUP_TICK_S = 0.5
 LEARNED = stages.LEARNED
-#: the judge stage's last count of alert rows published, written as it exits, read by `up` (its drain)
-JUDGE_FINAL_FILE = "judge-final.json"
+#: what the judge and attribution stages published (alert rows, attributions), written as each exits, read by `up` (its drain)
+STAGE_FINAL_FILES = {"judge": "judge-final.json", "attribute": "attribute-final.json"}
+JUDGE_FINAL_FILE = STAGE_FINAL_FILES["judge"]
 #: records that may wait for the store per topic, in batches of sink_batch_rows (streams/store_queue.py)
 STORE_AHEAD_BATCHES = 2
 
@@ -82,7 +84,7 @@ def faust_credentials(s: Settings) -> "faust.types.auth.CredentialsT | None":
 def faust_app(s: Settings, bootstrap_servers: str, stage: str = "all") -> faust.App:
     """The Faust app of a stage (its own consumer group), configured from
     the settings: its topics, consumer, producer and web server."""
-    web_port = s.judge_web_port if stage == "judge" else s.streams_web_port
+    web_port = {"judge": s.judge_web_port, "attribute": s.attribute_web_port}.get(stage, s.streams_web_port)
     return faust.App(
         stages.APP_IDS[stage],
         broker=f"kafka://{bootstrap_servers}",
@@ -108,7 +110,7 @@ def faust_app(s: Settings, bootstrap_servers: str, stage: str = "all") -> faust.
     )
 
 
-class StreamsWorker(StorePath, AttributionTick):
+class StreamsWorker(StorePath, AttributionTick, AttributionStage):
     """The worker: its Faust app, agents and timers, and the judging they
     call. The store path (StorePath, streams/store_path.py) and the
     attribution tick (AttributionTick, streams/attribution_tick.py) are mixed in."""
@@ -117,17 +119,24 @@ class StreamsWorker(StorePath, AttributionTick):
         self.stage = stage or settings.streams_stage
         # Faust binds the web port only once it runs, and a port taken ends it
         # with a traceback: say it in one line, before the store is opened
-        ports.require_free(*(ports.judge_listeners if self.stage == "judge" else ports.streams_listeners)(settings))
+        ports.require_free(*ports.stage_listeners(self.stage, settings))
         self.settings = settings
         self.bootstrap_servers = bootstrap_servers
         self.state = HostState()
         self.attributor = None
-        self.alert_rows_sent = 0  # the judge's alert rows published (JUDGE_FINAL_FILE)
+        self.alert_rows_sent = self.attributions_sent = 0  # what the judge or attribution stage published (STAGE_FINAL_FILES)
         # set once the judge has re-learned the partitions it took: Faust resumes the streams before the
         # assignment hook ends, and a wait judged before then would be parked for a record already sent
         self.relearned = asyncio.Event()
-        if self.stage != "judge":  # the judge never opens the store: chDB admits one process per data directory
+        # the attribution stage's: request messages held until attributed, how far it read each partition
+        # of the other topics ((topic, partition) -> offset: read again, below it is skipped), and the hosts of each
+        self.held_requests = HeldRequests()
+        self.read_until: dict[tuple[str, int], int] = {}
+        self.partition_hosts: dict[int, set[str]] = {}
+        if self.stage in ("all", "store"):  # the others never open the store: chDB admits one process per data directory
             self._open_store()
+        if self.stage == "attribute":  # its state comes from the topics, on taking partitions (regain)
+            self.attributor = self._new_attributor()
         self.handlers = Handlers(self.state, Thresholds.from_settings(settings), self.attributor)
         self._late_counted = 0
         signal_metrics.limit_comms(settings.metrics_comms_max)
@@ -147,13 +156,18 @@ class StreamsWorker(StorePath, AttributionTick):
         self.reader = clickhouse.connect(settings.clickhouse_url, settings.data_dir, readonly=True)
         self.sink = ClickHouseSink(self.client)
         self.state.prime(self.client)
-        self.attributor = Attributor(
+        if self.stage == "all":
+            self.attributor = self._new_attributor()
+            self.prime_attribution()
+
+    def _new_attributor(self) -> Attributor:
+        settings = self.settings
+        return Attributor(
             grace_ns=int(settings.attribution_grace_s * 1e9), horizon_ns=int(settings.evidence_horizon_s * 1e9),
             slo_ns=int(settings.request_slo_ms * 1e6) if settings.request_slo_ms else None,
             slo_factor=settings.request_slo_factor, min_samples=settings.baseline_min_samples,
             max_events_per_host=settings.evidence_max_events, max_pending=settings.pending_requests_max,
             processes=self.state)  # serving groups and cgroups, as the collectors describe them
-        self.prime_attribution()
 
     def prime_attribution(self) -> None:
         """After a restart, pick up where the last worker left off: recent
@@ -185,7 +199,7 @@ class StreamsWorker(StorePath, AttributionTick):
         self.alert_rows_topic = raw_topic(topics.ALERT_ROWS)
         for name, record_type in stages.stage_topics(self.stage, self.handlers.table).items():
             self._add_agent(app, raw_topic(name), name, record_type)
-        web.add_routes(app, self, query=self.stage != "judge")
+        web.add_routes(app, self, query=self.stage in ("all", "store"))
 
         self.attribution_topic = raw_topic(topics.ATTRIBUTION)
         self._add_hand_over_hooks(app)
@@ -200,13 +214,17 @@ class StreamsWorker(StorePath, AttributionTick):
         @app.on_partitions_assigned.connect
         async def take_over(_app, assigned, **_kwargs) -> None:
             # partitions new to this worker bring hosts another worker stored last
-            gained = set(assigned) - held
+            gained, lost = set(assigned) - held, held - set(assigned)
             held.clear()
             held.update(assigned)
-            if self.stage == "judge":
+            if lost and self.stage == "attribute":  # a partition revoked and given back is kept, not rebuilt
+                self.let_go({tp.partition for tp in lost} - {tp.partition for tp in assigned})
+            if self.stage in ("judge", "attribute"):
                 try:
                     if gained:
-                        await self.relearn(gained)
+                        await (self.relearn if self.stage == "judge" else self.regain)(gained)
+                    if self.stage == "attribute":
+                        await self.catch_up(assigned)
                 finally:
                     self.relearned.set()
             elif gained:
@@ -216,44 +234,58 @@ class StreamsWorker(StorePath, AttributionTick):
         @app.on_partitions_revoked.connect
         async def judge_parked_on_hand_over(_app, revoked, **_kwargs) -> None:
             self.relearned.clear()  # until the assignment that follows has been re-learned
-            if revoked:
+            if revoked and self.stage != "attribute":  # its requests stay uncommitted until attributed
                 await self.judge_all_parked()
 
         @app.on_before_shutdown.connect
         async def judge_parked_on_stop(_app, **_kwargs) -> None:
-            await self.judge_all_parked()
+            if self.stage == "attribute":
+                await self.attribute_all()
+            else:
+                await self.judge_all_parked()
 
     async def relearn(self, gained) -> None:
         """The judge's host state for partitions it just took, from the
-        topics (streams/stages.py: replay_learned), within half a session."""
-        from aiokafka import AIOKafkaConsumer
-        from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
-
+        topics (streams/stages.py: replay), within half a session."""
         s = self.settings
-
-        async def make_consumer():
-            consumer = AIOKafkaConsumer(
-                bootstrap_servers=self.bootstrap_servers, group_id=self.app.conf.id, enable_auto_commit=False,
-                **credentials_to_aiokafka_auth(faust_credentials(s)))
-            await consumer.start()
-            return consumer
-
         started = time.monotonic()
+        learned = 0
+
+        def learn(_topic: str, records: list[events.Record]) -> None:
+            nonlocal learned
+            for record in records:
+                self.state.learn(record)
+            learned += len(records)
+
         try:
-            learned = await stages.replay_learned(
-                make_consumer, [(tp.topic, tp.partition) for tp in gained], int((time.time() - s.judge_replay_s) * 1e3),
-                self.state.learn, started + s.kafka_session_timeout_s / 2)
+            await stages.replay(
+                self._side_consumer, [(tp.topic, tp.partition) for tp in gained if tp.topic in stages.LEARNED_TOPICS],
+                lambda _t: int((time.time() - s.judge_replay_s) * 1e3), learn, started + s.kafka_session_timeout_s / 2)
             log.info("judge: learned %d host records again in %.2f s", learned, time.monotonic() - started)
         except Exception:  # the collectors re-send them within a minute: judge on meanwhile
             log.exception("judge: could not re-read the host records; they come again with the collectors' next")
+
+    async def _side_consumer(self):
+        """A started aiokafka consumer in this stage's group that never joins
+        it: to read committed offsets and re-read partitions."""
+        from aiokafka import AIOKafkaConsumer
+        from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
+
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap_servers, group_id=self.app.conf.id, enable_auto_commit=False,
+            **credentials_to_aiokafka_auth(faust_credentials(self.settings)))
+        await consumer.start()
+        return consumer
 
     def _add_timers(self, app: faust.App) -> None:
         """The stage's ticks: attribution (not the judge's), the parked
         run-queue waits (not the store's) and the alert groups; and its loop-lag probe."""
         ticks = [(ALERT_GROUP_TICK_S, lambda: self.alert_groups_due(time.time_ns()), "alert group")]
-        if self.stage != "judge":
+        if self.stage == "all":
             ticks.append((ATTRIBUTION_TICK_S, lambda: self.attribute_due(time.time_ns()), "attribution"))
-        if self.stage != "store":
+        if self.stage == "attribute":
+            ticks.append((ATTRIBUTION_TICK_S, self.attribute_when_caught_up, "attribution"))
+        if self.stage in ("all", "judge"):
             ticks.append((PARKED_TICK_S, self.parked_due, "parked run-queue waits"))
         for interval, step, what in ticks:
             self._add_tick(app, interval, step, what)
@@ -277,7 +309,7 @@ class StreamsWorker(StorePath, AttributionTick):
 
         @app.task
         async def announce() -> None:
-            if s.streams_web_port and self.stage != "judge":  # the judge has no store to query
+            if s.streams_web_port and self.stage in ("all", "store"):  # the other stages have no store to query
                 # /query wants this token; the port is open to every local
                 # user, the state file only to the store's owner. The file is
                 # created 0600 before anything is written to it, then renamed
@@ -331,7 +363,15 @@ class StreamsWorker(StorePath, AttributionTick):
                     await self.keep_alerts(decoded.alerts)
                 await stream.ack(event)
 
-        consume = judge_only if self.stage == "judge" else consume
+        async def attribute_only(stream):
+            # evidence acked as read, requests once attributed (streams/attribution_stage.py)
+            stream = stream.noack()
+            async for event in stream.events():
+                if not self.relearned.is_set():
+                    await self.relearned.wait()
+                await self.attribute_message(stream, event, name, decoder)
+
+        consume = {"judge": judge_only, "attribute": attribute_only}.get(self.stage, consume)
         consume.__name__ = f"consume_{name.split('.')[-1]}"
         app.agent(topic, name=consume.__name__)(consume)
 
@@ -371,7 +411,9 @@ class StreamsWorker(StorePath, AttributionTick):
         if good and isinstance(good[0], LEARNED):  # a message holds one record type: skip the bulk topics
             for record in good:
                 self.state.learn(record)
-        if self.stage == "store":  # the judges judge: here records only feed the attributor
+        if self.stage == "store":  # the judges judge and the attribution stage attributes: here records are stored
+            return []
+        if self.stage == "attribute":  # here records only feed the attributor
             self.handlers.feed(topic, good)
             return []
         alerts = await self.handlers.handle(topic, good, time.time_ns())
@@ -392,7 +434,7 @@ class StreamsWorker(StorePath, AttributionTick):
         """Every alert row, folded ones included (one row per event): into
         this process's store, or from a judge to the alert-rows topic, which
         the store stage stores."""
-        if self.stage == "judge":
+        if self.stage in ("judge", "attribute"):
             await self.publish(self.alert_rows_topic, alerts)
             self.alert_rows_sent += len(alerts)
         else:
@@ -440,8 +482,9 @@ class StreamsWorker(StorePath, AttributionTick):
             worker.execute_from_commandline()
         finally:
             self.notifier.close()
-            if self.stage == "judge":  # stopped, its producer flushed: what it published is final
-                (self.settings.data_dir / JUDGE_FINAL_FILE).write_text(json.dumps({"alert_rows": self.alert_rows_sent}))
-            else:
+            if self.stage in STAGE_FINAL_FILES:  # stopped, its producer flushed: what it published is final
+                (self.settings.data_dir / STAGE_FINAL_FILES[self.stage]).write_text(json.dumps(
+                    {"alert_rows": self.alert_rows_sent, "attributions": self.attributions_sent}))
+            if self.stage in ("all", "store"):
                 state_file(self.settings.data_dir).unlink(missing_ok=True)
                 self.sink.close()

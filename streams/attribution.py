@@ -39,18 +39,15 @@ A wait is then split by what kept the CPU from the thread:
 - ``runq_starvation``: the rest; only this part is charged to the suspects
   (the tasks outside the group that held the CPU).
 
-Cost: due() indexes each serving group's run-queue waits once per batch
-and answers all its windows at once, in numpy columns
-(streams/wait_columns.py; O(n log n) for the n waits the windows overlap).
-Where two keys tie for the largest charge, the row-wise index
-(streams/wait_index.py) breaks the tie as the walk would; where a thread's
-waits overlap (repeats), the request walks its parts.
+Cost: due() indexes each serving group's run-queue waits once per batch and
+answers all its windows at once, in numpy columns (streams/wait_columns.py;
+O(n log n)); ties for the largest charge and a thread's overlapping waits
+take the row-wise index (streams/wait_index.py) and the walk.
 
-The evidence store and its interval arithmetic are streams/evidence.py, the
-carrying thread's time budget streams/thread_budget.py, which cause the
-charges name streams/causes.py, and the searches for
-whom to name (the throttled cgroup, the interrupt source, the GIL holder, the
-evictor) streams/culprits.py.
+Beside it: streams/evidence.py (the evidence store, interval arithmetic),
+thread_budget.py (the carrying thread's time), causes.py (which cause the
+charges name) and culprits.py (whom to name: the throttled cgroup, the
+interrupt source, the GIL holder, the evictor).
 """
 
 from __future__ import annotations
@@ -72,6 +69,7 @@ from jitterscope.streams.thread_budget import (STALLS, ThreadBudget, behind_own_
 from jitterscope.streams.wait_columns import ColumnarIndex
 from jitterscope.streams.wait_index import TOP_SUSPECTS, SplitCache, Tie, WaitIndex, rank_suspects
 from jitterscope.streams.rolling_median import RollingMedian
+from jitterscope.streams.span_keys import SpanKeys
 from jitterscope.streams.split_columns import split_many
 from jitterscope.streams.throttle_index import throttled_span
 
@@ -119,9 +117,7 @@ class Attributor:
         self._events_per_host: dict[str, int] = defaultdict(int)
         self.max_events_per_host = max_events_per_host
         self.max_pending = max_pending
-        # keys of attributed spans, oldest first: a span Kafka redelivers (or
-        # a restart re-reads) is not attributed, stored and counted twice
-        self._attributed: dict[tuple[str, str, int], None] = {}
+        self.attributed = SpanKeys(REMEMBERED_KEYS)
         self.late_evidence = 0
         self.evidence_evicted = 0  # kept out of the window by the count bound, not by age
         self.gpu = GpuEvents(horizon_ns)  # Xid errors and NVML slowdowns, per GPU (streams/gpu_events.py)
@@ -178,16 +174,21 @@ class Attributor:
     def remember(self, done: RequestAttribution) -> None:
         """Count an earlier attribution into the baseline (priming after a restart)."""
         self._durations[(done.host, done.name)].append(done.service_ns or done.duration_ns)
-        self._mark_attributed(done)
+        self.attributed.add(done)
 
     def add_request(self, span: RequestSpan) -> None:
-        if (span.host, span.boot_id, span.seq) not in self._attributed:
+        if span not in self.attributed:
             self._pending.append(span)
 
-    def _mark_attributed(self, record: RequestSpan | RequestAttribution) -> None:
-        self._attributed[(record.host, record.boot_id, record.seq)] = None
-        if len(self._attributed) > REMEMBERED_KEYS:
-            del self._attributed[next(iter(self._attributed))]
+    def forget_hosts(self, hosts: set[str]) -> None:
+        """Drop all but the attributed spans of ``hosts``: their next owner rebuilds it (attribution_stage.py)."""
+        self._pending = [s for s in self._pending if s.host not in hosts]
+        for book in (self._evidence, self._newest, self._attributed_until, self._events_per_host, self._durations,
+                     self._own_waits):
+            for key in [k for k in book if (k[0] if isinstance(k, tuple) else k) in hosts]:
+                del book[key]
+        for host in hosts:
+            self._splits.forget(host)
 
     def _expire(self, host: str, before_ns: int) -> None:
         self._splits.forget(host)  # a split may have leant on expired throttling or interrupts
@@ -232,11 +233,10 @@ class Attributor:
             self._batch[key].append((span.start_ns, span.end_ns))
         try:
             for span in ready:
-                key = (span.host, span.boot_id, span.seq)
-                if key in self._attributed:  # the same span twice in the backlog
+                if span in self.attributed:  # the same span twice in the backlog
                     continue
                 out.append(self.attribute(span))
-                self._mark_attributed(span)
+                self.attributed.add(span)
                 self._attributed_until[span.host] = max(self._attributed_until.get(span.host, 0), span.end_ns)
         finally:
             self._splits.end_batch()

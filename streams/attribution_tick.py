@@ -36,11 +36,14 @@ class AttributionTick:
     attributor: Attributor
     state: HostState
     attribution_topic: Any  # a Faust topic
+    stage: str
+    held_requests: Any  # streams/attribution_stage.py's HeldRequests
     _late_counted: int  # the attributor's late evidence already counted in LATE_EVIDENCE
 
     async def attribute_due(self, now_ns: int) -> None:
         """Attribute the requests whose grace period is over; publish, store
-        and alert on them."""
+        and alert on them. In the attribution stage the store stage stores
+        them, and their request messages are acked once published."""
         done = self.attributor.due(now_ns)
         PENDING_REQUESTS.set(self.attributor.pending)
         LATE_EVIDENCE.inc(self.attributor.late_evidence - self._late_counted)  # its running total, as a Counter
@@ -58,6 +61,12 @@ class AttributionTick:
                 alerts.append(alert)
         count_raised(alerts)
         await self.publish(self.attribution_topic, done)
+        self.attributions_sent += len(done)
         alerts = await self.announce_alerts(alerts)
-        await self.store(topics.ATTRIBUTION, "request_attribution", [Decoded(done, [], alerts)])
+        if self.stage == "all":
+            await self.store(topics.ATTRIBUTION, "request_attribution", [Decoded(done, [], alerts)])
+            return
+        await self.keep_alerts(alerts)  # the alert-rows topic: the store stage stores them with the attributions
+        for ack in self.held_requests.release([(a.host, a.boot_id, a.seq) for a in done]):
+            await ack
 

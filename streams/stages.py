@@ -13,23 +13,25 @@ streams process runs one ``streams_stage``:
   folded ones included, to ``topics.ALERT_ROWS``. It never opens ClickHouse
   (chDB admits one process per data directory: the store's) and never
   attributes. Nothing else runs on its loop.
-- ``store``: attribution and the store together (split further in a later
-  step). It stores every input topic and the judges' alert rows (one row per
-  alert event, as before), attributes requests and raises their
-  ``request_slo`` alerts itself, and answers /query.
-- ``all``: both in one process, as before the split (the default: a fleet's
-  existing workers and their committed offsets keep working).
+- ``attribute``: requests joined with the kernel evidence
+  (streams/attribution_stage.py). It publishes attributions to
+  ``topics.ATTRIBUTION`` and its ``request_slo`` alert rows to
+  ``topics.ALERT_ROWS``; it never opens ClickHouse either.
+- ``store``: stores every input topic, the alert rows and the
+  attributions, and answers /query.
+- ``all``: everything in one process, as before the split (the default: a
+  fleet's existing workers and their committed offsets keep working).
 
 Each stage is its own Faust app id, so its own consumer group on the same
 host-keyed topics (``APP_IDS``): each reads every record, and each scales by
-adding processes. `up` runs a judge and a store.
+adding processes. `up` runs a judge, an attribution stage and a store.
 
 **The judge's state after a restart or a rebalance.** The single worker
 primes its host state from ClickHouse; the judge has none. On taking a
 partition of a topic it learns from (topology, processes, device traffic),
 it re-reads that partition from ``judge_replay_s`` back (by timestamp; the
 beginning where the broker cannot say) up to its group's committed offset,
-learning only (``replay_learned``): judging those records again would
+learning only (``replay``): judging those records again would
 announce their alerts twice. Collectors re-send topology and process records
 every minute, so a window of minutes is the whole state. Chosen over a
 changelog topic: no compaction on Tansu, and a second copy of records the
@@ -48,12 +50,17 @@ from typing import Awaitable, Callable, Iterable
 from prometheus_client import Histogram
 
 from jitterscope.schemas import batches, events, topics
+from jitterscope.streams.handlers import EVIDENCE
 
 log = logging.getLogger("jitterscope.streams")
 
-STAGES = ("all", "judge", "store")
+STAGES = ("all", "judge", "attribute", "store")
 #: stage -> Faust app id = Kafka consumer group ("all" keeps the single worker's, and so its offsets)
-APP_IDS = {"all": "jitterscope-streams", "judge": "jitterscope-judge", "store": "jitterscope-store"}
+APP_IDS = {"all": "jitterscope-streams", "judge": "jitterscope-judge", "attribute": "jitterscope-attribute",
+           "store": "jitterscope-store"}
+#: what each topic a stage reads or re-reads holds
+RECORD_OF: dict[str, type[events.Record]] = {
+    **topics.INPUT_TOPICS, topics.ALERT_ROWS: events.Alert, topics.ATTRIBUTION: events.RequestAttribution}
 #: the record types the host state learns from (HostState.learn)
 LEARNED = (events.Topology, events.ProcessInfo, events.DeviceIo)
 LEARNED_TOPICS = tuple(t for t, kind in topics.INPUT_TOPICS.items() if kind in LEARNED)
@@ -69,6 +76,8 @@ LOOP_LAG = Histogram(
 
 #: input topics with a handler that judges nothing: their records only wait for attribution (the store stage's)
 ATTRIBUTION_ONLY = frozenset({topics.REQUESTS, topics.BLOCKED})
+#: what the attribution stage reads besides the learned topics: the spans and the kernel evidence they are joined with
+ATTRIBUTED = frozenset({topics.REQUESTS, *EVIDENCE})
 
 
 def judge_topics(handled: Iterable[str]) -> list[str]:
@@ -82,8 +91,10 @@ def stage_topics(stage: str, handled: Iterable[str]) -> dict[str, type[events.Re
     """topic -> record type of what a stage's agents read."""
     if stage == "judge":
         return {t: topics.INPUT_TOPICS[t] for t in judge_topics(handled)}
+    if stage == "attribute":
+        return {t: kind for t, kind in topics.INPUT_TOPICS.items() if t in ATTRIBUTED or t in LEARNED_TOPICS}
     if stage == "store":
-        return {**topics.INPUT_TOPICS, topics.ALERT_ROWS: events.Alert}
+        return dict(RECORD_OF)
     return dict(topics.INPUT_TOPICS)
 
 
@@ -100,30 +111,38 @@ async def measure_loop_lag(stage: str, interval_s: float = LOOP_LAG_INTERVAL_S,
         done += 1
 
 
-async def replay_learned(make_consumer: Callable[[], Awaitable], partitions: Iterable[tuple[str, int]],
-                         since_ms: int, learn: Callable[[events.Record], None], deadline_s: float) -> int:
-    """Learn the records of ``partitions`` (learned topics only) from
-    ``since_ms`` (epoch ms) up to the group's committed offset, judging none
-    (the module's docstring). ``make_consumer``: a started aiokafka consumer
-    of the stage's group that never joins it. Stops at ``deadline_s``
-    (monotonic) with what it learned. Returns the records learned."""
+async def replay(make_consumer: Callable[[], Awaitable], partitions: Iterable[tuple[str, int]],
+                 since_ms: Callable[[str], int], take: Callable[[str, list[events.Record]], None],
+                 deadline_s: float, upto: str = "committed") -> dict[tuple[str, int], int]:
+    """Hand ``take`` the records of ``partitions`` (topic, partition) from
+    ``since_ms(topic)`` (epoch ms) up to the group's committed offset
+    (``upto="committed"``: the judge, which must not judge those records
+    again) or the partition's end as it is now (``"end"``: the attribution
+    stage, which then skips what it re-read, ``AttributeStage``).
+    ``make_consumer``: a started aiokafka consumer of the stage's group that
+    never joins it. Stops at ``deadline_s`` (monotonic) with what it read.
+    Returns (topic, partition) -> the offset it read up to."""
     from aiokafka import TopicPartition
 
-    wanted = [TopicPartition(t, p) for t, p in partitions if t in LEARNED_TOPICS]
+    wanted = [TopicPartition(t, p) for t, p in partitions]
     if not wanted:
-        return 0
+        return {}
     consumer = await make_consumer()
-    learned = 0
     try:
         consumer.assign(wanted)
-        ends = {tp: await consumer.committed(tp) for tp in wanted}
-        ends = {tp: end for tp, end in ends.items() if end}  # none committed: the agent reads it all anyway
+        if upto == "committed":
+            ends = {tp: await consumer.committed(tp) for tp in wanted}
+            ends = {tp: end for tp, end in ends.items() if end}  # none committed: the agent reads it all anyway
+        else:
+            ends = await consumer.end_offsets(wanted)
         if not ends:
-            return 0
-        starts = await _offsets_since(consumer, list(ends), since_ms)
+            return {}
+        starts = {}
+        for topic in {tp.topic for tp in ends}:
+            starts.update(await _offsets_since(consumer, [tp for tp in ends if tp.topic == topic], since_ms(topic)))
         for tp, start in starts.items():
             consumer.seek(tp, start)
-        decoders = {t: batches.BatchDecoder(topics.INPUT_TOPICS[t]) for t in LEARNED_TOPICS}
+        decoders = {t: batches.BatchDecoder(RECORD_OF[t]) for t in {tp.topic for tp in ends}}
         left = {tp for tp in ends if starts[tp] < ends[tp]}
         while left and time.monotonic() < deadline_s:
             fetched = await consumer.getmany(*left, timeout_ms=200, max_records=2000)
@@ -133,16 +152,15 @@ async def replay_learned(make_consumer: Callable[[], Awaitable], partitions: Ite
                         left.discard(tp)
                         break
                     good, _bad = decoders[tp.topic].decode(message.value or b"")
-                    for record in good:
-                        learn(record)
-                    learned += len(good)
+                    if good:
+                        take(tp.topic, good)
                     if message.offset + 1 >= ends[tp]:
                         left.discard(tp)
         if left:
-            log.warning("judge: re-reading %d learned partitions stopped at its deadline", len(left))
+            log.warning("%d partitions' re-read stopped at its deadline", len(left))
+        return {(tp.topic, tp.partition): end for tp, end in ends.items() if tp not in left}
     finally:
         await consumer.stop()
-    return learned
 
 
 async def _offsets_since(consumer, partitions: list, since_ms: int) -> dict:

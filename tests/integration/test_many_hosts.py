@@ -49,14 +49,14 @@ REQUESTS = 200
 STANDIN = Path(__file__).resolve().parents[2] / "examples/inference_standin.py"
 
 
-def host_names(tag: str) -> list[str]:
+def host_names(tag: str, count: int = HOSTS) -> list[str]:
     """Host names whose keys land on different partitions (librdkafka's default
     partitioner: CRC-32 of the key), so that any even split of the partitions
     between two workers gives each worker at least one host."""
     names: list[str] = []
     used: set[int] = set()
     i = 0
-    while len(names) < HOSTS:
+    while len(names) < count:
         name = f"{tag}-host{len(names)}-{i}"  # the tag first: queries select the run by prefix
         partition = zlib.crc32(name.encode()) % topics.PARTITIONS
         if partition not in used:

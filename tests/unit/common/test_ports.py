@@ -140,11 +140,12 @@ def test_the_stack_checks_every_port_it_listens_on_before_starting(held, tmp_pat
     from jitterscope.up import Stack
 
     s = Settings(data_dir=tmp_path / "data", broker_port=free_port(), streams_web_port=free_port(),
-                 judge_web_port=free_port(), collector_metrics_port=free_port(), otlp_port=held)
+                 judge_web_port=free_port(), attribute_web_port=free_port(), collector_metrics_port=free_port(),
+                 otlp_port=held)
     stack = Stack(s, console=None)
     assert {(l.setting, l.port) for l in stack.listeners()} == {
         ("broker_port", s.broker_port), ("streams_web_port", s.streams_web_port), ("judge_web_port", s.judge_web_port),
-        ("collector_metrics_port", s.collector_metrics_port), ("otlp_port", held)}
+        ("attribute_web_port", s.attribute_web_port), ("collector_metrics_port", s.collector_metrics_port), ("otlp_port", held)}
     with pytest.raises(errors.PortTaken, match=f"port {held} .*otlp_port"):
         stack.start()
     assert not s.data_dir.exists() and not stack.children and stack.broker is None  # nothing started

@@ -27,7 +27,9 @@ def test_every_faust_topic_uses_the_configured_partitions_and_replication(tmp_pa
 def test_each_stage_is_its_own_consumer_group_reading_its_own_topics(tmp_path):
     """streams/stages.py: the judge reads what its rules judge and its host
     state learns, never opens the store (it builds with no ClickHouse at all);
-    the store reads every input topic and the judges' alert rows."""
+    so does the attribution stage, which reads the spans, the kernel
+    evidence and the host records; the store reads every input topic, the
+    alert rows and the attributions the other stages publish."""
     s = load(streams_web_port=0, judge_web_port=0, data_dir=tmp_path)
     judge = StreamsWorker(s, "kafka-1:9092", stage="judge")
     assert judge.app.conf.id == "jitterscope-judge" and judge.attributor is None and not hasattr(judge, "client")
@@ -40,4 +42,12 @@ def test_each_stage_is_its_own_consumer_group_reading_its_own_topics(tmp_path):
     store.settings, store.stage, store.handlers = s, "store", Handlers(HostState())
     app = store._build_app("kafka-1:9092")
     assert app.conf.id == "jitterscope-store"
-    assert {a.channel.get_topic_name() for a in app.agents.values()} == {*topics.INPUT_TOPICS, topics.ALERT_ROWS}
+    assert {a.channel.get_topic_name() for a in app.agents.values()} == {
+        *topics.INPUT_TOPICS, topics.ALERT_ROWS, topics.ATTRIBUTION}
+
+    attribute = StreamsWorker(s, "kafka-1:9092", stage="attribute")
+    assert attribute.app.conf.id == "jitterscope-attribute" and attribute.attributor is not None
+    assert not hasattr(attribute, "client") and not (tmp_path / "clickhouse").exists()
+    read = {agent.channel.get_topic_name() for agent in attribute.app.agents.values()}
+    assert {topics.REQUESTS, topics.RUNQ, topics.BLOCKED, topics.CGROUP_THROTTLE, topics.PROCESSES} <= read
+    assert not read & {topics.STACKS, topics.ALERT_ROWS, topics.ATTRIBUTION, topics.HISTOGRAMS}
