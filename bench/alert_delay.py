@@ -43,6 +43,7 @@ import threading
 import time
 import tomllib
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 from run import REPO, StreamsWorker, _git_show  # noqa: E402  (bench/ is on sys.path when run.py runs)
@@ -147,14 +148,42 @@ def bursts(seconds: float) -> set[int]:
     return {victim.pid}
 
 
-def storm_under_up(tree: Path | None, seconds: float = STORM_S, extra_env: dict | None = None,
-                   workload=storm) -> dict:
-    """One `up` run with one ``workload`` (seconds -> the pids whose alerts
-    count), started once `up` says it is watching: their alert delays (s)
-    and up's stop summary."""
+class UpRun:
+    """`jitterscope up` started fresh (watching every process, as `make up`
+    does) in a temporary data directory, from ``tree`` (None: this one):
+    its environment, data directory, web port and printed lines."""
+
+    def __init__(self, data: str, env: dict, web: int):
+        self.data, self.env, self.web, self.lines = data, env, web, []
+        # cwd: not the repository root, whose jitterscope/ would come first on sys.path and hide the tree
+        self.up = subprocess.Popen([*CLI, "up", "--broker-port", "0", "--duration", "900"], env=env, cwd=data,
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.reader = threading.Thread(target=lambda: self.lines.extend(iter(self.up.stdout.readline, "")),
+                                       daemon=True)
+        self.reader.start()
+        deadline = time.monotonic() + 300
+        while not any(line.startswith("jitterscope up: watching") for line in self.lines):
+            assert self.up.poll() is None and time.monotonic() < deadline, "up did not start:\n" + "".join(self.lines)
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        """Ctrl-C, as a user stops it; it must exit 0."""
+        self.up.send_signal(signal.SIGINT)
+        assert self.up.wait(300) == 0, "".join(self.lines)
+
+    def query(self, sql: str) -> list[list[float]]:
+        out = subprocess.run([*CLI, "query", "-f", "csv", sql], env=self.env, cwd=self.data, capture_output=True,
+                             text=True, timeout=300, check=True)
+        return [list(map(float, v.split(","))) for v in out.stdout.splitlines()[1:] if v.strip()]
+
+    def summary(self) -> str:
+        return next((l.strip() for l in self.lines if l.startswith("alert delay")), "")
+
+
+@contextmanager
+def running_up(tree: Path | None, extra_env: dict | None = None):
+    """An UpRun, killed if it is still running when the block ends."""
     from jitterscope.broker import free_port
-    from jitterscope.common.settings import load
-    from jitterscope.query import query_worker, running_worker
 
     with tempfile.TemporaryDirectory() as data:
         web = free_port()
@@ -165,54 +194,59 @@ def storm_under_up(tree: Path | None, seconds: float = STORM_S, extra_env: dict 
         if tree:  # before site-packages, so it wins over the editable install
             env["PYTHONPATH"] = str(tree)
         env.update(extra_env or {})
-        # cwd: not the repository root, whose jitterscope/ would come first on sys.path and hide the tree
-        up = subprocess.Popen([*CLI, "up", "--broker-port", "0", "--duration", "900"], env=env, cwd=data,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        lines: list[str] = []
-        reader = threading.Thread(target=lambda: lines.extend(iter(up.stdout.readline, "")), daemon=True)
-        reader.start()
+        run = UpRun(data, env, web)
         try:
-            deadline = time.monotonic() + 300
-            while not any(line.startswith("jitterscope up: watching") for line in lines):
-                assert up.poll() is None and time.monotonic() < deadline, "up did not start:\n" + "".join(lines)
-                time.sleep(0.2)
-            pids = workload(seconds)
-            # every alert of the storm stored: their count stood still (the host's other processes may
-            # raise alerts all along, so not the worker's whole count)
-            worker = running_worker(load(data_dir=Path(data)))
-            stored = (f"SELECT count() FROM jitterscope.alerts WHERE kind = 'runq_starvation' "
-                      f"AND pid IN ({', '.join(map(str, sorted(pids)))})")
-            last, since, deadline = None, time.monotonic(), time.monotonic() + 300
-            while time.monotonic() - since < QUIET_S and time.monotonic() < deadline:
-                count = query_worker(worker, stored, {})[1][0][0]
-                if count != last:
-                    last, since = count, time.monotonic()
-                time.sleep(0.5)
-            text = _metrics(web)
-            up.send_signal(signal.SIGINT)
-            assert up.wait(300) == 0, "".join(lines)
+            yield run
         finally:
-            if up.poll() is None:
-                up.kill()
-                up.wait()
-        reader.join(10)
-        sql = ("SELECT (toUnixTimestamp64Nano(raised) - toUnixTimestamp64Nano(ts)) / 1e9 AS s, "
-               "toUnixTimestamp64Nano(ts) AS t, pid FROM jitterscope.alerts "
-               f"WHERE kind = 'runq_starvation' AND pid IN ({', '.join(map(str, sorted(pids)))}) ORDER BY t")
-        out = subprocess.run([*CLI, "query", "-f", "csv", sql], env=env, cwd=data, capture_output=True, text=True,
-                             timeout=300, check=True)
-        rows = [tuple(map(float, v.split(","))) for v in out.stdout.splitlines()[1:] if v.strip()]
-        values = [r[0] for r in rows]
-        summary = next((l.strip() for l in lines if l.startswith("alert delay")), "")
-        assert summary, "up printed no alert delay at stop"
-        parked = {why: _summed(text, f'jitterscope_streams_runq_judged_late_total{{why="{why}"}}')
-                  for why in ("arrived", "deadline", "overflow", "flush")}
-        return {"delays": sorted(values), "rows": rows, "summary": summary, "processes": len(pids),
-                "parked": _summed(text, "jitterscope_streams_runq_parked_total "), "judged_late": parked}
+            if run.up.poll() is None:
+                run.up.kill()
+                run.up.wait()
+            run.reader.join(10)
+
+
+def storm_under_up(tree: Path | None, seconds: float = STORM_S, extra_env: dict | None = None,
+                   workload=storm) -> dict:
+    """One `up` run with one ``workload`` (seconds -> the pids whose alerts
+    count), started once `up` says it is watching: their alert delays (s)
+    and up's stop summary."""
+    from jitterscope.common.settings import load
+    from jitterscope.query import query_worker, running_worker
+
+    with running_up(tree, extra_env) as run:
+        pids = workload(seconds)
+        # every alert of the storm stored: their count stood still (the host's other processes may
+        # raise alerts all along, so not the worker's whole count)
+        worker = running_worker(load(data_dir=Path(run.data)))
+        stored = (f"SELECT count() FROM jitterscope.alerts WHERE kind = 'runq_starvation' "
+                  f"AND pid IN ({', '.join(map(str, sorted(pids)))})")
+        last, since, deadline = None, time.monotonic(), time.monotonic() + 300
+        while time.monotonic() - since < QUIET_S and time.monotonic() < deadline:
+            count = query_worker(worker, stored, {})[1][0][0]
+            if count != last:
+                last, since = count, time.monotonic()
+            time.sleep(0.5)
+        text = _metrics(run.web)
+        run.stop()
+        rows = [tuple(r) for r in run.query(
+            "SELECT (toUnixTimestamp64Nano(raised) - toUnixTimestamp64Nano(ts)) / 1e9 AS s, "
+            "toUnixTimestamp64Nano(ts) AS t, pid FROM jitterscope.alerts "
+            f"WHERE kind = 'runq_starvation' AND pid IN ({', '.join(map(str, sorted(pids)))}) ORDER BY t")]
+        summary = run.summary()
+    values = [r[0] for r in rows]
+    assert summary, "up printed no alert delay at stop"
+    parked = {why: _summed(text, f'jitterscope_streams_runq_judged_late_total{{why="{why}"}}')
+              for why in ("arrived", "deadline", "overflow", "flush")}
+    return {"delays": sorted(values), "rows": rows, "summary": summary, "processes": len(pids),
+            "parked": _summed(text, "jitterscope_streams_runq_parked_total "), "judged_late": parked}
 
 
 def _pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
+
+
+def quantiles_ms(values: list[float]) -> str:
+    """p50, p90 and p99 of sorted delays (s), in ms."""
+    return ", ".join(f"p{q * 100:.0f} {_pct(values, q) * 1e3:,.0f} ms" for q in (0.5, 0.9, 0.99))
 
 
 STORM_WHAT = f"a {STORM_S:.0f} s starvation storm under `jitterscope up` (victim + 3 hogs, all new processes)"
@@ -286,8 +320,8 @@ def bench_alert_delay_collector(rounds: int = int(os.environ.get("BENCH_ALERT_RO
     def figures(arm: str) -> tuple[str, float]:
         d = sorted(x for run in runs[arm] for x in run)
         per_run = lambda q: ", ".join(f"{_pct(run, q) * 1e3:,.0f}" for run in runs[arm])  # noqa: E731
-        return (f"p50 {_pct(d, 0.5) * 1e3:,.0f} ms, p90 {_pct(d, 0.9) * 1e3:,.0f} ms, p99 {_pct(d, 0.99) * 1e3:,.0f} ms "
-                f"({len(d):,} alerts; per run p50 {per_run(0.5)} ms, p99 {per_run(0.99)} ms)"), _pct(d, 0.5)
+        return (f"{quantiles_ms(d)} ({len(d):,} alerts; per run p50 {per_run(0.5)} ms, p99 {per_run(0.99)} ms)"),\
+            _pct(d, 0.5)
 
     ours, our_p50 = figures("at once")
     base, base_p50 = figures("after the batch delay")

@@ -54,14 +54,15 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import fields
-from typing import Protocol
 
 from jitterscope.schemas.events import (CgroupThrottle, GpuIoctl, GpuTelemetry, GpuXid, IrqTime, ProcessInfo,
                                         RequestAttribution, RequestSpan, RunqEvent)
 from jitterscope.schemas.nvidia import ioctl_name
 from jitterscope.streams.causes import DOMINANT_SHARE, USUAL_AFTER, Charges, self_contention_ns, weigh
 from jitterscope.streams.culprits import Culprits, evictor, latest_throttle, shares_limit, split_wait
+from jitterscope.streams.evidence_clock import EvidenceClock
 from jitterscope.streams.gpu_events import GpuEvents, culprit as gpu_culprit
+from jitterscope.streams.host_state import ProcessBook
 from jitterscope.streams.evidence import (MAX_WAITS_PER_PROCESS, Evidence, HostEvidence, SortedEvidence, add_calls,
                                           duration_ns, index_of, kth_smallest, overlap_ns, thread_parts, union_ns)
 from jitterscope.streams.thread_budget import (STALLS, ThreadBudget, behind_own_ns, carried_parts, kind_of,
@@ -75,14 +76,6 @@ from jitterscope.streams.throttle_index import throttled_span
 
 # with the names importers took from here before the split into evidence, thread_budget and culprits
 __all__ = ["Attributor", "Culprits", "Evidence", "ProcessBook", "STALLS", "duration_ns", "kind_of", "overlap_ns", "shares_limit"]
-
-
-class ProcessBook(Protocol):
-    """What the attributor asks the worker's host state (HostState)."""
-
-    processes: dict[tuple[str, int], ProcessInfo]
-
-    def serving_group(self, host: str, pid: int) -> set[int]: ...
 
 
 REMEMBERED_KEYS = 1_000_000  # attributed span keys kept, to skip redelivered spans
@@ -121,12 +114,13 @@ class Attributor:
         self.late_evidence = 0
         self.evidence_evicted = 0  # kept out of the window by the count bound, not by age
         self.gpu = GpuEvents(horizon_ns)  # Xid errors and NVML slowdowns, per GPU (streams/gpu_events.py)
+        self.clock = EvidenceClock()
 
-    # -- input -------------------------------------------------------------
     def add_evidence(self, event: Evidence | GpuXid | GpuTelemetry) -> None:
         if isinstance(event, (GpuXid, GpuTelemetry)):  # a GPU's own reports: named, not charged
             self.gpu.add(event)
             return
+        self.clock.saw([event])
         if isinstance(event, (CgroupThrottle, IrqTime)) and not (
                 event.interval_ns and (event.throttled_ns if isinstance(event, CgroupThrottle) else event.time_ns)):
             return  # an interval with nothing to charge (or none at all): not worth its memory
@@ -154,6 +148,7 @@ class Attributor:
             for record in records:
                 self.add_evidence(record)
             return
+        self.clock.saw(records)
         evidence, until, newest, counts = self._evidence, self._attributed_until, self._newest, self._events_per_host
         step = self.horizon_ns // 10
         for event in records:
@@ -189,6 +184,7 @@ class Attributor:
                 del book[key]
         for host in hosts:
             self._splits.forget(host)
+            self.clock.forget(host)
 
     def _expire(self, host: str, before_ns: int) -> None:
         self._splits.forget(host)  # a split may have leant on expired throttling or interrupts
@@ -211,11 +207,11 @@ class Attributor:
     def pending(self) -> int:
         return len(self._pending)
 
-    # -- output ------------------------------------------------------------
     def due(self, now_ns: int) -> list[RequestAttribution]:
-        """Attribute every request whose span ended at least grace_ns ago."""
-        ready = [s for s in self._pending if s.end_ns + self.grace_ns <= now_ns]
-        waiting = [s for s in self._pending if s.end_ns + self.grace_ns > now_ns]
+        """Attribute every request whose span ended at least grace_ns ago, or whose evidence has all come."""
+        ready, waiting = [], []  # over its grace, or its host's evidence came past its end (evidence_clock.py)
+        for s in self._pending:
+            (ready if s.end_ns + self.grace_ns <= now_ns or self.clock.past(s.host, s.end_ns) else waiting).append(s)
         if len(waiting) > self.max_pending:  # memory bound: the oldest go now, with what evidence there is
             waiting.sort(key=lambda s: s.end_ns)
             ready.extend(waiting[:len(waiting) - self.max_pending])

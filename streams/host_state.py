@@ -15,9 +15,20 @@ from __future__ import annotations
 import asyncio
 from collections import defaultdict
 import time
+from typing import Protocol
 
 from jitterscope.schemas import events
 from jitterscope.streams import clickhouse
+
+
+
+class ProcessBook(Protocol):
+    """What the attributor asks of the host state (streams/attribution.py)."""
+
+    processes: dict[tuple[str, int], events.ProcessInfo]
+
+    def serving_group(self, host: str, pid: int) -> set[int]: ...
+
 
 PROCESS_WAIT_S = 1.0  # how long an alert waits for its process (and a new host's topology) record to arrive
 

@@ -39,18 +39,21 @@ POSTABLE_KEYS = {"labels", "annotations", "startsAt", "endsAt"}  # Alertmanager 
 
 
 class Receiver:
-    """Records every POST (path, headers, JSON body, time received)."""
+    """Records every POST (path, headers, JSON body, time received), and
+    its raw bytes (``raw``: path, body as sent)."""
 
     def __init__(self):
         self.posts: list[tuple[str, dict, object, float]] = []
+        self.raw: list[tuple[str, bytes]] = []
         lock = threading.Lock()
-        posts = self.posts
+        posts, raw = self.posts, self.raw
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                sent = self.rfile.read(int(self.headers["Content-Length"]))
                 with lock:
-                    posts.append((self.path, dict(self.headers), body, time.time()))
+                    raw.append((self.path, sent))
+                    posts.append((self.path, dict(self.headers), json.loads(sent), time.time()))
                 self.send_response(200)
                 self.end_headers()
 
@@ -60,6 +63,10 @@ class Receiver:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_port}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def bodies(self, path: str) -> list[bytes]:
+        """The raw bodies POSTed to ``path``."""
+        return [body for p, body in list(self.raw) if p == path]
 
     def alertmanager(self) -> list[tuple[dict, float]]:
         return [(a, t) for path, _, body, t in list(self.posts) if path == "/api/v2/alerts" for a in body]

@@ -17,10 +17,8 @@ import json
 import re
 import subprocess
 import sys
-import threading
 import time
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -28,6 +26,7 @@ import pytest
 from jitterscope.collector.publish import KafkaPublisher
 from jitterscope.schemas import events, topics
 from tests.conftest import wait_until
+from tests.integration.test_notify import Receiver
 
 pytestmark = pytest.mark.integration
 
@@ -37,32 +36,6 @@ LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
 # prctl(PR_SET_NAME): the kernel's own name of the process, what /proc and BPF report
 NAMED = "import ctypes, sys, time\nctypes.CDLL(None).prctl(15, sys.argv[1].encode(), 0, 0, 0)\ntime.sleep(120)\n"
-
-
-class RawReceiver:
-    """Records every POST as (path, raw body bytes)."""
-
-    def __init__(self):
-        self.posts: list[tuple[str, bytes]] = []
-        posts, lock = self.posts, threading.Lock()
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                with lock:
-                    posts.append((self.path, body))
-                self.send_response(200)
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_port}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def bodies(self, path: str) -> list[bytes]:
-        return [body for p, body in list(self.posts) if p == path]
 
 
 def named_process(name: str) -> subprocess.Popen:
@@ -96,7 +69,7 @@ def publish_waits(stack, host: str, victim: int, suspect: int) -> None:
 
 
 def test_a_process_named_channel_pings_no_one(stack):
-    receiver = RawReceiver()
+    receiver = Receiver()
     worker = stack.start_worker_with(
         JITTERSCOPE_ALERTMANAGER_URL=receiver.url, JITTERSCOPE_WEBHOOK_URL=f"{receiver.url}/hook",
         JITTERSCOPE_ALERT_GROUP_WINDOW_S="1", JITTERSCOPE_ALERT_GROUP_QUIET_S="2", JITTERSCOPE_RUNQ_ALERT_MS="10")
@@ -119,7 +92,7 @@ def test_a_process_named_channel_pings_no_one(stack):
         worker.stop()
         receiver.server.shutdown()
 
-    for path, body in receiver.posts:  # every byte any channel got
+    for path, body in receiver.raw:  # every byte any channel got
         assert b"<!channel>" not in body and b"<@U1>" not in body, (path, body[:300])
     for alert in am:
         assert alert["labels"]["comm"] == "&lt;!channel&gt;" and alert["labels"]["pid"] == str(victim.pid)

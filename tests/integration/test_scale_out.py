@@ -26,7 +26,6 @@ import signal
 import threading
 import time
 import types
-import urllib.request
 import uuid
 from collections import Counter
 
@@ -41,6 +40,7 @@ from jitterscope.streams.app import StreamsWorker
 from jitterscope.streams.host_state import HostState
 from tests.conftest import Proc, make_stack, records_on_topic, wait_until
 from tests.integration.test_many_hosts import host_names
+from tests.integration.test_stages import metrics
 from tests.integration.test_streams_faults import example, lines
 
 pytestmark = pytest.mark.integration
@@ -59,13 +59,6 @@ COMPARED = ("cause", "culprit", "excess_ns", "baseline_ns", "explained", "runq_w
 def own_broker():
     with EmbeddedBroker() as b:
         yield b
-
-
-def metrics(port: int) -> str | None:
-    try:
-        return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    except OSError:
-        return None
 
 
 def start_stage(stack, stage: str, n: int) -> tuple[Proc, int]:
@@ -102,9 +95,9 @@ class Traffic:
                 self._send(topics.PROCESSES, host, "processes", [info])
             start = now - (3_000_000_000 if number % 7 == 6 else 300_000_000)  # now and then one over its SLO
             waits = []
-            for i in range(self.random.randrange(1, 6)):
+            for i in range(self.random.randrange(1, 6)):  # each sent as it ends, as a collector does
                 wait = self.random.choice((200_000, 2_000_000, 30_000_000, 90_000_000))
-                end = start + (i + 1) * 50_000_000
+                end = now - 300_000_000 + (i + 1) * 50_000_000
                 waits.append(example(events.RunqEvent, host, self._next(), end) | {
                     "pid": SERVING_PID, "tid": SERVING_PID + i, "comm": "engine", "cpu": i % 2, "wait_ns": wait,
                     "suspect_pid": 9000 + i, "suspect_tid": 9000 + i, "suspect_comm": f"noisy{i}"})

@@ -18,7 +18,9 @@ import pytest
 
 from jitterscope.doctor import check_kmsg, check_unit_kmsg
 
-ROOT = Path(__file__).resolve().parents[3]
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
 
 HIDDEN = """
 set -e

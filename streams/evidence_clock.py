@@ -1,0 +1,66 @@
+# SPDX-License-Identifier: Apache-2.0
+"""How far each host's kernel evidence has come: when a request may be
+attributed before its grace period is over (streams/attribution.py).
+
+A request is attributed once every kind of evidence its host has been
+sending lately (run-queue waits, blocked time, throttling, interrupts, GPU
+driver calls: each kind seen in the ``ACTIVE_NS`` before the request's end)
+has reached ``MARGIN_NS`` past its end. Each kind comes in order on its
+topic partition (one host's records are one partition, in the order the
+collector sent them), so once a record that new has come, the evidence that
+overlapped the request has come too; the margin covers a wait that ended a
+little after the request did, and the collector's read of several CPUs'
+buffers out of order. A host that goes quiet, or a kind that is late, falls
+back to the grace period (``attribution_grace_s``): later, never wrong.
+
+Why: the grace period alone held every request alert ``attribution_grace_s``
+(2 s) and more after its request ended, when the evidence had come within a
+few hundred ms (the collector's batches leave at most every 200 ms, its
+interval records every 250 ms). The GPU's own reports (Xid errors, NVML
+telemetry every second) do not hold a request: they name a GPU cause, they
+do not charge time.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+#: how far past a request's end each active kind must have come
+MARGIN_NS = 100_000_000
+#: a kind not seen in this long before a request's end is not waited for
+ACTIVE_NS = 5_000_000_000
+
+
+class EvidenceClock:
+    """host -> evidence kind -> the newest ``ts_ns`` seen of it."""
+
+    def __init__(self, margin_ns: int = MARGIN_NS, active_ns: int = ACTIVE_NS) -> None:
+        self.margin_ns, self.active_ns = margin_ns, active_ns
+        self._newest: dict[str, dict[type, int]] = defaultdict(dict)
+
+    def saw(self, records: list) -> None:
+        """Records of one kind (a message's), of one host or several."""
+        if not records:
+            return
+        kind, host = type(records[0]), records[0].host
+        if records[-1].host == host and all(r.host == host for r in records):
+            self._advance(host, kind, max(r.ts_ns for r in records))
+            return
+        for record in records:
+            self._advance(record.host, kind, record.ts_ns)
+
+    def _advance(self, host: str, kind: type, ts_ns: int) -> None:
+        kinds = self._newest[host]
+        if ts_ns > kinds.get(kind, 0):
+            kinds[kind] = ts_ns
+
+    def past(self, host: str, end_ns: int) -> bool:
+        """Whether every kind the host sent lately has come ``margin_ns`` past ``end_ns``."""
+        kinds = self._newest.get(host)
+        if not kinds:
+            return False
+        active = [ts for ts in kinds.values() if ts >= end_ns - self.active_ns]
+        return bool(active) and min(active) >= end_ns + self.margin_ns
+
+    def forget(self, host: str) -> None:
+        self._newest.pop(host, None)
