@@ -55,9 +55,10 @@ def requests_under_up(tree: Path | None, seconds: float = SECONDS) -> dict:
         time.sleep(5)  # the last requests' grace period, then their alerts
         text = _metrics(attribute)
         run.stop()
+        # each request's first raise: an alert group's re-announcements (still firing) are rows of their own
         delays = sorted(r[0] for r in run.query(
-            "SELECT (toUnixTimestamp64Nano(raised) - toUnixTimestamp64Nano(ts)) / 1e9 FROM jitterscope.alerts "
-            "WHERE kind = 'request_slo'"))
+            "SELECT (min(toUnixTimestamp64Nano(raised)) - any(toUnixTimestamp64Nano(ts))) / 1e9 "
+            "FROM jitterscope.alerts WHERE kind = 'request_slo' GROUP BY host, boot_id, seq"))
         summary = run.summary()
     return {"delays": delays, "late": _summed(text, "jitterscope_streams_late_evidence_total "),
             "attributed": _summed(text, "jitterscope_streams_attributions_total "), "summary": summary}

@@ -59,6 +59,8 @@ log = logging.getLogger("jitterscope.streams")
 RECORDS_IN = Counter("jitterscope_streams_records_total", "records decoded", ["topic"])
 
 ATTRIBUTION_TICK_S = 0.25
+#: the attribution stage's: nothing else shares its loop, and a request is due as soon as its evidence came
+ATTRIBUTE_STAGE_TICK_S = 0.1
 #: how often run-queue waits parked for a record are checked for a deadline passed (streams/handlers.py)
 PARKED_TICK_S = 0.05
 ALERT_GROUP_TICK_S = 0.5
@@ -284,7 +286,7 @@ class StreamsWorker(StorePath, AttributionTick, AttributionStage):
         if self.stage == "all":
             ticks.append((ATTRIBUTION_TICK_S, lambda: self.attribute_due(time.time_ns()), "attribution"))
         if self.stage == "attribute":
-            ticks.append((ATTRIBUTION_TICK_S, self.attribute_when_caught_up, "attribution"))
+            ticks.append((ATTRIBUTE_STAGE_TICK_S, self.attribute_when_caught_up, "attribution"))
         if self.stage in ("all", "judge"):
             ticks.append((PARKED_TICK_S, self.parked_due, "parked run-queue waits"))
         for interval, step, what in ticks:

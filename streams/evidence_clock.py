@@ -4,8 +4,11 @@ attributed before its grace period is over (streams/attribution.py).
 
 A request is attributed once every kind of evidence its host has been
 sending lately (run-queue waits, blocked time, throttling, interrupts, GPU
-driver calls: each kind seen in the ``ACTIVE_NS`` before the request's end)
-has reached ``MARGIN_NS`` past its end. Each kind comes in order on its
+driver calls: each kind whose newest record is at most ``ACTIVE_NS`` older
+than the request's end)
+has reached ``MARGIN_NS`` past its end, or one of them ``LAG_NS`` past it
+(a kind that sends only now and then: interrupt sources under 1% of a CPU
+are not sent). Each kind comes in order on its
 topic partition (one host's records are one partition, in the order the
 collector sent them), so once a record that new has come, the evidence that
 overlapped the request has come too; the margin covers a wait that ended a
@@ -27,15 +30,20 @@ from collections import defaultdict
 
 #: how far past a request's end each active kind must have come
 MARGIN_NS = 100_000_000
-#: a kind not seen in this long before a request's end is not waited for
-ACTIVE_NS = 5_000_000_000
+#: once any kind has come this far past a request's end, a kind that has not is taken to have nothing
+#: for it: an interval record (interrupts, throttling: every 250 ms) that covers the end leaves the
+#: collector within its batch delay (200 ms) after its interval
+LAG_NS = 450_000_000
+#: a kind whose newest record is older than this at a request's end is not waited for: it is not
+#: flowing now (a host's page placement comes every histogram interval, 10 s; a cgroup that stopped running)
+ACTIVE_NS = 1_000_000_000
 
 
 class EvidenceClock:
     """host -> evidence kind -> the newest ``ts_ns`` seen of it."""
 
-    def __init__(self, margin_ns: int = MARGIN_NS, active_ns: int = ACTIVE_NS) -> None:
-        self.margin_ns, self.active_ns = margin_ns, active_ns
+    def __init__(self, margin_ns: int = MARGIN_NS, active_ns: int = ACTIVE_NS, lag_ns: int = LAG_NS) -> None:
+        self.margin_ns, self.active_ns, self.lag_ns = margin_ns, active_ns, lag_ns
         self._newest: dict[str, dict[type, int]] = defaultdict(dict)
 
     def saw(self, records: list) -> None:
@@ -55,10 +63,13 @@ class EvidenceClock:
             kinds[kind] = ts_ns
 
     def past(self, host: str, end_ns: int) -> bool:
-        """Whether every kind the host sent lately has come ``margin_ns`` past ``end_ns``."""
+        """Whether every kind the host sent lately has come ``margin_ns``
+        past ``end_ns``, or one kind ``lag_ns`` past it."""
         kinds = self._newest.get(host)
         if not kinds:
             return False
+        if max(kinds.values()) >= end_ns + self.lag_ns:
+            return True
         active = [ts for ts in kinds.values() if ts >= end_ns - self.active_ns]
         return bool(active) and min(active) >= end_ns + self.margin_ns
 

@@ -40,11 +40,13 @@ def test_every_kind_heard_lately_must_come_past_the_end():
     assert clock.past("h", END)
     assert not clock.past("h", END + S)  # a later request: not yet
     assert not clock.past("other", END)
+    clock.saw([throttle(END + 2 * S)])  # then one kind far past its end: the other has nothing for it
+    assert clock.past("h", END + S) and not clock.past("h", END + 2 * S)
 
 
 def test_a_kind_gone_quiet_is_not_waited_for():
     clock = EvidenceClock()
-    clock.saw([throttle(END - 10 * S)])  # its cgroup stopped running long before
+    clock.saw([throttle(END - 2 * S)])  # its cgroup stopped running before
     clock.saw([runq(END + MARGIN_NS)])
     assert clock.past("h", END)
 
