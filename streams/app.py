@@ -140,7 +140,7 @@ class StreamsWorker(StorePath, AttributionTick, AttributionStage):
         if self.stage == "attribute":  # its state comes from the topics, on taking partitions (regain)
             self.attributor = self._new_attributor()
         self.handlers = Handlers(self.state, Thresholds.from_settings(settings), self.attributor)
-        self._late_counted = 0
+        self._late_counted = self._columnar_counted = 0
         signal_metrics.limit_comms(settings.metrics_comms_max)
         self.alert_groups = AlertGroups.from_settings(settings)
         self.notifier = notify.Notifier.from_settings(settings)

@@ -112,6 +112,7 @@ class Attributor:
         self.max_pending = max_pending
         self.attributed = SpanKeys(REMEMBERED_KEYS)
         self.late_evidence = 0
+        self.columnar_failures = 0  # batches the columnar index failed on, answered row-wise (a bug)
         self.evidence_evicted = 0  # kept out of the window by the count bound, not by age
         self.gpu = GpuEvents(horizon_ns)  # Xid errors and NVML slowdowns, per GPU (streams/gpu_events.py)
         self.clock = EvidenceClock()
@@ -379,8 +380,11 @@ class Attributor:
             return None
         if (key, row_wise) not in self._indexes:
             lo, hi = self._windows[key]
-            index = None if row_wise else ColumnarIndex.build(evidence, group, lo, hi, self._batch[key],
-                                                              lambda pid: self._record(span.host, pid))
+            try:
+                index = None if row_wise else ColumnarIndex.build(evidence, group, lo, hi, self._batch[key],
+                                                                  lambda pid: self._record(span.host, pid))
+            except Exception:  # a bug there costs speed, never the batch's requests: the walk's index answers
+                self.columnar_failures, index = self.columnar_failures + 1, None
             if index is not None:
                 index.parts_split = self._clipped  # the splits of the parts it hands a carried request's walk
             self._indexes[(key, row_wise)] = index or WaitIndex.build(evidence, group, lo, hi, self._whole_splits)

@@ -26,6 +26,8 @@ from jitterscope.streams.store_path import Decoded
 
 ATTRIBUTIONS = Counter("jitterscope_streams_attributions_total", "requests attributed")
 PENDING_REQUESTS = Gauge("jitterscope_streams_pending_requests", "requests waiting for their grace period")
+COLUMNAR_FAILURES = Counter("jitterscope_streams_columnar_index_failures_total",
+                            "attribution batches the columnar index failed on, answered by the row-wise one (a bug)")
 LATE_EVIDENCE = Counter("jitterscope_streams_late_evidence_total",
                         "kernel evidence that arrived after requests it overlapped were attributed")
 
@@ -39,6 +41,7 @@ class AttributionTick:
     stage: str
     held_requests: Any  # streams/attribution_stage.py's HeldRequests
     _late_counted: int  # the attributor's late evidence already counted in LATE_EVIDENCE
+    _columnar_counted: int  # and its columnar failures in COLUMNAR_FAILURES
 
     async def attribute_due(self, now_ns: int) -> None:
         """Attribute the requests whose grace period is over; publish, store
@@ -48,6 +51,8 @@ class AttributionTick:
         PENDING_REQUESTS.set(self.attributor.pending)
         LATE_EVIDENCE.inc(self.attributor.late_evidence - self._late_counted)  # its running total, as a Counter
         self._late_counted = self.attributor.late_evidence
+        COLUMNAR_FAILURES.inc(self.attributor.columnar_failures - self._columnar_counted)
+        self._columnar_counted = self.attributor.columnar_failures
         if not done:
             return
         ATTRIBUTIONS.inc(len(done))

@@ -196,6 +196,8 @@ def _irq_many(evidence: HostEvidence, cpu: np.ndarray, lo: np.ndarray,
     part = np.minimum(h[:, None], ends[j]) - np.maximum(l[:, None], starts[j])
     valid &= part > 0
     rows, cols = np.nonzero(valid)  # row-major: each part's records in split_wait's order
+    if not len(rows):  # records in reach, none overlapping a part by a nanosecond
+        return none
     met = j[rows, cols]
     ns = time[met] * part[rows, cols] // interval[met]
     names: dict[tuple, int] = {}

@@ -62,7 +62,7 @@ class IrqProbe(base.BccProbe):
             for cpu, leaf in enumerate(soft.getvalue(ctypes.c_int(vec))):
                 if leaf.count:
                     sums[("softirq", cpu, vec)] = (leaf.count, leaf.time_ns)
-        for key, leaf in self._bpf[b"hardirqs"].items():
+        for key, leaf in base.map_items(self._bpf[b"hardirqs"]):
             sums[("hardirq", key.cpu, key.irq)] = (leaf.count, leaf.time_ns)
         return sums
 

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Iterable
 
 from jitterscope.collector.probes import base
-from jitterscope.collector.probes.base import UNKNOWN_NODE
+from jitterscope.collector.probes.base import UNKNOWN_NODE, delete_keys, map_items
 from jitterscope.collector.probes.interface import BccSignal, ProbeContext
 from jitterscope.schemas import events
 
@@ -125,12 +125,8 @@ class MigrationProbe(base.BccProbe):
     def read_counts(self) -> dict[int, RawMigrations]:
         """tid -> migrations since the last read (threads that did not move are left out)."""
         counts = self._bpf[b"counts"]
-        result, self._seen, gone = diff_counts(counts.items(), self._seen, self._proc)
-        for key in gone:  # read one last time; free the slot
-            try:
-                del counts[key]
-            except KeyError:
-                pass
+        result, self._seen, gone = diff_counts(map_items(counts), self._seen, self._proc)
+        delete_keys(counts, gone)  # read one last time; free the slot
         return result
 
 

@@ -18,7 +18,7 @@ from typing import Callable, Iterable
 
 from jitterscope.collector import hostinfo
 from jitterscope.collector.probes import base
-from jitterscope.collector.probes.base import UNKNOWN_NODE
+from jitterscope.collector.probes.base import UNKNOWN_NODE, delete_keys, map_items
 from jitterscope.collector.probes.interface import BccSignal, ProbeContext
 from jitterscope.schemas import events
 
@@ -90,19 +90,11 @@ class PageProbe(base.BccProbe):
         counts = self._bpf[b"counts"]
         exited = self._bpf[b"exited"]
         gone = {k.value for k in exited.keys()}  # before the counts: their last pages are in
-        result, self._seen, stale = diff_counts(counts.items(), self._seen, gone, self._comm, self._memory_cgroup)
+        result, self._seen, stale = diff_counts(map_items(counts), self._seen, gone, self._comm, self._memory_cgroup)
         for pid in gone:
             self._names.pop(pid, None)
-        for key in stale:
-            try:
-                del counts[key]
-            except KeyError:
-                pass
-        for pid in gone:
-            try:
-                del exited[exited.Key(pid)]
-            except KeyError:
-                pass
+        delete_keys(counts, stale)
+        delete_keys(exited, [exited.Key(pid) for pid in gone])
         return result
 
     def _comm(self, pid: int) -> str:

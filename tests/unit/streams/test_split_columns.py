@@ -93,3 +93,18 @@ def test_products_past_int64_take_split_wait():
     assert split_many(host, infos, events, los, his) == [
         split_wait(host, info, event, lo, hi) for info, event, lo, hi in zip(infos, events, los, his)]
     assert split_many(host, [], [], [], []) == []
+
+
+def test_interrupt_records_in_reach_that_overlap_no_part_charge_nothing():
+    """A record long enough to widen the search (A) and one inside it that
+    ends before the part starts (B): the search meets B, nothing overlaps;
+    this raised IndexError and lost a tick's requests (issue 39)."""
+    host: dict = {}
+    for seq, (start, end) in enumerate([(T0 - 250 * MS, T0), (T0 - 100 * MS, T0 - 50 * MS)]):
+        record = IrqTime(host="h", boot_id="b", seq=seq, ts_ns=end, cpu=0, interval_ns=end - start, kind="softirq",
+                         source="NET_RX", count=1, time_ns=MS)
+        host.setdefault((index_of(record), IrqTime), SortedEvidence()).add(record)
+    event = RunqEvent(host="h", boot_id="b", seq=9, ts_ns=T0 + 2 * MS, pid=1, tid=2, comm="c", cpu=0,
+                      wait_ns=MS, suspect_pid=900, suspect_tid=9, suspect_comm="hog")
+    lo, hi = T0 + MS, T0 + 2 * MS
+    assert split_many(host, [None], [event], [lo], [hi]) == [split_wait(host, None, event, lo, hi)]
