@@ -890,6 +890,7 @@ BENCHES = {"decode": bench_decode, "pipeline": bench_pipeline, "probe": bench_pr
            "alert-delay-collector": lambda: __import__("alert_delay").bench_alert_delay_collector(),
            "request-alert-delay": lambda: __import__("request_delay").bench_request_alert_delay(),
            "map-read": lambda: __import__("map_read").bench_map_read(),
+           "vllm-cost": lambda: __import__("vllm_cost").bench_vllm_cost(),
            "glue": lambda: __import__("blocked").bench_tracepoint_glue(),
            "vllm-capacity": lambda: __import__("mix").bench_vllm_capacity(),
            "blocked": lambda: __import__("blocked").bench_blocked_overhead(),

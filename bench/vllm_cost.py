@@ -1,0 +1,187 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`bench/run.py vllm-cost`: what watching costs a real vLLM on this box
+(issue 39's first goal). A real vLLM V1 on the CPU (`make test-vllm`'s venv
+and tiny model, examples/vllm_cpu.py) serves one completion after another
+(16 tokens, closed loop, as the client sees them), in phases of PHASE_S
+alternating, the order turned each round:
+
+- ``off``: nothing of jitterscope runs (vLLM's spans go to a port no one
+  listens on);
+- ``collector``: the collector alone (every default signal, its OTLP
+  receiver taking vLLM's spans), publishing to an embedded broker started
+  once for the bench: what stays on every GPU host of a fleet;
+- ``up``: the whole `jitterscope up` on the same 2 CPUs (broker, judge,
+  attribution, store, collector), whose attributions then say how many
+  requests named jitterscope's own processes their top culprit.
+
+Each arm's P50/P99 are over its phases' requests together; the ratios are
+against ``off`` in the same run. The start of each collector (BPF compile)
+and `up`, and the SETTLE_S after it, are not in a phase (a first run of this
+bench counted the collector's first seconds in: P99 2.75x for the collector
+alone against 1.47x for the whole `up`, whose start waits longer).
+
+    .venv/bin/python bench/run.py vllm-cost     # BENCH_VLLM_ROUNDS (2), BENCH_VLLM_PHASE_S (45)
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from alert_delay import _pct, running_up  # noqa: E402  (bench/ is on sys.path)
+from run import REPO  # noqa: E402
+
+sys.path.insert(0, str(REPO / "examples"))
+sys.path.insert(0, str(REPO))
+from vllm_cpu import serve_command  # noqa: E402
+
+VENV = Path(os.environ.get("JITTERSCOPE_VLLM_VENV", REPO / ".venv-vllm"))
+MODEL = VENV / "tiny-llama"
+ROUNDS = int(os.environ.get("BENCH_VLLM_ROUNDS", "2"))
+PHASE_S = float(os.environ.get("BENCH_VLLM_PHASE_S", "45"))
+#: requests after a start that no phase counts: a collector's first seconds (every process described,
+#: vLLM's Python runtimes found, its blocked probe set up) are its start-up, not its steady cost
+SETTLE_S = float(os.environ.get("BENCH_VLLM_SETTLE_S", "15"))
+CLI = [sys.executable, "-m", "jitterscope.cli"]
+OWN_BROKER = os.environ.get("BENCH_VLLM_OWN_BROKER", "1") == "1"
+
+
+def _phase(api_port: int, seconds: float, prefix: str) -> list[float]:
+    from tests.vllm.test_real_vllm import complete
+
+    latencies, end, i = [], time.monotonic() + seconds, 0
+    while time.monotonic() < end:
+        start, finish = complete(api_port, f"{prefix}{i}")
+        latencies.append((finish - start) / 1e9)
+        i += 1
+    return latencies
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU time (user + system) a process has used, in s."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _collector_of(parent: int) -> int:
+    """The pid of `up`'s collector (its child running `jitterscope.cli collector`)."""
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+                ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            if ppid == parent and b"collector" in cmdline and b"jitterscope.cli" in cmdline:
+                return int(entry)
+    raise AssertionError("no collector under up")
+
+
+def _measured(api_port: int, prefix: str, collector: int) -> tuple[list[float], float]:
+    """A phase's latencies, and the collector's CPU share over it (of one CPU)."""
+    cpu, began = _cpu_s(collector), time.monotonic()
+    latencies = _phase(api_port, PHASE_S, prefix)
+    return latencies, (_cpu_s(collector) - cpu) / (time.monotonic() - began)
+
+
+def _collector_phase(bootstrap: str, otlp: int, api_port: int, prefix: str) -> tuple[list[float], float]:
+    with tempfile.TemporaryDirectory() as data:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("JITTERSCOPE_")}
+        env.update(JITTERSCOPE_DATA_DIR=data, JITTERSCOPE_BOOTSTRAP_SERVERS=bootstrap, JITTERSCOPE_OTLP_PORT=str(otlp),
+                   JITTERSCOPE_COLLECTOR_METRICS_PORT="0", JITTERSCOPE_HOST=f"vllm-cost-{os.getpid()}",
+                   # the bench's broker stands for a fleet's Kafka, which is not on the GPU host: as under
+                   # `up`, it is jitterscope's own (with this client), not a neighbour whose stacks the
+                   # collector reads and symbolizes whenever a vLLM thread waits behind it
+                   JITTERSCOPE_OWN_TREE_PID=str(os.getpid()) if OWN_BROKER else "0")
+        log = Path(data) / "collector.log"
+        collector = subprocess.Popen([*CLI, "collector"], env=env, cwd=data, stdout=open(log, "w"),
+                                     stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 300
+            while "collector started" not in log.read_text(errors="replace"):
+                assert collector.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+                time.sleep(0.5)
+            _phase(api_port, SETTLE_S, f"settle-{prefix}")
+            return _measured(api_port, prefix, collector.pid)
+        finally:
+            collector.terminate()
+            collector.wait(60)
+
+
+def _up_phase(otlp: int, api_port: int, prefix: str) -> tuple[list[float], float, dict[str, int]]:
+    with running_up(None, {"JITTERSCOPE_OTLP_PORT": str(otlp)}) as run:
+        _phase(api_port, SETTLE_S, f"settle-{prefix}")
+        latencies, share = _measured(api_port, prefix, _collector_of(run.up.pid))
+        time.sleep(6)  # the last requests' attribution
+        run.stop()
+        rows = run.query(
+            "SELECT count(), countIf(startsWith(culprit, 'jitterscope:')), "
+            "countIf(startsWith(culprit, 'jitterscope:collector')) FROM jitterscope.request_attribution FINAL "
+            f"WHERE startsWith(request_id, 'cmpl-{prefix}')")
+    requests, own, collector = (int(v) for v in rows[0])
+    return latencies, share, {"attributed": requests, "own": own, "collector": collector}
+
+
+def bench_vllm_cost() -> str:
+    from jitterscope.broker import EmbeddedBroker, free_port
+
+    if not (VENV / "bin" / "vllm").exists():
+        raise SystemExit(f"no vLLM venv at {VENV}: `make test-vllm` installs it and its model")
+    api_port, otlp = free_port(), free_port()
+    argv, env = serve_command(VENV, MODEL, api_port, f"http://127.0.0.1:{otlp}/v1/traces")
+    with tempfile.TemporaryFile("w+") as log, EmbeddedBroker() as broker:
+        server = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            from tests.vllm.test_real_vllm import ready
+
+            deadline = time.monotonic() + 600
+            while not ready(api_port):
+                assert server.poll() is None and time.monotonic() < deadline, "vLLM did not start"
+                time.sleep(1)
+            _phase(api_port, 10, "warm")  # its first requests compile and allocate
+            latencies: dict[str, list[float]] = {"off": [], "collector": [], "up": []}
+            own = {"attributed": 0, "own": 0, "collector": 0}
+            shares: dict[str, list[float]] = {"off": [], "collector": [], "up": []}
+            arms = ["off", "collector", "up"]
+            for r in range(ROUNDS):
+                for arm in (arms if r % 2 == 0 else arms[::-1]):
+                    prefix = f"{arm}{r}-"
+                    share = 0.0
+                    if arm == "off":
+                        got = _phase(api_port, PHASE_S, prefix)
+                    elif arm == "collector":
+                        got, share = _collector_phase(broker.bootstrap_servers, otlp, api_port, prefix)
+                    else:
+                        got, share, counts = _up_phase(otlp, api_port, prefix)
+                        own = {k: own[k] + counts[k] for k in own}
+                    latencies[arm] += got
+                    shares[arm].append(share)
+                    d = sorted(got)
+                    print(f"<!-- round {r} {arm}: {len(d)} requests, p50 {_pct(d, 0.5) * 1e3:.0f} ms, "
+                          f"p99 {_pct(d, 0.99) * 1e3:.0f} ms, the collector's CPU {share:.1%} of one -->",
+                          file=sys.stderr, flush=True)
+        finally:
+            os.killpg(server.pid, 9)
+            server.wait()
+
+    def figures(arm: str) -> tuple[str, float, float]:
+        d = sorted(latencies[arm])
+        return (f"P50 {_pct(d, 0.5) * 1e3:,.0f} ms, P99 {_pct(d, 0.99) * 1e3:,.0f} ms ({len(d):,} requests)",
+                _pct(d, 0.5), _pct(d, 0.99))
+
+    base, base50, base99 = figures("off")
+    rows = []
+    for arm, what in (("collector", "the collector alone"), ("up", "the whole `up` (broker, 3 stages, collector)")):
+        text, p50, p99 = figures(arm)
+        rows.append(f"| a real vLLM V1 on the CPU, {ROUNDS} rounds of {PHASE_S:.0f} s phases alternating: with {what} | "
+                    f"{text}; the collector's CPU {sum(shares[arm]) / len(shares[arm]):.1%} of one | "
+                    f"nothing of jitterscope: {base} | P50 {p50 / base50:.2f}x, P99 {p99 / base99:.2f}x |")
+    share = lambda n: f"{n / own['attributed']:.1%}" if own["attributed"] else "n/a"  # noqa: E731
+    rows.append(f"| of the `up` phases' requests attributed ({own['attributed']:,}), top culprit jitterscope's own | "
+                f"{own['own']:,} ({share(own['own'])}), the collector {own['collector']:,} "
+                f"({share(own['collector'])}) | goal: ≤ 5%, the collector ≤ 1% | |")
+    return "\n".join(rows)
