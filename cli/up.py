@@ -2,18 +2,17 @@
 """`jitterscope up`: the whole single-host stack, supervised.
 
 Starts the embedded broker (unless a Kafka is given), the streams pipeline in
-three processes -- its judge stage (the alert rules, nothing else on its
-loop), its attribution stage (requests joined with kernel evidence) and its
-store stage (ClickHouse), streams/stages.py -- and the collector as child
-processes, prints each alert as it arrives, and on Ctrl-C (or --duration)
-stops them in the order that loses nothing: the collector first (it flushes
-and writes what Kafka acknowledged, per topic, to collector-final.json), then
-the judge and the attribution stage, each once its /metrics say it has read
-that many records of each topic it reads (each writes what it published,
-alert rows and attributions, to its own final file; the attribution stage
-attributes the requests it still held before it exits), then the store once
-it has stored (or dead-lettered) at least that many records of every topic,
-alert rows and attributions -- or drain_timeout_s passed -- then the broker,
+two processes -- its judge stage (the alert rules, nothing else on its loop)
+and its attribute-store stage (requests joined with kernel evidence, and
+ClickHouse), streams/stages.py -- and the collector as child processes,
+prints each alert as it arrives, and on Ctrl-C (or --duration) stops them in
+the order that loses nothing: the collector first (it flushes and writes what
+Kafka acknowledged, per topic, to collector-final.json), then the judge once
+its /metrics say it has read that many records of each topic it reads (it
+writes what it published to judge-final.json), then the store once it has
+stored (or dead-lettered) at least that many records of every topic and the
+judge's alert rows (a fleet's attribution stage, run apart, leaves its own
+final file, counted the same way) -- or drain_timeout_s passed -- then the broker,
 which keeps data in memory only.
 Counts, not a fixed wait: a worker that lags under a storm needs minutes,
 an idle one none.
@@ -236,8 +235,7 @@ class Stack:
         their drain counts): the judge and the attribution stage first, so
         that once stopped they have published everything the store then stores."""
         s = self.settings
-        return [("judge", s.judge_web_port, DECODED), ("attribute", s.attribute_web_port, DECODED),
-                ("streams", s.streams_web_port, ACCOUNTED)]
+        return [("judge", s.judge_web_port, DECODED), ("streams", s.streams_web_port, ACCOUNTED)]
 
     def start(self) -> str:
         s = self.settings
@@ -247,8 +245,7 @@ class Stack:
         # and a collector that die with a traceback after "watching"
         ports.require_free(*self.listeners())
         if s.up_stages:  # `up` reads the stages' /metrics (their drain): any free port, never a fixed one
-            s = self.settings = s.model_copy(update={
-                "judge_web_port": s.judge_web_port or free_port(), "attribute_web_port": s.attribute_web_port or free_port()})
+            s = self.settings = s.model_copy(update={"judge_web_port": s.judge_web_port or free_port()})
         private_dir(s.data_dir)  # the store and the query token live here
         with self.console.status("starting jitterscope") as status:
             if s.bootstrap_servers:
@@ -260,12 +257,13 @@ class Stack:
                 status.update("starting the embedded broker")
                 self.broker = EmbeddedBroker(s.broker_port, s.data_dir / "broker.log", s.kafka_partitions).start()
                 bootstrap = self.broker.bootstrap_servers
-            status.update("starting the streams judge, attribution, store and ClickHouse")
-            # the stages apart: nothing the store or attribution do can stall an alert (streams/stages.py)
+            status.update("starting the streams judge, store and ClickHouse")
+            # the judge apart: nothing the store or attribution do can stall an alert (streams/stages.py). The
+            # attribution shares the store's process: on one host a third process decoding every record again
+            # made jitterscope's own processes the demo's main culprit (a fleet runs `--stage attribute` apart)
             if s.up_stages:
                 self._spawn("judge", ["streams", "--stage", "judge"], bootstrap)
-                self._spawn("attribute", ["streams", "--stage", "attribute"], bootstrap)
-            self._spawn("streams", ["streams", "--stage", "store" if s.up_stages else "all"], bootstrap)
+            self._spawn("streams", ["streams", "--stage", "attribute-store" if s.up_stages else "all"], bootstrap)
             for name, port, _family in self._stages():
                 if port and name in self.children:
                     wait_for_port(port, 60, self.children[name])

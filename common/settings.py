@@ -312,9 +312,9 @@ class StreamsSettings(BaseModel):
     streams_web_port: int = Field(6066, ge=0, description="streams worker web port: /metrics, /query")
     streams_web_bind: str = Field(
         "127.0.0.1", description="address the streams worker's web port listens on (/query always needs its token)")
-    streams_stage: Literal["all", "judge", "attribute", "store"] = Field(
-        "all", description="what a streams process does, in its own consumer group (streams/stages.py): all, judge "
-                           "(alert rules), attribute (requests joined with evidence) or store (into ClickHouse)")
+    streams_stage: Literal["all", "judge", "attribute", "store", "attribute-store"] = Field(
+        "all", description="what a streams process does, in its own consumer group (streams/stages.py): all, judge, "
+                           "attribute (requests joined with evidence), store (into ClickHouse), attribute-store")
     judge_web_port: int = Field(
         0, ge=0, description="the judge stage's web port: /metrics only (0 = off; under `up`, any free port)")
     attribute_web_port: int = Field(0, ge=0, description="the attribution stage's /metrics port (0: off; `up`: any)")
@@ -364,8 +364,8 @@ class UpSettings(BaseModel):
 
     broker_port: int = Field(29092, description="port of the embedded broker (0 = pick a free one)")
     up_stages: bool = Field(
-        True, description="`up` runs the streams judge, attribution and store apart, so nothing the store or "
-                          "attribution do stalls an alert (off: one streams process does all, as before)")
+        True, description="`up` runs the streams judge apart from the attribution and store, so nothing they do "
+                          "stalls an alert (off: one streams process does all, as before)")
     drain_timeout_s: float = Field(
         120.0, gt=0, description="on stop, `up` waits at most this long for the worker to store what was sent")
 

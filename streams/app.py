@@ -135,7 +135,7 @@ class StreamsWorker(StorePath, AttributionTick, AttributionStage):
         self.held_requests = HeldRequests()
         self.read_until: dict[tuple[str, int], int] = {}
         self.partition_hosts: dict[int, set[str]] = {}
-        if self.stage in ("all", "store"):  # the others never open the store: chDB admits one process per data directory
+        if self.stage in stages.STORING:  # the others never open the store: chDB admits one process per data directory
             self._open_store()
         if self.stage == "attribute":  # its state comes from the topics, on taking partitions (regain)
             self.attributor = self._new_attributor()
@@ -158,7 +158,7 @@ class StreamsWorker(StorePath, AttributionTick, AttributionStage):
         self.reader = clickhouse.connect(settings.clickhouse_url, settings.data_dir, readonly=True)
         self.sink = ClickHouseSink(self.client)
         self.state.prime(self.client)
-        if self.stage == "all":
+        if self.stage in stages.ATTRIBUTING_IN_PROCESS:
             self.attributor = self._new_attributor()
             self.prime_attribution()
 
@@ -201,7 +201,7 @@ class StreamsWorker(StorePath, AttributionTick, AttributionStage):
         self.alert_rows_topic = raw_topic(topics.ALERT_ROWS)
         for name, record_type in stages.stage_topics(self.stage, self.handlers.table).items():
             self._add_agent(app, raw_topic(name), name, record_type)
-        web.add_routes(app, self, query=self.stage in ("all", "store"))
+        web.add_routes(app, self, query=self.stage in stages.STORING)
 
         self.attribution_topic = raw_topic(topics.ATTRIBUTION)
         self._add_hand_over_hooks(app)
@@ -283,7 +283,7 @@ class StreamsWorker(StorePath, AttributionTick, AttributionStage):
         """The stage's ticks: attribution (not the judge's), the parked
         run-queue waits (not the store's) and the alert groups; and its loop-lag probe."""
         ticks = [(ALERT_GROUP_TICK_S, lambda: self.alert_groups_due(time.time_ns()), "alert group")]
-        if self.stage == "all":
+        if self.stage in stages.ATTRIBUTING_IN_PROCESS:
             ticks.append((ATTRIBUTION_TICK_S, lambda: self.attribute_due(time.time_ns()), "attribution"))
         if self.stage == "attribute":
             ticks.append((ATTRIBUTE_STAGE_TICK_S, self.attribute_when_caught_up, "attribution"))
@@ -311,7 +311,7 @@ class StreamsWorker(StorePath, AttributionTick, AttributionStage):
 
         @app.task
         async def announce() -> None:
-            if s.streams_web_port and self.stage in ("all", "store"):  # the other stages have no store to query
+            if s.streams_web_port and self.stage in stages.STORING:  # the other stages have no store to query
                 # /query wants this token; the port is open to every local
                 # user, the state file only to the store's owner. The file is
                 # created 0600 before anything is written to it, then renamed
@@ -415,7 +415,7 @@ class StreamsWorker(StorePath, AttributionTick, AttributionStage):
                 self.state.learn(record)
         if self.stage == "store":  # the judges judge and the attribution stage attributes: here records are stored
             return []
-        if self.stage == "attribute":  # here records only feed the attributor
+        if self.stage in ("attribute", "attribute-store"):  # here records only feed the attributor
             self.handlers.feed(topic, good)
             return []
         alerts = await self.handlers.handle(topic, good, time.time_ns())
@@ -487,6 +487,6 @@ class StreamsWorker(StorePath, AttributionTick, AttributionStage):
             if self.stage in STAGE_FINAL_FILES:  # stopped, its producer flushed: what it published is final
                 (self.settings.data_dir / STAGE_FINAL_FILES[self.stage]).write_text(json.dumps(
                     {"alert_rows": self.alert_rows_sent, "attributions": self.attributions_sent}))
-            if self.stage in ("all", "store"):
+            if self.stage in stages.STORING:
                 state_file(self.settings.data_dir).unlink(missing_ok=True)
                 self.sink.close()

@@ -68,7 +68,7 @@ class AttributionTick:
         await self.publish(self.attribution_topic, done)
         self.attributions_sent += len(done)
         alerts = await self.announce_alerts(alerts)
-        if self.stage == "all":
+        if self.stage in ("all", "attribute-store"):  # its own store (the attribution stage publishes them)
             await self.store(topics.ATTRIBUTION, "request_attribution", [Decoded(done, [], alerts)])
             return
         await self.keep_alerts(alerts)  # the alert-rows topic: the store stage stores them with the attributions

@@ -19,12 +19,16 @@ streams process runs one ``streams_stage``:
   ``topics.ALERT_ROWS``; it never opens ClickHouse either.
 - ``store``: stores every input topic, the alert rows and the
   attributions, and answers /query.
+- ``attribute-store``: the attribution and the store in one process (what
+  `up` runs beside the judge on one host: a third process decoding every
+  record again cost the demo's CPU more than the split saved; its group is
+  the store's).
 - ``all``: everything in one process, as before the split (the default: a
   fleet's existing workers and their committed offsets keep working).
 
 Each stage is its own Faust app id, so its own consumer group on the same
 host-keyed topics (``APP_IDS``): each reads every record, and each scales by
-adding processes. `up` runs a judge, an attribution stage and a store.
+adding processes. `up` runs a judge and an ``attribute-store``.
 
 **The judge's state after a restart or a rebalance.** The single worker
 primes its host state from ClickHouse; the judge has none. On taking a
@@ -54,10 +58,14 @@ from jitterscope.streams.handlers import EVIDENCE
 
 log = logging.getLogger("jitterscope.streams")
 
-STAGES = ("all", "judge", "attribute", "store")
+STAGES = ("all", "judge", "attribute", "store", "attribute-store")
 #: stage -> Faust app id = Kafka consumer group ("all" keeps the single worker's, and so its offsets)
 APP_IDS = {"all": "jitterscope-streams", "judge": "jitterscope-judge", "attribute": "jitterscope-attribute",
-           "store": "jitterscope-store"}
+           "store": "jitterscope-store", "attribute-store": "jitterscope-store"}
+#: the stages that open the store (chDB admits one process per data directory), and those that store
+#: their own attributions (the others publish them for the store stage)
+STORING = frozenset({"all", "store", "attribute-store"})
+ATTRIBUTING_IN_PROCESS = frozenset({"all", "attribute-store"})
 #: what each topic a stage reads or re-reads holds
 RECORD_OF: dict[str, type[events.Record]] = {
     **topics.INPUT_TOPICS, topics.ALERT_ROWS: events.Alert, topics.ATTRIBUTION: events.RequestAttribution}
@@ -95,6 +103,8 @@ def stage_topics(stage: str, handled: Iterable[str]) -> dict[str, type[events.Re
         return {t: kind for t, kind in topics.INPUT_TOPICS.items() if t in ATTRIBUTED or t in LEARNED_TOPICS}
     if stage == "store":
         return dict(RECORD_OF)
+    if stage == "attribute-store":
+        return {**topics.INPUT_TOPICS, topics.ALERT_ROWS: events.Alert}
     return dict(topics.INPUT_TOPICS)
 
 

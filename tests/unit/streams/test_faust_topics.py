@@ -51,3 +51,9 @@ def test_each_stage_is_its_own_consumer_group_reading_its_own_topics(tmp_path):
     read = {agent.channel.get_topic_name() for agent in attribute.app.agents.values()}
     assert {topics.REQUESTS, topics.RUNQ, topics.BLOCKED, topics.CGROUP_THROTTLE, topics.PROCESSES} <= read
     assert not read & {topics.STACKS, topics.ALERT_ROWS, topics.ATTRIBUTION, topics.HISTOGRAMS}
+
+    both = StreamsWorker.__new__(StreamsWorker)  # up's second process: attribution and the store
+    both.settings, both.stage, both.handlers = s, "attribute-store", Handlers(HostState())
+    app = both._build_app("kafka-1:9092")
+    assert app.conf.id == "jitterscope-store"
+    assert {a.channel.get_topic_name() for a in app.agents.values()} == {*topics.INPUT_TOPICS, topics.ALERT_ROWS}
