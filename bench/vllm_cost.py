@@ -20,7 +20,8 @@ and `up`, and the SETTLE_S after it, are not in a phase (a first run of this
 bench counted the collector's first seconds in: P99 2.75x for the collector
 alone against 1.47x for the whole `up`, whose start waits longer).
 
-    .venv/bin/python bench/run.py vllm-cost     # BENCH_VLLM_ROUNDS (2), BENCH_VLLM_PHASE_S (45)
+    .venv/bin/python bench/run.py vllm-cost     # BENCH_VLLM_ROUNDS (2), BENCH_VLLM_PHASE_S (45),
+                                                # BENCH_VLLM_ARMS (off,collector,up)
 """
 
 from __future__ import annotations
@@ -48,6 +49,11 @@ PHASE_S = float(os.environ.get("BENCH_VLLM_PHASE_S", "45"))
 SETTLE_S = float(os.environ.get("BENCH_VLLM_SETTLE_S", "15"))
 CLI = [sys.executable, "-m", "jitterscope.cli"]
 OWN_BROKER = os.environ.get("BENCH_VLLM_OWN_BROKER", "1") == "1"
+ARMS = os.environ.get("BENCH_VLLM_ARMS", "off,collector,up").split(",")  # "off" is always run: the baseline
+#: the collector's arms: what the table says, its settings beyond the defaults
+VARIANTS = {"collector": ("the collector alone", {}),
+            "collector-nostacks": ("the collector alone, no stacks (runq_stacks false)",
+                                   {"JITTERSCOPE_RUNQ_STACKS": "false"})}
 
 
 def _phase(api_port: int, seconds: float, prefix: str) -> list[float]:
@@ -62,9 +68,15 @@ def _phase(api_port: int, seconds: float, prefix: str) -> list[float]:
 
 
 def _cpu_s(pid: int) -> float:
-    """CPU time (user + system) a process has used, in s."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU time (user + system) a process and its living children (the
+    collector's symbolizing helper) have used, in s."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        children = [int(c) for task in Path(f"/proc/{pid}/task").iterdir()
+                    for c in (task / "children").read_text().split()]
+    except (OSError, ValueError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK") + sum(_cpu_s(c) for c in children)
 
 
 def _collector_of(parent: int) -> int:
@@ -88,7 +100,8 @@ def _measured(api_port: int, prefix: str, collector: int) -> tuple[list[float], 
     return latencies, (_cpu_s(collector) - cpu) / (time.monotonic() - began)
 
 
-def _collector_phase(bootstrap: str, otlp: int, api_port: int, prefix: str) -> tuple[list[float], float]:
+def _collector_phase(bootstrap: str, otlp: int, api_port: int, prefix: str,
+                     extra: dict | None = None) -> tuple[list[float], float]:
     with tempfile.TemporaryDirectory() as data:
         env = {k: v for k, v in os.environ.items() if not k.startswith("JITTERSCOPE_")}
         env.update(JITTERSCOPE_DATA_DIR=data, JITTERSCOPE_BOOTSTRAP_SERVERS=bootstrap, JITTERSCOPE_OTLP_PORT=str(otlp),
@@ -96,7 +109,7 @@ def _collector_phase(bootstrap: str, otlp: int, api_port: int, prefix: str) -> t
                    # the bench's broker stands for a fleet's Kafka, which is not on the GPU host: as under
                    # `up`, it is jitterscope's own (with this client), not a neighbour whose stacks the
                    # collector reads and symbolizes whenever a vLLM thread waits behind it
-                   JITTERSCOPE_OWN_TREE_PID=str(os.getpid()) if OWN_BROKER else "0")
+                   JITTERSCOPE_OWN_TREE_PID=str(os.getpid()) if OWN_BROKER else "0", **(extra or {}))
         log = Path(data) / "collector.log"
         collector = subprocess.Popen([*CLI, "collector"], env=env, cwd=data, stdout=open(log, "w"),
                                      stderr=subprocess.STDOUT)
@@ -143,18 +156,19 @@ def bench_vllm_cost() -> str:
                 assert server.poll() is None and time.monotonic() < deadline, "vLLM did not start"
                 time.sleep(1)
             _phase(api_port, 10, "warm")  # its first requests compile and allocate
-            latencies: dict[str, list[float]] = {"off": [], "collector": [], "up": []}
+            latencies: dict[str, list[float]] = {arm: [] for arm in ("off", *VARIANTS, "up")}
             own = {"attributed": 0, "own": 0, "collector": 0}
-            shares: dict[str, list[float]] = {"off": [], "collector": [], "up": []}
-            arms = ["off", "collector", "up"]
+            shares: dict[str, list[float]] = {arm: [] for arm in latencies}
+            arms = ["off", *(a for a in ARMS if a in latencies and a != "off")]
             for r in range(ROUNDS):
                 for arm in (arms if r % 2 == 0 else arms[::-1]):
                     prefix = f"{arm}{r}-"
                     share = 0.0
                     if arm == "off":
                         got = _phase(api_port, PHASE_S, prefix)
-                    elif arm == "collector":
-                        got, share = _collector_phase(broker.bootstrap_servers, otlp, api_port, prefix)
+                    elif arm in VARIANTS:
+                        got, share = _collector_phase(broker.bootstrap_servers, otlp, api_port, prefix,
+                                                      VARIANTS[arm][1])
                     else:
                         got, share, counts = _up_phase(otlp, api_port, prefix)
                         own = {k: own[k] + counts[k] for k in own}
@@ -162,7 +176,7 @@ def bench_vllm_cost() -> str:
                     shares[arm].append(share)
                     d = sorted(got)
                     print(f"<!-- round {r} {arm}: {len(d)} requests, p50 {_pct(d, 0.5) * 1e3:.0f} ms, "
-                          f"p99 {_pct(d, 0.99) * 1e3:.0f} ms, the collector's CPU {share:.1%} of one -->",
+                          f"p99 {_pct(d, 0.99) * 1e3:.0f} ms, the collector's CPU (its helper's too) {share:.1%} of one -->",
                           file=sys.stderr, flush=True)
         finally:
             os.killpg(server.pid, 9)
@@ -175,11 +189,16 @@ def bench_vllm_cost() -> str:
 
     base, base50, base99 = figures("off")
     rows = []
-    for arm, what in (("collector", "the collector alone"), ("up", "the whole `up` (broker, 3 stages, collector)")):
+    for arm, what in (*((a, v[0]) for a, v in VARIANTS.items()),
+                      ("up", "the whole `up` (broker, judge, attribute-store, collector)")):
+        if not latencies[arm]:
+            continue
         text, p50, p99 = figures(arm)
         rows.append(f"| a real vLLM V1 on the CPU, {ROUNDS} rounds of {PHASE_S:.0f} s phases alternating: with {what} | "
                     f"{text}; the collector's CPU {sum(shares[arm]) / len(shares[arm]):.1%} of one | "
                     f"nothing of jitterscope: {base} | P50 {p50 / base50:.2f}x, P99 {p99 / base99:.2f}x |")
+    if not own["attributed"]:
+        return "\n".join(rows)
     share = lambda n: f"{n / own['attributed']:.1%}" if own["attributed"] else "n/a"  # noqa: E731
     rows.append(f"| of the `up` phases' requests attributed ({own['attributed']:,}), top culprit jitterscope's own | "
                 f"{own['own']:,} ({share(own['own'])}), the collector {own['collector']:,} "

@@ -356,11 +356,13 @@ class Log2Histograms:
         return deltas
 
     def forget(self, pids: set[int]) -> None:
-        """Drop the counters of processes that have exited (the map is bounded)."""
-        for key in list(self._table.keys()):
-            if key.pid in pids:
-                del self._table[key]
-                self._seen.pop((key.pid, key.slot), None)
+        """Drop the counters of processes that have exited (the map is
+        bounded): the entries the last read saw (an exited process adds none
+        after it), in one batch rather than a walk of the whole map key by key."""
+        gone = [ident for ident in self._seen if ident[0] in pids]
+        delete_keys(self._table, [self._table.Key(pid, slot) for pid, slot in gone])
+        for ident in gone:
+            del self._seen[ident]
 
 
 class LatencyProbe(BccProbe):

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
+from jitterscope.collector.device_watch import DeviceOpens
 from jitterscope.collector.pacing import paced
 from jitterscope.collector.probes import base
 from jitterscope.collector.probes.interface import LatencySignal, ProbeContext
@@ -138,12 +139,14 @@ class GpuIoctlSignal(LatencySignal):
     def __init__(self):
         super().__init__()
         self._devices: dict[tuple[int, int], str] = {}  # (pid, fd) -> device path
+        self._opens: DeviceOpens | None = None
 
     def open(self, context: ProbeContext) -> None:
         self.ctx = context
         self.patterns = list(context.settings.gpu_device_patterns)
         self.probe = GpuIoctlProbe(int(context.settings.gpu_ioctl_threshold_ms * 1_000_000))
         self.probe.open(self.on_event)
+        self._opens = DeviceOpens(self.patterns)
 
     def on_event(self, raw: RawGpuIoctl) -> None:
         self.events_read += 1
@@ -154,8 +157,9 @@ class GpuIoctlSignal(LatencySignal):
             request=raw.request, latency_ns=raw.latency_ns, device=self._devices.get((raw.pid, raw.fd), "")))
 
     def rescan(self) -> None:
-        """Find GPU device fds anew (processes open and close them)."""
-        if not self.probe:
+        """Find GPU device fds anew (processes open and close them), when a
+        device file was opened or closed since the last look (device_watch.py)."""
+        if not self.probe or not self._opens.due():
             return
         self._devices = gpu_fds(self.patterns, self.ctx.proc)
         self.probe.set_watched(self._devices.keys())
@@ -164,3 +168,8 @@ class GpuIoctlSignal(LatencySignal):
         for pid in sorted({pid for pid, _fd in self._devices}):
             self.ctx.describe_process(pid)
 
+    def close(self) -> None:
+        if self._opens:
+            self._opens.close()
+            self._opens = None
+        super().close()

@@ -120,10 +120,10 @@ class PageProbe(base.BccProbe):
     def forget(self, pids: set[int]) -> None:
         """Drop kernel counters of processes (for exits the probe missed)."""
         counts = self._bpf[b"counts"]
-        for key in list(counts.keys()):
-            if key.pid in pids:
-                del counts[key]
-                self._seen.pop((key.pid, key.node), None)
+        gone = [ident for ident in self._seen if ident[0] in pids]  # what the last read saw: one batch
+        delete_keys(counts, [counts.Key(pid, node) for pid, node in gone])
+        for ident in gone:
+            del self._seen[ident]
         for pid in pids:
             self._names.pop(pid, None)
 

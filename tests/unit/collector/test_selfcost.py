@@ -184,3 +184,20 @@ def test_cost_of_watching_section_escapes_host_names():
     assert "collector_stats" in seen[0]
     assert "&lt;b&gt;gpu-1&lt;/b&gt;" in html and "<b>gpu-1" not in html
     assert "0.620%" in html and "<td>no</td>" in html and "<td>yes</td>" in html
+
+
+def test_named_programs_are_read_alone_between_full_scans(tmp_path, monkeypatch):
+    monkeypatch.setattr(selfcost, "prog_name", lambda fd: "sched__sched_wa")
+    (tmp_path / "3").write_text(PROG_FDINFO)
+    (tmp_path / "4").write_text(PROG_FDINFO.replace("1280", "1281"))  # no probe names it
+    assert set(scan_programs(tmp_path, {3: "sched_switch"}, only_named=True)) == {1280}
+    cost = SelfCost(fdinfo_dir=tmp_path, stats=BpfStats(tmp_path / "nosysctl"), started_mono_ns=0,
+                    started_cpu_ns=0, cpus=2)
+    cost.sample({3: "sched_switch"})  # the first sample reads every fd
+    assert set(cost.programs) == {1280, 1281}
+    (tmp_path / "4").write_text(PROG_FDINFO.replace("1280", "1281").replace("1502587", "2000000"))
+    cost.sample({3: "sched_switch"})  # then only the named ones ...
+    assert cost.programs[1281].run_ns == 1502587
+    for _ in range(selfcost.FULL_SCAN_EVERY - 1):
+        cost.sample({3: "sched_switch"})
+    assert cost.programs[1281].run_ns == 2000000  # ... until the next full scan
