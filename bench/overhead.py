@@ -65,6 +65,20 @@ def _interrupt(proc: subprocess.Popen, timeout_s: float) -> None:
         proc.wait()
 
 
+
+def collector_of(parent: int) -> int | None:
+    """The pid of `up`'s collector (its child running `jitterscope.cli collector`), if it has one."""
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                args = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+                ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            if ppid == parent and b"collector" in args:
+                return int(entry)
+    return None
+
 class WholeUp:
     """`jitterscope up` until closed (Ctrl-C), started once it says it is
     watching; ``bpf_pid`` is its collector (whose fds hold the programs)."""
@@ -78,16 +92,9 @@ class WholeUp:
         self.bpf_pid = self._collector()
 
     def _collector(self) -> int:
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                try:
-                    args = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-                    ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
-                except (OSError, ValueError, IndexError):
-                    continue
-                if ppid == self.proc.pid and b"collector" in args:
-                    return int(entry)
-        raise AssertionError("no collector under up:\n" + "".join(self.lines))
+        pid = collector_of(self.proc.pid)
+        assert pid, "no collector under up:\n" + "".join(self.lines)
+        return pid
 
     def close(self) -> None:
         _interrupt(self.proc, 300)  # up drains what the collector sent before it exits

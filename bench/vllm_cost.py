@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 from alert_delay import _pct, running_up  # noqa: E402  (bench/ is on sys.path)
+from overhead import collector_of  # noqa: E402
 from run import REPO  # noqa: E402
 
 sys.path.insert(0, str(REPO / "examples"))
@@ -79,20 +80,6 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK") + sum(_cpu_s(c) for c in children)
 
 
-def _collector_of(parent: int) -> int:
-    """The pid of `up`'s collector (its child running `jitterscope.cli collector`)."""
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-                ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            if ppid == parent and b"collector" in cmdline and b"jitterscope.cli" in cmdline:
-                return int(entry)
-    raise AssertionError("no collector under up")
-
-
 def _measured(api_port: int, prefix: str, collector: int) -> tuple[list[float], float]:
     """A phase's latencies, and the collector's CPU share over it (of one CPU)."""
     cpu, began = _cpu_s(collector), time.monotonic()
@@ -128,7 +115,7 @@ def _collector_phase(bootstrap: str, otlp: int, api_port: int, prefix: str,
 def _up_phase(otlp: int, api_port: int, prefix: str) -> tuple[list[float], float, dict[str, int]]:
     with running_up(None, {"JITTERSCOPE_OTLP_PORT": str(otlp)}) as run:
         _phase(api_port, SETTLE_S, f"settle-{prefix}")
-        latencies, share = _measured(api_port, prefix, _collector_of(run.up.pid))
+        latencies, share = _measured(api_port, prefix, collector_of(run.up.pid))
         time.sleep(6)  # the last requests' attribution
         run.stop()
         rows = run.query(

@@ -46,7 +46,7 @@ class HeldRequests:
     requests to the partition's next owner, which reads them again."""
 
     def __init__(self) -> None:
-        self._messages: dict[int, list] = {}  # message number -> [partition, spans left, ack]
+        self._messages: dict[int, list] = {}  # message number -> [partition, spans left, ack, its span keys]
         self._by_span: dict[SpanKey, list[int]] = {}
         self._next = 0
 
@@ -59,7 +59,7 @@ class HeldRequests:
         if not keys:
             return ack()
         number, self._next = self._next, self._next + 1
-        self._messages[number] = [partition, len(keys), ack]
+        self._messages[number] = [partition, len(keys), ack, keys]
         for key in keys:
             self._by_span.setdefault(key, []).append(number)
         return None
@@ -82,10 +82,12 @@ class HeldRequests:
         """Forget the messages of partitions this process no longer holds
         (their next owner reads them again; an ack from an old assignment means nothing)."""
         for number in [n for n, m in self._messages.items() if m[0] in partitions]:
-            del self._messages[number]
-        if not self._messages:
-            self._by_span.clear()
-
+            for key in self._messages.pop(number)[3]:
+                waiting = self._by_span.get(key, [])
+                if number in waiting:
+                    waiting.remove(number)
+                if not waiting:
+                    self._by_span.pop(key, None)
 
 
 class AttributionStage:

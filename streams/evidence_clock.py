@@ -50,12 +50,12 @@ class EvidenceClock:
         """Records of one kind (a message's), of one host or several."""
         if not records:
             return
-        kind, host = type(records[0]), records[0].host
-        if records[-1].host == host and all(r.host == host for r in records):
-            self._advance(host, kind, max(r.ts_ns for r in records))
-            return
-        for record in records:
-            self._advance(record.host, kind, record.ts_ns)
+        kind, newest = type(records[0]), {}
+        for record in records:  # one pass: the newest of each host
+            if record.ts_ns > newest.get(record.host, 0):
+                newest[record.host] = record.ts_ns
+        for host, ts_ns in newest.items():
+            self._advance(host, kind, ts_ns)
 
     def _advance(self, host: str, kind: type, ts_ns: int) -> None:
         kinds = self._newest[host]

@@ -57,3 +57,14 @@ def test_messages_of_a_partition_let_go_are_never_acked():
     held.drop({2})
     run(held.release([("a", "b", 1), ("c", "b", 1)]))
     assert acked == ["kept"] and len(held) == 0
+
+
+def test_letting_go_forgets_the_spans_only_those_messages_waited_for():
+    acked = Acks()
+    held = HeldRequests()
+    held.hold(2, [("c", "b", 1), ("c", "b", 2)], acked.of("moved"))
+    held.hold(0, [("c", "b", 2)], acked.of("kept, sharing a span"))
+    held.drop({2})
+    assert set(held._by_span) == {("c", "b", 2)}  # nothing stale left behind
+    run(held.release([("c", "b", 2)]))
+    assert acked == ["kept, sharing a span"]
