@@ -21,11 +21,13 @@ bench counted the collector's first seconds in: P99 2.75x for the collector
 alone against 1.47x for the whole `up`, whose start waits longer).
 
     .venv/bin/python bench/run.py vllm-cost     # BENCH_VLLM_ROUNDS (2), BENCH_VLLM_PHASE_S (45),
-                                                # BENCH_VLLM_ARMS (off,collector,up)
+                                                # BENCH_VLLM_ARMS (off,collector,up), BENCH_VLLM_STEPS=1
+                                                # (the collector's steps' CPU, as collector-slices times them)
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -51,6 +53,7 @@ SETTLE_S = float(os.environ.get("BENCH_VLLM_SETTLE_S", "15"))
 CLI = [sys.executable, "-m", "jitterscope.cli"]
 OWN_BROKER = os.environ.get("BENCH_VLLM_OWN_BROKER", "1") == "1"
 ARMS = os.environ.get("BENCH_VLLM_ARMS", "off,collector,up").split(",")  # "off" is always run: the baseline
+STEPS = os.environ.get("BENCH_VLLM_STEPS", "") == "1"
 #: the collector's arms: what the table says, its settings beyond the defaults
 VARIANTS = {"collector": ("the collector alone", {}),
             "collector-nostacks": ("the collector alone, no stacks (runq_stacks false)",
@@ -87,19 +90,24 @@ def _measured(api_port: int, prefix: str, collector: int) -> tuple[list[float], 
     return latencies, (_cpu_s(collector) - cpu) / (time.monotonic() - began)
 
 
-def _collector_phase(bootstrap: str, otlp: int, api_port: int, prefix: str,
+def _collector_phase(broker, otlp: int, api_port: int, prefix: str,
                      extra: dict | None = None) -> tuple[list[float], float]:
     with tempfile.TemporaryDirectory() as data:
         env = {k: v for k, v in os.environ.items() if not k.startswith("JITTERSCOPE_")}
-        env.update(JITTERSCOPE_DATA_DIR=data, JITTERSCOPE_BOOTSTRAP_SERVERS=bootstrap, JITTERSCOPE_OTLP_PORT=str(otlp),
+        env.update(JITTERSCOPE_DATA_DIR=data, JITTERSCOPE_BOOTSTRAP_SERVERS=broker.bootstrap_servers, JITTERSCOPE_OTLP_PORT=str(otlp),
                    JITTERSCOPE_COLLECTOR_METRICS_PORT="0", JITTERSCOPE_HOST=f"vllm-cost-{os.getpid()}",
                    # the bench's broker stands for a fleet's Kafka, which is not on the GPU host: as under
-                   # `up`, it is jitterscope's own (with this client), not a neighbour whose stacks the
-                   # collector reads and symbolizes whenever a vLLM thread waits behind it
-                   JITTERSCOPE_OWN_TREE_PID=str(os.getpid()) if OWN_BROKER else "0", **(extra or {}))
-        log = Path(data) / "collector.log"
-        collector = subprocess.Popen([*CLI, "collector"], env=env, cwd=data, stdout=open(log, "w"),
-                                     stderr=subprocess.STDOUT)
+                   # `up`, it is jitterscope's own, not a neighbour whose stacks the collector reads and
+                   # symbolizes whenever a vLLM thread waits behind it. Its own tree, not this process's:
+                   # vLLM is this process's child too (a first version counted vLLM as jitterscope's own,
+                   # so the collector dropped its waits instead of publishing them)
+                   JITTERSCOPE_OWN_TREE_PID=str(broker.proc.pid) if OWN_BROKER else "0", **(extra or {}))
+        log, steps = Path(data) / "collector.log", Path(data) / "steps.json"
+        command = [*CLI, "collector"]
+        if STEPS:  # its loop's steps timed in thread CPU time (bench/collector_slices.py), printed after
+            env["PYTHONPATH"] = str(REPO / "bench")
+            command = [sys.executable, "-c", f"import collector_slices as c; c.child_main({str(steps)!r})"]
+        collector = subprocess.Popen(command, env=env, cwd=data, stdout=open(log, "w"), stderr=subprocess.STDOUT)
         try:
             deadline = time.monotonic() + 300
             while "collector started" not in log.read_text(errors="replace"):
@@ -110,6 +118,11 @@ def _collector_phase(bootstrap: str, otlp: int, api_port: int, prefix: str,
         finally:
             collector.terminate()
             collector.wait(60)
+            if steps.exists():
+                table = {k: v for k, v in json.loads(steps.read_text()).items() if not k.startswith("_")}
+                for name, (calls, over1, max_ns, total_ns) in sorted(table.items(), key=lambda kv: -kv[1][3])[:10]:
+                    print(f"<!-- {prefix} step {name}: {calls} calls, {over1} over 1 ms, longest {max_ns / 1e6:.1f} ms, "
+                          f"total {total_ns / 1e6:.0f} ms -->", file=sys.stderr, flush=True)
 
 
 def _up_phase(otlp: int, api_port: int, prefix: str) -> tuple[list[float], float, dict[str, int]]:
@@ -154,7 +167,7 @@ def bench_vllm_cost() -> str:
                     if arm == "off":
                         got = _phase(api_port, PHASE_S, prefix)
                     elif arm in VARIANTS:
-                        got, share = _collector_phase(broker.bootstrap_servers, otlp, api_port, prefix,
+                        got, share = _collector_phase(broker, otlp, api_port, prefix,
                                                       VARIANTS[arm][1])
                     else:
                         got, share, counts = _up_phase(otlp, api_port, prefix)

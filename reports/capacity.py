@@ -211,7 +211,7 @@ def recurring(ctx: Context) -> str:
             "minute, or requests attributed to it), grouped into occurrences; the period is the commonest gap, "
             "the phase the minute within the period.</p>"
             + _table(["host", "cause", "culprit", "period min", "phase min", "occurrences", "regularity",
-                      "first seen", "last seen"], rows))
+                      "first seen", "last seen", "last seen as"], rows))
 
 
 def placement(ctx: Context) -> str:

@@ -124,32 +124,45 @@ LIMIT {{limit:UInt32}}""",
 # regularity the share of gaps within a minute of it, the phase the minute
 # within the period (epoch minutes modulo the period: 7 with a 15-minute
 # period is :07, :22, :37, :52).
+#
+# A culprit recurs by what it is, not by its pid: a cron job is a new
+# process every run. An attribution's culprit ("archiver (pid 4242)") is
+# keyed by its command, with its systemd unit where the process record
+# gives one ("archiver (log-archiver.service)"); ``instance`` keeps the
+# culprit as attributed, pid included, for the drill-down.
 RECURRING_SPIKES = f"""
-    SELECT host, 'runq_starvation' AS cause, suspect_comm AS culprit, minute
+    SELECT host, 'runq_starvation' AS cause, suspect_comm AS culprit, suspect_comm AS instance, minute
     FROM {DB}.runq_minute
     WHERE {MINUTES} AND neighbour
     GROUP BY host, culprit, minute
     HAVING sum(waited_ns) >= {{min_ms:UInt32}} * 1000000
   UNION ALL
-    SELECT host, cause, culprit, toStartOfMinute(ts) AS minute
-    FROM {DB}.request_attribution
-    WHERE {SINCE} AND culprit != '' AND cause NOT IN ('none', 'unexplained')
-    GROUP BY host, cause, culprit, minute"""
+    SELECT r.host AS host, r.cause AS cause,
+           concat(replaceRegexpOne(r.culprit, ' [(](pid|tid) [0-9]+[)]$', ''),
+                  if(endsWith(u.unit, '.service'), concat(' (', u.unit, ')'), '')) AS culprit,
+           r.culprit AS instance, toStartOfMinute(r.ts) AS minute
+    FROM {DB}.request_attribution AS r
+    LEFT JOIN (SELECT host, pid, splitByChar('/', argMax(cgroup, ts))[-1] AS unit
+               FROM {DB}.processes WHERE {SINCE} GROUP BY host, pid) AS u
+      ON u.host = r.host AND u.pid = toUInt32OrZero(extract(r.culprit, ' [(]pid ([0-9]+)[)]$'))
+    WHERE r.{SINCE} AND r.culprit != '' AND r.cause NOT IN ('none', 'unexplained')
+    GROUP BY host, cause, culprit, instance, minute"""
 
 SAVED["recurring-causes"] = SavedQuery(
     "recurring-causes",
     "Which causes come back on a schedule (period, phase, and the process behind them)?",
     f"""SELECT host, cause, culprit, period_min, phase_min, length(starts) AS occurrences,
        round(arrayCount(g -> abs(toInt64(g) - toInt64(period_min)) <= 1, gaps) / length(gaps), 2) AS regularity,
-       starts[1] AS first_seen, starts[-1] AS last_seen
+       starts[1] AS first_seen, starts[-1] AS last_seen, last_instance
 FROM (
     SELECT host, cause, culprit, starts, arrayReduce('topK(1)', gaps)[1] AS period_min,
-           intDiv(toUInt32(starts[1]), 60) % greatest(period_min, 1) AS phase_min, gaps
+           intDiv(toUInt32(starts[1]), 60) % greatest(period_min, 1) AS phase_min, gaps, last_instance
     FROM (
-        SELECT host, cause, culprit, starts,
+        SELECT host, cause, culprit, starts, last_instance,
                arrayPopFront(arrayDifference(arrayMap(m -> intDiv(toUInt32(m), 60), starts))) AS gaps
         FROM (
             SELECT host, cause, culprit, arraySort(groupUniqArray(minute)) AS minutes,
+                   argMax(instance, minute) AS last_instance,
                    arrayFilter((m, i) -> i = 1 OR toUInt32(m) - toUInt32(minutes[i - 1]) > 60,
                                minutes, arrayEnumerate(minutes)) AS starts
             FROM ({RECURRING_SPIKES})

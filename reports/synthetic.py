@@ -25,6 +25,7 @@ PCIE_HOST, PCIE_NEIGHBOUR = "a100-250", "nvme3"  # GPU stalls while nvme3 stream
 SLO_CAUSES = ["runq_starvation", "gpu_ioctl_stall", "unexplained"]  # most to fewest breaches
 # a log archiver that starves inference on one host every 15 minutes, at :07, :22, :37 and :52
 RECURRING_HOST, RECURRING_CULPRIT, RECURRING_PERIOD_MIN, RECURRING_PHASE_MIN = "h100-123", "log-archiver", 15, 7
+RECURRING_UNIT = "log-archiver.service"  # the archiver's memory side: a new pid each run, in this unit
 # All SLO breaches happened before a remediation half-way through the period
 # (say, pinning rolled out): the report's before/after must show it.
 HOST_CLASSES = ["a100", "h100"]
@@ -83,6 +84,24 @@ SELECT {{recurring_host:String}}, 'boot-recurring', number,
                                         + number % 40) * 1000000000)),
        1000, 2001, 'vllm', 3, 20000000, 31000, 31000, {{recurring_culprit:String}}
 FROM numbers({40 * (span // (RECURRING_PERIOD_MIN * 60) - 2)})"""
+
+
+def _recurring_memory_statements(span: int) -> list[str]:
+    """The same archiver's memory side: each run a new process (a cron job's
+    new pid) under one systemd unit, named by three requests' memory stalls."""
+    period, runs = RECURRING_PERIOD_MIN * 60, span // (RECURRING_PERIOD_MIN * 60) - 2
+    run_start = f"(intDiv(toUInt64(now()) - {span}, {period}) * {period} + {period} * (1 + k) + {RECURRING_PHASE_MIN * 60})"
+    return [f"""INSERT INTO {DB}.request_attribution (host, boot_id, seq, ts, request_id, name, pid, duration_ns,
+       baseline_ns, excess_ns, status, cause, explained, culprit)
+SELECT {{recurring_host:String}}, 'boot-recurring', number, fromUnixTimestamp64Nano(toInt64(({run_start} + 10 + number % 3) * 1000000000)),
+       concat('archived-', toString(number)), 'llm_request', 1000, 100000000, 75000000, 25000000, 'ok', 'memory_stall',
+       0.9, concat({{recurring_culprit:String}}, ' (pid ', toString(50000 + k), ')')
+FROM (SELECT number, intDiv(number, 3) AS k FROM numbers({3 * runs}))""",
+            f"""INSERT INTO {DB}.processes (host, boot_id, seq, ts, pid, comm, cmdline, cgroup)
+SELECT {{recurring_host:String}}, 'boot-recurring', k, fromUnixTimestamp64Nano(toInt64(({run_start} + 1) * 1000000000)),
+       50000 + k, {{recurring_culprit:String}}, '/usr/local/bin/log-archiver --compress',
+       '/system.slice/log-archiver.service'
+FROM (SELECT number AS k FROM numbers({runs}))"""]
 
 
 def _histogram_statement(hosts: int, minutes: int) -> str:
@@ -155,6 +174,7 @@ def statements(hosts: int = 300, runq_events: int = 2_000_000, hours: int = 24) 
     return [
         *runq_statements(hosts, runq_events, span, time.time_ns()),
         _recurring_statement(span),
+        *_recurring_memory_statements(span),
         _histogram_statement(hosts, hours * 60),
         _attribution_statement(hosts, span),
         *_placement_statements(hosts, span),

@@ -77,13 +77,20 @@ def test_pcie_contention(fleet):
 
 def test_recurring_causes_have_their_period_phase_and_culprit(fleet):
     rows = saved(fleet, "recurring-causes", "since=24h")
-    top = rows[0]
+    top = next(r for r in rows if r["cause"] == "runq_starvation")
     assert (top["host"], top["cause"], top["culprit"], top["period_min"], top["phase_min"]) == (
         synthetic.RECURRING_HOST, "runq_starvation", synthetic.RECURRING_CULPRIT, synthetic.RECURRING_PERIOD_MIN,
         synthetic.RECURRING_PHASE_MIN)
     assert top["regularity"] >= 0.95 and top["occurrences"] >= 90
+    # its memory side recurs too, though each run is a new pid: keyed by its command and unit
+    memory = [r for r in rows if r["cause"] == "memory_stall"]
+    assert [(r["host"], r["culprit"], r["period_min"], r["phase_min"]) for r in memory] == [
+        (synthetic.RECURRING_HOST, f"{synthetic.RECURRING_CULPRIT} ({synthetic.RECURRING_UNIT})",
+         synthetic.RECURRING_PERIOD_MIN, synthetic.RECURRING_PHASE_MIN)], rows[:5]
+    assert memory[0]["occurrences"] >= 90 and memory[0]["last_instance"].startswith(
+        f"{synthetic.RECURRING_CULPRIT} (pid 5")  # the last run's process, for the drill-down
     # the fleet's random neighbours (logrotate on every host) never come back on a schedule
-    assert all(r["culprit"] == synthetic.RECURRING_CULPRIT for r in rows), rows[:5]
+    assert all(r["culprit"].startswith(synthetic.RECURRING_CULPRIT) for r in rows), rows[:5]
 
 
 def test_parameters_are_bound_not_pasted(fleet):
