@@ -39,21 +39,27 @@ class Pacer:
         self.budget_ns = budget_ns
         self._clock, self._yield = clock, yield_cpu
         self._owner = None
-        self._since = clock()
+        self._since: int | None = clock()  # None while the paced thread is in its wait
         self.longest_ns = 0  # the longest run seen since take_longest()
         self.longest_run_max = 0  # and since start
         self.yields = 0  # cumulative
 
     def waiting(self, wait):
         """Call ``wait`` (the loop's blocking poll): the run before it ends
-        there, a new one starts when it returns (its callbacks' work, short
-        per event, is not counted). Makes the caller's thread the paced one."""
-        if self._owner == threading.get_ident():
+        there; a new one starts at the first :meth:`point` inside it (the
+        poll's callbacks handing over what it read: their work is a run
+        too), or when it returns. Makes the caller's thread the paced one.
+        (Before, a run was counted from before the wait, so the first
+        callback after a 50 ms sleep "ran" 50 ms and yielded at once.)"""
+        me = threading.get_ident()
+        if self._owner == me and self._since is not None:
             self._note(self._clock() - self._since)
+        self._owner, self._since = me, None  # asleep
         try:
             return wait()
         finally:
-            self._owner, self._since = threading.get_ident(), self._clock()
+            if self._since is None:  # no callback ran: the run starts now
+                self._since = self._clock()
 
     def _note(self, ran: int) -> None:
         self.longest_ns = max(self.longest_ns, ran)
@@ -62,6 +68,9 @@ class Pacer:
     def point(self) -> None:
         """One item of a long loop done: yield if this run is over budget."""
         if self._owner != threading.get_ident():
+            return
+        if self._since is None:  # the first item after a sleep: a run starts
+            self._since = self._clock()
             return
         ran = self._clock() - self._since
         if ran >= self.budget_ns:

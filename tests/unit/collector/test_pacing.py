@@ -117,3 +117,18 @@ def test_settings_take_own_cpus_from_the_environment(monkeypatch):
     assert Settings().own_cpus == []
     monkeypatch.setenv("JITTERSCOPE_OWN_CPUS", "[0]")
     assert Settings().own_cpus == [0]
+
+
+def test_callbacks_inside_the_wait_start_their_run_after_the_sleep():
+    pacer, clock, yields = _pacer()
+    pacer.waiting(lambda: None)
+
+    def wait():  # 50 ms asleep, then the poll hands over 4 records of 0.2 ms each
+        clock.now += 50_000_000
+        for _ in range(4):
+            pacer.point()
+            clock.now += 200_000
+    pacer.waiting(wait)
+    assert yields == [50_600_000]  # after 0.6 ms of callbacks, not at the first one
+    pacer.waiting(lambda: None)
+    assert pacer.take_longest() == 600_000
