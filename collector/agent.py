@@ -141,8 +141,7 @@ class Collector:
 
     def publish_topology(self) -> None:
         self.topology_fields = topology.read_topology(self.sys, self.proc)
-        self.topology = events.Topology(**self.stamp.header(events.Topology, time.time_ns()),
-                                        **self.topology_fields)
+        self.topology = events.Topology(**self.stamp.header(events.Topology, time.time_ns()), **self.topology_fields)
         self._queue(self.topology)
 
     def describe_process(self, pid: int) -> None:
@@ -305,12 +304,13 @@ class Collector:
         changed = [pid for pid, head in groups.items() if self._group_of.get(pid) != head]
         changed += [pid for pid in self._group_of if pid not in groups]  # left: described with no group
         self._group_of = groups
-        for pid in changed:
-            self._processes_sent.pop(pid, None)
-            self.describe_process(pid)
-        for pid in self._changed():  # its throttling is its new cgroup's from now on
-            self._processes_sent.pop(pid, None)
-            self.describe_process(pid)
+        for pid in changed + self._changed():  # _changed: its throttling is its new cgroup's from now on
+            self.describe_again(pid)
+
+    def describe_again(self, pid: int) -> None:
+        """Publish a process's record now, however recently it was."""
+        self._processes_sent.pop(pid, None)
+        self.describe_process(pid)
 
     def _changed(self) -> list[int]:
         """The watched processes whose cpu cgroup or name is no longer what
@@ -363,7 +363,7 @@ class Collector:
         context = ProbeContext(
             settings=s, stamp=self.stamp, publish=self._queue, describe_process=self.describe_process,
             comm_of=self._comm, topology=self.topology_fields, targets=self.current_targets(),
-            thresholds=self.serving_thresholds(), proc=self.proc, sys=self.sys, own=self.own)
+            thresholds=self.serving_thresholds(), proc=self.proc, sys=self.sys, own=self.own, describe_again=self.describe_again)
         try:
             for probe in registry.create(registry.enabled(s)):
                 probe.open(context)

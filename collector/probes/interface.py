@@ -64,6 +64,8 @@ class ProbeContext:
     own: dict[int, str] = field(default_factory=dict)
     proc: Path = Path("/proc")
     sys: Path = Path("/sys")
+    # a process that changed (moved to another cgroup): publish its record again now, not at the next rescan
+    describe_again: Callable[[int], None] = lambda pid: None
 
     def record(self, record_type: type[events.Record], ts_ns: int, /, **fields) -> events.Record:
         """A ``record_type`` record with its stamp (``ts_ns`` in epoch ns)."""

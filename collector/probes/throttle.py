@@ -136,19 +136,50 @@ class ThrottleSignal(SampledSignal):
 
     def open(self, context: ProbeContext) -> None:
         self._targets = context.targets
+        self._serving = set(context.thresholds)  # the serving groups' processes
         self._groups: dict[str, CpuCgroup] = {}
         self._seen: dict[str, CpuStat] = {}
+        self._cgroup_files: dict[int, str] = {}  # pid -> its /proc/PID/cgroup when last looked at
+        self.moved: set[int] = set()  # seen moved by the sampler, not yet described again
         self.start_clock(context, context.settings.cfs_interval_s)
         self.rescan()
 
     def set_targets(self, targets: set[int] | None, thresholds: dict[int, int]) -> None:
         self._targets = targets
+        self._serving = set(thresholds)
         self.rescan()
+
+    def _watched(self) -> set[int]:
+        """The processes whose moves matter at once: the targets, or (all
+        watched) the serving groups'."""
+        return set(self._targets) if self._targets is not None else set(self._serving)
+
+    def _look_for_moves(self) -> bool:
+        """On the sampler's clock (0.25 s), not the rescan's (2 s): a serving
+        process moved into a quota cgroup is throttled from its first
+        period there, and until its new cgroup is sampled and its record
+        says so, its requests' waits would be charged to whoever ran.
+        Whether any moved (each is in ``moved``). A few small reads."""
+        files = {}
+        for pid in sorted(self._watched()):
+            text = _read(self.ctx.proc / str(pid) / "cgroup")
+            if text:
+                files[pid] = text
+        moved = {pid for pid, text in files.items() if self._cgroup_files.get(pid, text) != text}
+        self._cgroup_files = files
+        self.moved |= moved
+        return bool(moved)
 
     def rescan(self) -> None:
         """Find the cgroups to sample again: processes move, containers come and go."""
         if not hasattr(self, "lock"):
             return
+        with self.lock:
+            self._look_for_moves()  # what rescan reads now is the baseline
+            self._find_groups()
+
+    def _find_groups(self) -> None:
+        """The cgroups to sample (under ``lock``); a new one's baseline is now."""
         if self._targets is None:
             groups = quota_cgroups(self.ctx.sys)
         else:
@@ -156,17 +187,18 @@ class ThrottleSignal(SampledSignal):
             for pid in sorted(self._targets):
                 group = cpu_cgroup(_read(self.ctx.proc / str(pid) / "cgroup"), self.ctx.sys)
                 groups.extend(ancestors(group) if group else [])
-        with self.lock:  # the sampler thread reads both
-            self._groups = {g.path: g for g in groups}
-            for path in list(self._seen):
-                if path not in self._groups:
-                    del self._seen[path]
-            for path, group in self._groups.items():  # a new cgroup's baseline: counted from now
-                if path not in self._seen and (stat := read_stat(group)):
-                    self._seen[path] = stat
+        self._groups = {g.path: g for g in groups}
+        for path in list(self._seen):
+            if path not in self._groups:
+                del self._seen[path]
+        for path, group in self._groups.items():  # a new cgroup's baseline: counted from now
+            if path not in self._seen and (stat := read_stat(group)):
+                self._seen[path] = stat
 
     def read(self) -> list[tuple[str, CpuStat, CpuStat]]:
         """(cgroup, before, now) of the quota cgroups that ran under their quota since the last read."""
+        if self._look_for_moves():
+            self._find_groups()
         out = []
         for path, group in sorted(self._groups.items()):
             stat = read_stat(group)
@@ -177,6 +209,16 @@ class ThrottleSignal(SampledSignal):
             if before is not None and stat.quota_us >= 0 and stat.nr_periods > before.nr_periods:
                 out.append((path, before, stat))  # not: a baseline, no limit, or it did not run
         return out
+
+    def poll(self, timeout_ms: int = 0) -> None:
+        """The readings (SampledSignal.poll); then, on the agent's thread,
+        the records of processes the sampler saw move."""
+        super().poll(timeout_ms)
+        if self.moved:
+            with self.lock:
+                moved, self.moved = self.moved, set()
+            for pid in sorted(moved):
+                self.ctx.describe_again(pid)
 
     def records(self, reading: list[tuple[str, CpuStat, CpuStat]], interval_ns: int,
                 now_ns: int) -> list[events.Record]:

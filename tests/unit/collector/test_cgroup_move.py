@@ -148,3 +148,31 @@ def test_a_serving_process_that_renames_itself_is_described_again_by_its_new_nam
     assert [(r.pid, r.comm) for r in described(c)] == [(1234, "VLLM::EngineCor")]
     c.refresh_groups()
     assert described(c) == []  # once per rename
+
+
+def test_the_cfs_sampler_sees_a_serving_process_move_on_its_own_clock(tmp_path):
+    sys, pid = tmp_path / "sys", 4242
+    v1_group(sys, "/", -1)
+    v1_group(sys, QUOTA, 10_000, periods=100, throttled=50)
+    (tmp_path / "proc" / str(pid)).mkdir(parents=True)
+    (tmp_path / "proc" / str(pid) / "cgroup").write_text("4:cpu,cpuacct:/\n0::/\n")
+    again: list[int] = []
+    signal = throttle.ThrottleSignal()
+    # every process watched (targets None); 4242 serves requests (it has a threshold of its own)
+    signal.open(ProbeContext(settings=Settings.model_construct(cfs_interval_s=3600), stamp=Stamp(),
+                             publish=lambda r: None, describe_process=lambda pid: None, comm_of=lambda pid: "",
+                             targets=None, thresholds={pid: 1_000_000}, proc=tmp_path / "proc", sys=sys,
+                             describe_again=again.append))
+    try:
+        assert signal.periodic(0, 0) == []
+        move(tmp_path / "proc", pid, QUOTA)
+        assert signal.periodic(0, 0) == []  # a sample, no rescan: the move seen, the new cgroup's baseline taken
+        signal.poll()
+        assert again == [pid]  # its record again now, naming the quota cgroup
+        v1_group(sys, QUOTA, 10_000, periods=110, throttled=58)
+        records = signal.periodic(0, 0)
+        signal.poll()
+    finally:
+        signal.close()
+    assert [(r.cgroup, r.nr_periods, r.nr_throttled) for r in records] == [(QUOTA, 10, 8)]
+    assert again == [pid]  # once per move
