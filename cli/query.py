@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -27,6 +28,8 @@ from typing import NamedTuple
 from jitterscope.common import errors, outbound
 from jitterscope.common.masking import mask_url
 from jitterscope.common.settings import Settings
+
+UNSET_PARAMETER = re.compile(r"Substitution [`'\"]?(\w+)[`'\"]? is not set")
 from jitterscope.streams import clickhouse, readonly_sql
 from jitterscope.streams.worker_state import state_file
 
@@ -151,6 +154,9 @@ def _run(s: Settings, sql: str, parameters: dict | None, raw: bool):
     except Exception as exc:
         if "UNKNOWN_DATABASE" in str(exc) and f"Database {clickhouse.DATABASE} " in str(exc):
             raise no_data(s) from exc
+        if unset := UNSET_PARAMETER.search(str(exc)):  # ClickHouse's words name no option
+            raise errors.BadConfig(f"the query has a parameter {{{unset[1]}:...}} with no value: give it one "
+                                   f"with -p {unset[1]}=VALUE") from exc
         raise errors.JitterscopeError(f"query failed: {exc}") from exc
     finally:
         client.close()  # releases the data directory for the worker

@@ -275,6 +275,16 @@ def pressure(ctx: Context) -> str:
                             f"headroom below {ctx.runq_alert_ms:g} ms"], table) + note
 
 
+def _halfway(since_s: int) -> str:
+    """A --remediation-date halfway through the period, as `now-<ago>`
+    (the README's now-12h is inside a day, not inside an hour's run)."""
+    half = max(60, since_s // 2)
+    for unit, seconds in (("d", 86400), ("h", 3600), ("m", 60)):
+        if half % seconds == 0 or unit == "m":
+            break
+    return f"now-{half // seconds}{unit}"
+
+
 def before_after(ctx: Context) -> str:
     if ctx.remediation is None:
         return "<p>No remediation date given (--remediation-date).</p>"
@@ -294,7 +304,7 @@ def before_after(ctx: Context) -> str:
         side, other = ("after", "before") if "after" in by_side else ("before", "after")
         headline = (f"<p>Every request in the period is {side} {escape(ctx.remediation.isoformat())}, so there "
                     f"is nothing {other} it to compare with: choose a date inside the period "
-                    f"(--since), e.g. --remediation-date now-12h.</p>")
+                    f"(--since), e.g. --remediation-date {_halfway(ctx.since_s)}.</p>")
     return headline + _table(["", "requests", "P99 ms", "P999 ms", "over SLO"], rows)
 
 
@@ -362,7 +372,7 @@ def summary(ctx: Context) -> str:
     cause_rows = _cause_rows(ctx)
     total = sum(r[1] for r in cause_rows) or 1
     costs = [f"<li><strong>{escape(c)}</strong>: {sec:,.1f} s of excess request latency over {n:,} request(s), "
-             f"{sec / total:.0%} of it</li>" for c, sec, n in cause_rows[:3]]
+             f"{sec / total:.0%} of it</li>" for c, sec, n in [r for r in cause_rows if r[1] >= 0.05][:3]]  # 0.0 s is no finding
     costs += [f"<li>neighbour <strong>{escape(comm)}</strong>: {waited:,.1f} s of waits of inference threads, "
               f"{count:,} starvation(s) on {n_hosts:,} host(s)</li>" for comm, count, n_hosts, waited in _neighbours(ctx, 3)]
     return ('<div class="summary">'

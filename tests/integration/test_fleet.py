@@ -103,7 +103,8 @@ def test_parameters_are_bound_not_pasted(fleet):
 
 def test_bad_saved_query_use_is_one_clear_line(fleet):
     for args, expect in ((["--saved", "nope"], "no saved query"), (["--saved", "worst-hosts", "-p", "color=red"], "takes"),
-                         (["--saved", "worst-hosts", "-p", "since=soon"], "duration")):
+                         (["--saved", "worst-hosts", "-p", "since=soon"], "duration"),
+                         (["SELECT {c:UInt32} AS c"], "-p c=VALUE")):  # a parameter with no value: how to give it
         result = subprocess.run([sys.executable, "-m", "jitterscope.cli", "query", *args], env=fleet,
                                 capture_output=True, text=True, timeout=60)
         assert result.returncode == 78 and expect in result.stderr and "Traceback" not in result.stderr

@@ -32,6 +32,9 @@ def test_before_after_says_why_when_one_side_is_empty():
     ctx = capacity.Context(only_after, since_s=86400, remediation=datetime(2020, 1, 1, tzinfo=timezone.utc))
     html = capacity.BUILDERS["before-after"](ctx)
     assert "Every request in the period is after 2020-01-01" in html and "now-12h" in html
+    # an hour's run: a date inside that hour, not the README's day-long example
+    html = capacity.BUILDERS["before-after"](capacity.Context(only_after, 3600, datetime(2020, 1, 1, tzinfo=timezone.utc)))
+    assert "--remediation-date now-30m" in html and "now-12h" not in html
 
     def both(sql, params):
         return [("before", 1000, 900.0, 2400.0, 40), ("after", 1200, 80.0, 95.0, 3)]
