@@ -18,6 +18,7 @@ from typing import Callable
 
 from jitterscope.common.settings import Settings
 from jitterscope.reports import charts
+from jitterscope.reports.queries import NOT_SERVING, SAVED
 from jitterscope.schemas.events import OWN_SUSPECT_PREFIX
 from jitterscope.schemas.signals import DATABASE as DB
 
@@ -116,6 +117,7 @@ def _contention(ctx: Context) -> str:
             SELECT {HOST_CLASS} AS class, host, toUnixTimestamp(toStartOfHour(minute)) AS hour,
                    sum(waited_ns) / 1e9 AS waited_s
             FROM {DB}.runq_minute WHERE minute > now() - toIntervalSecond({{since:UInt32}}) AND neighbour
+                                        AND {NOT_SERVING}
             GROUP BY class, host, hour)
         GROUP BY class, hour ORDER BY class, hour""")
     series: dict[str, list[tuple[float, float]]] = {}
@@ -165,14 +167,17 @@ def _cause_rows(ctx: Context) -> list:
         GROUP BY cause ORDER BY excess_s DESC, cause""")
 
 
-def _neighbours(ctx: Context, limit: int) -> list:
+def _neighbours(ctx: Context, limit: int, by: str = "starvations") -> list:
     """(command, starvations, hosts, seconds of waits behind it) of the
-    neighbours that held starved CPUs, most starvations first."""
+    neighbours that held starved CPUs (never a serving process:
+    queries.NOT_SERVING), most starvations first, or ``by="waited"``: the
+    most time taken first, as actions rank."""
+    order = {"starvations": "starvations DESC", "waited": "waited DESC"}[by]
     return _rows(ctx, f"""
-        SELECT suspect_comm, sum(waits) AS starvations, uniqExact(host) AS hosts, round(sum(waited_ns) / 1e9, 1)
+        SELECT suspect_comm, sum(waits) AS starvations, uniqExact(host) AS hosts, round(sum(waited_ns) / 1e9, 1) AS waited
         FROM {DB}.runq_minute
-        WHERE minute > now() - toIntervalSecond({{since:UInt32}}) AND neighbour
-        GROUP BY suspect_comm ORDER BY starvations DESC, suspect_comm LIMIT {{limit:UInt32}}""", limit=limit)
+        WHERE minute > now() - toIntervalSecond({{since:UInt32}}) AND neighbour AND {NOT_SERVING}
+        GROUP BY suspect_comm ORDER BY {order}, suspect_comm LIMIT {{limit:UInt32}}""", limit=limit)
 
 
 def causes(ctx: Context) -> str:
@@ -201,8 +206,6 @@ def behind(ctx: Context) -> str:
 def recurring(ctx: Context) -> str:
     """The saved query recurring-causes, as a table: a cause on a schedule is a
     job to move or reschedule (the archiver of every 15 minutes)."""
-    from jitterscope.reports.queries import SAVED
-
     saved = SAVED["recurring-causes"]
     defaults = {name: (float if kind.startswith("Float") else int)(default)
                 for name, (kind, default) in saved.params.items()}
@@ -315,7 +318,7 @@ def ranked_actions(ctx: Context) -> list[tuple[float, str, str]]:
     # the rollup keeps names only; the label is unforgeable there: the
     # collector gives it to its own processes by pid and marks a foreign name
     # spelled like it (schemas/events.py suspect_name)
-    for comm, count, hosts, waited in _neighbours(ctx, 3):
+    for comm, count, hosts, waited in _neighbours(ctx, 3, by="waited"):  # time taken from requests, not counts
         what = (f"Give jitterscope's own {comm.removeprefix(OWN_SUSPECT_PREFIX)} CPUs apart from inference "
                 f"(CPUAffinity= of its unit, or a cpuset) on {hosts} host(s): the cost of watching"
                 if comm.startswith(OWN_SUSPECT_PREFIX) else
@@ -355,7 +358,8 @@ def _crowded_hosts(ctx: Context, limit: int) -> list:
     return _rows(ctx, f"""
         SELECT host, round(sum(s), 1) AS waited, argMax(suspect_comm, s) FROM (
             SELECT host, suspect_comm, sum(waited_ns) / 1e9 AS s FROM {DB}.runq_minute
-            WHERE minute > now() - toIntervalSecond({{since:UInt32}}) AND neighbour GROUP BY host, suspect_comm)
+            WHERE minute > now() - toIntervalSecond({{since:UInt32}}) AND neighbour AND {NOT_SERVING}
+            GROUP BY host, suspect_comm)
         GROUP BY host ORDER BY waited DESC, host LIMIT {{limit:UInt32}}""", limit=limit)
 
 

@@ -36,6 +36,13 @@ COMMON = {"since": ("UInt32", "7d"), "limit": ("UInt32", "20")}
 SINCE = "ts > now64(9) - toIntervalSecond({since:UInt32})"
 MINUTES = "minute > now() - toIntervalSecond({since:UInt32})"  # rollups: whole minutes
 
+#: a serving group's process (one that sends request spans, or its group's)
+#: is what jitterscope protects, never a neighbour to move off the CPUs,
+#: though other processes wait behind it (a hog behind the server it crowds);
+#: its host's process records say which (by name: the rollups keep no pids)
+NOT_SERVING = (f"(host, suspect_comm) NOT IN (SELECT host, comm FROM {DB}.processes "
+               f"WHERE serving_group != 0 AND {SINCE})")
+
 SAVED: dict[str, SavedQuery] = {q.name: q for q in [
     SavedQuery(
         "worst-hosts",
@@ -72,7 +79,7 @@ LIMIT {{limit:UInt32}}""",
         f"""SELECT suspect_comm AS command, sum(waits) AS starvations, uniqExact(host) AS hosts,
        round(sum(waited_ns) / 1e9, 2) AS waited_s, round(max(max_wait_ns) / 1e6, 1) AS worst_ms
 FROM {DB}.runq_minute
-WHERE {MINUTES} AND neighbour
+WHERE {MINUTES} AND neighbour AND {NOT_SERVING}
 GROUP BY suspect_comm
 ORDER BY starvations DESC, command
 LIMIT {{limit:UInt32}}""",

@@ -26,6 +26,7 @@ SLO_CAUSES = ["runq_starvation", "gpu_ioctl_stall", "unexplained"]  # most to fe
 # a log archiver that starves inference on one host every 15 minutes, at :07, :22, :37 and :52
 RECURRING_HOST, RECURRING_CULPRIT, RECURRING_PERIOD_MIN, RECURRING_PHASE_MIN = "h100-123", "log-archiver", 15, 7
 RECURRING_UNIT = "log-archiver.service"  # the archiver's memory side: a new pid each run, in this unit
+SERVING_HOST, SERVING_COMM = "h100-001", "jsinfer"  # a serving process others wait behind: never one to move
 # All SLO breaches happened before a remediation half-way through the period
 # (say, pinning rolled out): the report's before/after must show it.
 HOST_CLASSES = ["a100", "h100"]
@@ -151,6 +152,14 @@ SELECT if(number < 50, {{pcie_host:String}}, 'a100-251'), 'boot-1', 1000 + numbe
        map('gpu', '0000:83:00.0', 'switch', '0000:81:00.0',
            'neighbour', if(number < 50, {{pcie_neighbour:String}}, 'eth1'))
 FROM numbers(55)""",
+        # a serving process (it sent spans: its group is itself) that a hog waited behind
+        f"""INSERT INTO {DB}.processes (host, boot_id, seq, ts, pid, comm, cmdline, cgroup, serving_group)
+VALUES ({{serving_host:String}}, 'boot-serving', 0, now64(9), 2000, {{serving_comm:String}}, 'jsinfer', '/', 2000)""",
+        f"""INSERT INTO {DB}.runq_events (host, boot_id, seq, ts, pid, tid, comm, cpu, wait_ns, suspect_pid,
+                                  suspect_tid, suspect_comm)
+SELECT {{serving_host:String}}, 'boot-serving', number, now64(9) - toIntervalSecond(number), 3000, 3000, 'hog', 1,
+       50000000, 2000, 2000, {{serving_comm:String}}
+FROM numbers(2000)""",
         # every host's inference process and the GPU it uses
         f"""INSERT INTO {DB}.processes (host, boot_id, seq, ts, pid, comm, cmdline, cgroup, cpus_allowed, gpus,
     cuda_visible_devices)
@@ -184,7 +193,8 @@ def statements(hosts: int = 300, runq_events: int = 2_000_000, hours: int = 24) 
 #: the injected names go in as bound parameters: one of them is hostile on purpose
 PARAMETERS = {"suspects": SUSPECTS, "worst": WORST_RUNQ_HOST, "noisy": NOISY_NEIGHBOUR, "off_node": OFF_NODE_HOSTS,
               "pcie_host": PCIE_HOST, "pcie_neighbour": PCIE_NEIGHBOUR, "storm_host": STORM_HOST,
-              "recurring_host": RECURRING_HOST, "recurring_culprit": RECURRING_CULPRIT}
+              "recurring_host": RECURRING_HOST, "recurring_culprit": RECURRING_CULPRIT,
+              "serving_host": SERVING_HOST, "serving_comm": SERVING_COMM}
 
 
 def load_fleet(client, progress=None, **sizes) -> None:

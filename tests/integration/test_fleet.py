@@ -56,6 +56,8 @@ def test_slo_breaches_by_cause(fleet):
 def test_noisy_neighbours(fleet):
     rows = saved(fleet, "noisy-neighbours", "limit=10")
     assert rows[0]["command"] == synthetic.NOISY_NEIGHBOUR
+    # a serving process others waited behind (100 s of a hog's waits) is protected, never a neighbour
+    assert synthetic.SERVING_COMM not in [r["command"] for r in rows]
     assert synthetic.HOSTILE_COMM in [r["command"] for r in rows], "stored and returned verbatim, as data"
 
 
@@ -178,6 +180,7 @@ def _check_summary(dom: str) -> None:
     first_three = _items(dom, "summary", "actions")
     assert len(first_three) == 3 and first_three == _items(dom, "actions", "actions")[:3]
     assert synthetic.NOISY_NEIGHBOUR in first_three[0]
+    assert not [a for a in _items(dom, "actions", "actions") if synthetic.SERVING_COMM in a], "a server is never moved"
     trends = dom.split('id="trends"')[1].split("</section>")[0]
     notes = " ".join(re.findall(r'<p class="note">(.*?)</p>', trends, re.S))
     for drawn, other in re.findall(r">([^<>]+) \(= ([^<>]+)\)</text>", trends):
