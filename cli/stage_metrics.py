@@ -83,5 +83,5 @@ def alert_delay_line(metrics_text: str) -> str | None:
     for kind, buckets in sorted(by_kind.items(), key=lambda kv: (-kv[1][-1][1], kv[0])):
         p50, p99 = histogram_quantile(0.5, buckets), histogram_quantile(0.99, buckets)
         if p50 is not None:
-            parts.append(f"{kind} p50 {p50 * 1e3:,.0f} ms, p99 {p99 * 1e3:,.0f} ms ({int(buckets[-1][1]):,})")
+            parts.append(f"{kind} p50 {p50 * 1e3:,.0f} ms, p99 {p99 * 1e3:,.0f} ms ({int(buckets[-1][1]):,} raised)")
     return "alert delay (event to alert raised): " + "; ".join(parts) if parts else None

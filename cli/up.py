@@ -331,7 +331,8 @@ class Stack:
         finally:
             self.stop()
         where = "" if self.settings.data_dir == default_data_dir() else f" --data-dir {self.settings.data_dir}"
-        self.console.print(f"jitterscope stopped: {alerts} alert(s). Query the store with: jitterscope query{where} "
+        self.console.print(f"jitterscope stopped: {alerts} alert line(s) shown above (every alert raised is in the "
+                           f"store, the delay line counts them). Query the store with: jitterscope query{where} "
                            "\"SELECT count() FROM jitterscope.runq_events\"", soft_wrap=True)
         if cost := self_cost_line(self.settings.data_dir / FINAL_FILE):
             self.console.print(cost, markup=False, soft_wrap=True)

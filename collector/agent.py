@@ -19,10 +19,13 @@ import threading
 import time
 from pathlib import Path
 
-from prometheus_client import Counter, Gauge, start_http_server
+from prometheus_client import start_http_server
 
 from jitterscope.collector import hostinfo, intake, kubelet, pacing, serving_group, stacks, topology
 from jitterscope.collector.clock import EpochConverter
+from jitterscope.collector.metrics import (DELIVERY_ERRORS, EVENTS_READ, MAP_FULL_DROPS, OWN_WAITS_SKIPPED,
+                                           PRODUCER_RESTARTS, RECORDS_SENT, RINGBUF_DROPS, SPOOL_DROPS, SPOOLED,
+                                           _Exported)
 from jitterscope.collector.otlp import OtlpReceiver, OtlpReceiverUnavailable
 from jitterscope.collector.probes import base, registry
 from jitterscope.collector.probes.interface import Probe, ProbeContext, call_each
@@ -32,27 +35,11 @@ from jitterscope.collector.spool import Spool, SpoolBusy
 from jitterscope.common import buildinfo, kafka_auth, ports  # noqa: F401  (buildinfo: registers jitterscope_build_info)
 from jitterscope.common.logs import fields
 from jitterscope.common.private import open_private, private_dir
-from jitterscope.schemas import events
+from jitterscope.schemas import events, topics
 from jitterscope.common.settings import FINAL_FILE, Settings
 
 log = logging.getLogger("jitterscope.collector")
 
-EVENTS_READ = Counter("jitterscope_collector_events_read_total", "kernel events read from ring buffers", ["probe"])
-# Counters (rate() and resets work), fed from the parts' own running totals by _Exported
-RECORDS_SENT = Counter("jitterscope_collector_records_sent_total", "records acknowledged by Kafka", ["topic"])
-DELIVERY_ERRORS = Counter("jitterscope_collector_delivery_errors_total",
-                          "Kafka messages that failed delivery (then spooled or, if permanent, dropped)")
-RINGBUF_DROPS = Counter("jitterscope_collector_ringbuf_drops_total",
-                        "events dropped in the kernel (ring buffer full)", ["probe"])
-SPOOL_DROPS = Counter("jitterscope_collector_spool_drops_total",
-                      "records dropped: Kafka could not take them and the on-disk spool was full or off")
-PRODUCER_RESTARTS = Counter("jitterscope_collector_producer_restarts_total",
-                            "Kafka producers recreated after a fatal error or a stall")
-OWN_WAITS_SKIPPED = Counter("jitterscope_collector_own_waits_skipped_total",
-                            "run-queue waits of jitterscope's own processes, not published (no user's alert)")
-MAP_FULL_DROPS = Counter("jitterscope_collector_map_full_drops_total",
-                         "in-kernel map updates that failed (map full): state the probes lost")
-SPOOLED = Gauge("jitterscope_collector_spooled_records", "records waiting in the on-disk spool")
 PROCESS_REFRESH_NS = 60_000_000_000  # re-publish a process's metadata at most this often
 
 
@@ -71,20 +58,6 @@ class Stamp:
         seq = self._seq.get(kind, self._seq_start)
         self._seq[kind] = seq + 1
         return {"host": self.host, "boot_id": self.boot_id, "seq": seq, "ts_ns": ts_ns}
-
-
-class _Exported:
-    """Adds to a Counter what a running total grew by since the last call."""
-
-    def __init__(self):
-        self._last: dict = {}
-
-    def __call__(self, counter, total: int, *labels: str) -> None:
-        key = (counter, labels)
-        delta = total - self._last.get(key, 0)
-        if delta > 0:
-            (counter.labels(*labels) if labels else counter).inc(delta)
-        self._last[key] = total
 
 
 def make_spool(settings: Settings) -> Spool | None:
@@ -241,18 +214,22 @@ class Collector:
         if self.cost:  # self-cost: samples, then exports
             self.cost.export([bpf for probe in self.probes for bpf in probe.bcc_probes()])
 
-    def publish_stats(self) -> None:
+    def publish_stats(self, last: bool = False) -> None:
+        """``last``: after the final flush; its counts include itself (the
+        ledger reads them only if it is stored, and then it was sent)."""
         drops, map_full = self.ringbuf_drops(), self.map_full_drops()
         self.report_losses(drops, map_full)
         self.export_metrics()
-        p = self.publisher
+        p, sent = self.publisher, dict(self.publisher.sent_by_topic)
+        if last:
+            sent[topics.COLLECTOR_STATS] = sent.get(topics.COLLECTOR_STATS, 0) + 1
         self._queue(events.CollectorStats(
             **self.stamp.header(events.CollectorStats, time.time_ns()),
             started_ns=self.stamp.started_ns, ringbuf_drops=drops, map_full_drops=map_full,
             events_read=self.events_read(),
-            records_sent=p.records_sent, delivery_errors=p.delivery_errors,
+            records_sent=p.records_sent + last, delivery_errors=p.delivery_errors,
             spool_drops=p.spool_drops, spooled=p.spooled, producer_restarts=p.producer_restarts,
-            sent_by_topic=dict(p.sent_by_topic), longest_run_ns=pacing.PACER.take_longest(),
+            sent_by_topic=sent, longest_run_ns=pacing.PACER.take_longest(),
             **(self.cost.record_fields() if self.cost else {}),  # self-cost, this interval
         ))
 
@@ -478,6 +455,11 @@ class Collector:
             self.publisher.send(topic, batch)
         # what is still in flight after this goes to the spool, for the next run
         undelivered = self.publisher.flush(10.0)
+        if self.probes and not undelivered:  # the ledger's "sent" is the last stats record's: one counting all
+            self.publish_stats(last=True)
+            for topic, batch in self.batcher.drain():
+                self.publisher.send(topic, batch)
+            undelivered = self.publisher.flush(5.0)
         p = self.publisher
         self.export_metrics()
         try:

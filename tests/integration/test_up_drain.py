@@ -114,3 +114,8 @@ def test_ctrl_c_during_a_storm_stores_everything_the_collector_sent(tmp_path):
           f"{stop_s:.1f} s to exit; "
           f"undelivered {final.get('undelivered')}, spooled {final.get('spooled')}")
     assert stored == sent
+    # the loss ledger agrees: the collector's last stats record counts every record it sent, itself included
+    ledger = run(["ledger", "-f", "json", "--host", host], env)
+    assert ledger.returncode == 0, ledger.stderr
+    row = json.loads(ledger.stdout)[0]
+    assert (row["sent"], row["stored"], row["unstored"]) == (sum(sent.values()), sum(sent.values()), 0), row

@@ -47,7 +47,7 @@ def test_the_workers_exposition_is_read_per_kind_and_summarized():
 
     line = alert_delay_line(text)
     assert line.startswith("alert delay (event to alert raised): runq_starvation p50 ")  # the commonest first
-    assert "(100)" in line and "cfs_throttling p50 " in line and "\n" not in line
+    assert "(100 raised)" in line and "cfs_throttling p50 " in line and "\n" not in line
 
 
 def test_no_alerts_or_no_histogram_says_nothing():
