@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -133,20 +134,22 @@ def query_worker(worker: Worker, sql: str, parameters: dict, raw: bool = False):
 def _run(s: Settings, sql: str, parameters: dict | None, raw: bool):
     parameters = parameters or {}
     readonly_sql.check(sql, parameters)
+    data_dir, scratch = s.data_dir, None
     if s.clickhouse_url is None:
         if worker := running_worker(s):
             return query_worker(worker, sql, parameters, raw)
         store = s.data_dir / "clickhouse"
         try:
             os.listdir(store)
-        except FileNotFoundError:
-            pass
+        except FileNotFoundError:  # no store there (a mistyped --data-dir?): an empty one that leaves nothing behind
+            scratch = tempfile.TemporaryDirectory(prefix="jitterscope-no-store-")
+            data_dir = Path(scratch.name)
         except PermissionError as exc:  # say so, rather than chDB's "cannot lock"
             raise _not_yours(store) from exc
         else:
             if not os.access(store, os.W_OK):  # chDB locks the store: readable is not enough
                 raise _not_yours(store, "write to", " (chDB locks the store even to read it)")
-    client = clickhouse.connect(s.clickhouse_url, s.data_dir, readonly=True)
+    client = clickhouse.connect(s.clickhouse_url, data_dir, readonly=True)
     try:
         if raw:
             return readonly_sql.run_raw(client, sql, parameters)
@@ -160,6 +163,8 @@ def _run(s: Settings, sql: str, parameters: dict | None, raw: bool):
         raise errors.JitterscopeError(f"query failed: {exc}") from exc
     finally:
         client.close()  # releases the data directory for the worker
+        if scratch:
+            scratch.cleanup()
 
 
 def run_query(s: Settings, sql: str, parameters: dict | None = None) -> tuple[list[str], list[list]]:

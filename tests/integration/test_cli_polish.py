@@ -132,6 +132,16 @@ def test_query_on_an_empty_store_says_how_to_get_data(data_dir):
     assert "UNKNOWN_DATABASE" not in line
 
 
+def test_a_mistyped_data_dir_is_no_data_and_creates_nothing(data_dir):
+    typo = data_dir / "typo" / "data"
+    for command in (["query", "SELECT count() FROM jitterscope.runq_events"], ["ledger"]):
+        line = one_line_error(cli(*command, env=env_for(typo)), 66)
+        assert "no data yet" in line and str(typo) in line, command
+    plain = cli("query", "-f", "csv", "SELECT 6 * 7 AS answer", env=env_for(typo))  # SQL that needs no store still runs
+    assert plain.returncode == 0 and "42" in plain.stdout, plain.stderr
+    assert not (data_dir / "typo").exists(), "nothing made under a path that was never a store"
+
+
 def test_a_user_querying_a_root_store_is_told_it_is_about_permissions(data_dir):
     """A store others may read (made before stores were 0700, or by hand):
     chDB must still lock it, which only its owner can."""
