@@ -379,7 +379,11 @@ def summary(ctx: Context) -> str:
              f"{sec / total:.0%} of it</li>" for c, sec, n in [r for r in cause_rows if r[1] >= 0.05][:3]]  # 0.0 s is no finding
     costs += [f"<li>neighbour <strong>{escape(comm)}</strong>: {waited:,.1f} s of waits of inference threads, "
               f"{count:,} starvation(s) on {n_hosts:,} host(s)</li>" for comm, count, n_hosts, waited in _neighbours(ctx, 3)]
-    return ('<div class="summary">'
+    over_target = [(h, mean) for h, _n, mean, *_ in _watch_costs(ctx) if mean > ctx.self_cost_target]
+    watching = (f'<p class="cost-warning">Watching cost {len(over_target):,} host(s) more than the '
+                f'{ctx.self_cost_target:.2%} target, the worst {escape(over_target[0][0])} at {over_target[0][1]:.2%} '
+                'of its CPU: see "Cost of watching".</p>' if over_target else "")
+    return ('<div class="summary">' + watching +
             f'<h3>Worst hosts</h3><ul class="worst-hosts">{hosts or "<li>no run-queue data</li>"}</ul>'
             f'<h3>Top causes, by what they cost</h3><ul class="top-causes">{"".join(costs) or "<li>none</li>"}</ul>'
             f'<h3>Do these three first</h3>{_action_list(ranked_actions(ctx)[:3])}'
@@ -423,16 +427,22 @@ def _period(ctx: Context) -> str:
 
 
 # -- cost of watching (collector/selfcost.py) ----------------------------------
-def cost_of_watching(ctx: Context) -> str:
-    """Per host: the share of its CPU time spent on jitterscope's BPF programs
-    and collector (mean and worst stats interval), and the collector's RSS,
-    against self_cost_target_pct (the target `jitterscope doctor` uses)."""
-    rows = _rows(ctx, f"""
+def _watch_costs(ctx: Context) -> list:
+    """(host, stats intervals, mean share, worst share, max RSS MB, CPUs) of
+    jitterscope's own cost per host, the costliest first."""
+    return _rows(ctx, f"""
         SELECT host, count() AS intervals, avg(overhead_share) AS mean_share, max(overhead_share) AS worst_share,
                max(rss_bytes) / 1e6 AS rss_mb, argMax(online_cpus, ts) AS cpus
         FROM {DB}.collector_stats FINAL
         WHERE online_cpus > 0 AND ts > now() - toIntervalSecond({{since:UInt32}})
         GROUP BY host ORDER BY mean_share DESC, host""")
+
+
+def cost_of_watching(ctx: Context) -> str:
+    """Per host: the share of its CPU time spent on jitterscope's BPF programs
+    and collector (mean and worst stats interval), and the collector's RSS,
+    against self_cost_target_pct (the target `jitterscope doctor` uses)."""
+    rows = _watch_costs(ctx)
     target = ctx.self_cost_target
     table = [(host, intervals, f"{mean:.3%}", f"{worst:.3%}", round(float(rss), 1), cpus,
               "yes" if mean <= target else "no")

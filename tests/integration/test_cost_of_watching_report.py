@@ -35,8 +35,12 @@ def wait(seq, wait_ns, suspect, own, waits=1):
 clickhouse.insert_records(client, "runq_events", [
     wait(1, 4_200_000, "jitterscope:collector", True), wait(2, 9_000_000, "jitterscope:collector", True, 5),
     wait(3, 20_000_000, "logrotate", False), wait(4, 2_000_000, "jitterscope:worker", True)])
-print(capacity.cost_of_watching(capacity.Context(lambda sql, p: client.query(sql, parameters=p).result_rows,
-                                                 86400, None)))
+query = lambda sql, p: client.query(sql, parameters=p).result_rows
+print(capacity.cost_of_watching(capacity.Context(query, 86400, None)))
+print("=== summary, target 0.5% ===")
+print(capacity.summary(capacity.Context(query, 86400, None)))
+print("=== summary, target 0.3% ===")
+print(capacity.summary(capacity.Context(query, 86400, None, self_cost_target=0.003)))
 """
 
 
@@ -48,3 +52,8 @@ def test_the_cost_of_watching_shows_the_collectors_longest_run_and_the_waits_beh
     # the longest single one 4.2 ms (a sum of short waits is none), most often the collector
     assert ("<tr><td>gpu-1</td><td>3.40</td><td>7</td><td>87.50%</td><td>4.20</td>"
             "<td>jitterscope:collector</td></tr>") in html, html[-3000:]
+    # over the target, the summary says so first (not only the section near the bottom)
+    _, under, over = html.split("=== summary")
+    assert "cost-warning" not in under
+    assert ('Watching cost 1 host(s) more than the 0.30% target, the worst gpu-1 at 0.40% of its CPU'
+            in over.split("<h3>")[0]), over[:2000]
