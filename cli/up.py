@@ -136,6 +136,13 @@ def unstored(sent: dict[str, int], accounted: dict[str, int]) -> dict[str, int]:
     return {t: n - accounted.get(t, 0) for t, n in sorted(sent.items()) if accounted.get(t, 0) < n}
 
 
+
+def has_earlier_store(s: Settings) -> bool:
+    """Whether the embedded store already holds jitterscope's database: a
+    store outlives the checkout that made it (/var/lib/jitterscope), and
+    queries and reports then read the earlier runs' records too."""
+    return s.clickhouse_url is None and (s.data_dir / "clickhouse" / "metadata" / "jitterscope.sql").exists()
+
 class Quiet:
     """Done when counts stood still for ``quiet_s`` (times passed in, for tests)."""
 
@@ -246,6 +253,7 @@ class Stack:
         ports.require_free(*self.listeners())
         if s.up_stages:  # `up` reads the stages' /metrics (their drain): any free port, never a fixed one
             s = self.settings = s.model_copy(update={"judge_web_port": s.judge_web_port or free_port()})
+        earlier = has_earlier_store(s)
         private_dir(s.data_dir)  # the store and the query token live here
         with self.console.status("starting jitterscope") as status:
             if s.bootstrap_servers:
@@ -281,6 +289,9 @@ class Stack:
             f"jitterscope up: watching {target} on {s.host} for run-queue waits >= {s.runq_alert_ms:g} ms "
             f"and {', '.join(s.hardware_probes) or 'no hardware sources'}; {spans}"
             f"Kafka {bootstrap}; logs in {s.data_dir}. Ctrl-C stops.", soft_wrap=True)
+        if earlier:
+            self.console.print(f"note: the store in {s.data_dir} has earlier runs' records too, and queries and "
+                               f"reports read them all; --data-dir DIR starts an empty one", soft_wrap=True)
         return bootstrap
 
     def _alert_consumer(self, bootstrap: str):

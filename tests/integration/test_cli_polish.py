@@ -260,3 +260,18 @@ def test_format_and_timestamps_through_a_running_worker(stack):
     assert rows[0]["t"] == "2026-01-02T03:04:05Z" and rows[1]["tokyo"] == "2026-01-01T18:04:05.250000Z"
     result = cli("query", "-f", "csv", "SELECT 1 AS a WHERE 0", env=stack.env)
     assert result.stdout == "a\n" and result.stderr.strip() == "0 rows"
+
+
+def test_up_knows_a_store_from_an_earlier_run(data_dir):
+    """A store outlives the checkout that made it: `up` says so at start."""
+    from jitterscope.common.settings import Settings
+    from jitterscope.streams import clickhouse
+    from jitterscope.up import has_earlier_store
+
+    settings = Settings(host="h", data_dir=data_dir)
+    assert not has_earlier_store(settings)
+    client = clickhouse.connect(None, data_dir)
+    clickhouse.migrate(client)  # what a first `up` leaves behind
+    client.close()
+    assert has_earlier_store(settings)
+    assert not has_earlier_store(settings.model_copy(update={"clickhouse_url": "http://ch:8123"}))
