@@ -77,8 +77,9 @@ def format_alert(alert: events.Alert, printed_ns: int | None = None) -> str:
     a group's re-announcement or resolution (streams/alert_groups.py) is not
     a new wait, so it starts with the time it is printed (``printed_ns``,
     default now): lines stay in order, and the group's first time follows
-    its count. Ends with the alert's seq, what `jitterscope stacks --alert`
-    takes."""
+    its count. A run-queue alert with a stack captured ends with its seq,
+    what `jitterscope stacks --alert` takes; no other prints a seq that
+    would lead nowhere there."""
     when = _clock(alert.ts_ns)
     if alert.kind != "runq_starvation":
         line = f"{alert.host} [{alert.severity}] {alert.summary}"
@@ -93,10 +94,10 @@ def format_alert(alert: events.Alert, printed_ns: int | None = None) -> str:
     if state == "resolved":
         line = (f"{now} {alert.host} [resolved] {alert.kind} of {alert.comm} (pid {alert.pid}): quiet now, "
                 f"{count} alert(s){since}, worst {int(alert.evidence.get('group_worst_ns', 0)) / 1e6:.1f} ms")
-    elif count and count != "1":
-        line = f"{now} {line} ({count} so far{since}) seq {alert.seq}"
     else:
-        line = f"{when} {line} seq {alert.seq}"
+        stacked = alert.kind == "runq_starvation" and (alert.victim_stack or alert.suspect_stack)
+        seq = f" seq {alert.seq}" if stacked else ""
+        line = f"{now} {line} ({count} so far{since}){seq}" if count and count != "1" else f"{when} {line}{seq}"
     return printable(line)  # names come from the watched processes: no terminal escapes
 
 

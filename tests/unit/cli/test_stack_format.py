@@ -55,15 +55,18 @@ def test_hostile_comm_is_kept_verbatim():
 
 
 def test_group_announcements_say_how_many_and_resolutions_say_quiet():
-    again = format_alert(alert(evidence={"state": "firing", "group_count": "7"}))
+    again = format_alert(alert(evidence={"state": "firing", "group_count": "7"}, victim_stack=9))
     assert again.endswith("(7 so far) seq 42")
     done = format_alert(alert(evidence={"state": "resolved", "group_count": "7", "group_worst_ns": "25000000"}))
     assert "[resolved]" in done and "7 alert(s)" in done and "worst 25.0 ms" in done and "waited" not in done
 
 
-def test_every_new_alert_line_ends_with_the_seq_that_stacks_takes():
-    assert format_alert(alert()).endswith(" seq 42")
-    assert format_alert(alert(kind="request_slo", summary="req-1 took 54 ms")).endswith("req-1 took 54 ms seq 42")
+def test_a_seq_is_printed_only_where_stacks_would_find_something():
+    assert format_alert(alert(suspect_stack=9)).endswith(" seq 42")  # `jitterscope stacks --alert 42` shows it
+    assert format_alert(alert(victim_stack=9, evidence={"group_count": "1"})).endswith(" seq 42")
+    assert "seq" not in format_alert(alert())  # no stack captured: "none captured" would be all it said
+    assert format_alert(alert(kind="request_slo", summary="req-1 took 54 ms", victim_stack=9)).endswith(
+        "req-1 took 54 ms")  # stacks --alert takes run-queue alerts only
 
 
 def test_repeats_and_resolutions_start_with_when_they_are_printed_in_order():
