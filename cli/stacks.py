@@ -39,6 +39,13 @@ def time_range(since: str, start: str | None, end: str | None) -> tuple[int, int
     return start_ns, end_ns
 
 
+#: what a stack of each role is: taken at a context switch, it is where the
+#: task was, not a profile of what it ran while it held the CPU
+ROLE_MEANS = {"suspect": "where it gave up the CPU: a sleep there means it went to sleep, not that it slept "
+                         "while holding it",
+              "victim": "where it was preempted, as it became a waiter"}
+
+
 def run(query: store.Query, out: Callable[[str], None], *, since: str = "24h", start: str | None = None,
         end: str | None = None, host: str | None = None, victim: bool = False, limit: int = 20,
         folded: bool = False, alert: int | None = None, own: bool = False) -> None:
@@ -57,7 +64,7 @@ def run(query: store.Query, out: Callable[[str], None], *, since: str = "24h", s
                 if stack:
                     out(store.folded([stack])[0])
                 continue
-            out(f"{role} stack:" + ("" if stack else " none captured"))
+            out(f"{role} stack ({ROLE_MEANS[role]}):" + ("" if stack else " none captured"))
             for line in _frames(stack) if stack else []:
                 out(line)
         return
@@ -71,6 +78,8 @@ def run(query: store.Query, out: Callable[[str], None], *, since: str = "24h", s
         return
     if not found:
         out("no stacks captured in this range (stacks are taken for waits over the probe threshold)")
+    elif not victim:
+        out(f"each culprit's stack {ROLE_MEANS['suspect']}")
     for rank, stack in enumerate(found, 1):
         out(f"#{rank} {stack.comm}: {stack.wait_ns / 1e6:,.1f} ms of waits caused over {stack.waits:,} "
             f"wait(s) on {stack.hosts} host(s)  [stack {stack.stack_id:016x}]")

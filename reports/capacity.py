@@ -103,7 +103,9 @@ def trends(ctx: Context) -> str:
             series.setdefault(f"{row[0]} {kind}", []).append((row[1], row[column]))
     chart = charts.line_chart(series, y_label="run-queue wait per host class, hourly (log scale)",
                               x_label="hour (UTC)", hline=(ctx.runq_alert_ms, f"{ctx.runq_alert_ms:g} ms alert level"))
-    return (chart + _coincide_note(series) + _contention(ctx)
+    single = ('<p class="note">Every line here is one point: the period holds one hour of data, and the trend is '
+              'hourly; a run of a few hours draws one.</p>' if series and max(map(len, series.values())) == 1 else "")
+    return (chart + single + _coincide_note(series) + _contention(ctx)
             + "<h3>Worst hosts by run-queue P999</h3>" + _table(["host", "P999 ms", "P99 ms"], _worst_hosts(ctx, 10)))
 
 

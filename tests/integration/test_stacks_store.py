@@ -68,7 +68,9 @@ def test_folded_output_and_one_alert(query):
     lines.clear()
     stacks_cmd.run(query, lines.append, alert=42, host="h1")
     assert "victim (pid 1) waited 20.0 ms" in lines[0]
-    assert "    jitterscope_hog_spin" in lines and "victim stack: none captured" in lines
+    assert "    jitterscope_hog_spin" in lines and "victim stack (where it was preempted, as it became a waiter): " \
+        "none captured" in lines
+    assert any(line.startswith("suspect stack (where it gave up the CPU") for line in lines)  # which is which
 
 
 def test_report_section_escapes_frames(query):
@@ -81,7 +83,8 @@ def test_report_and_cli_list_frames_in_one_order(query):
     them, in `jitterscope stacks` and in the report alike, and both say so."""
     lines = []
     stacks_cmd.run(query, lines.append, since="1h", limit=1)
-    cli_order = [line.strip().removesuffix("[kernel]").strip() for line in lines[1:]]
+    assert lines[0].startswith("each culprit's stack where it gave up the CPU")  # what the stacks are, first
+    cli_order = [line.strip().removesuffix("[kernel]").strip() for line in lines[2:]]
     assert cli_order == ["__schedule", "schedule", "jitterscope_hog_spin", "main"]
     html = store.section(type("Ctx", (), {"query": staticmethod(query), "since_s": 3600})())
     cell = html.split("<td><code>")[1].split("</code>")[0]  # the first row's stack

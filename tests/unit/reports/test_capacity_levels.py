@@ -104,3 +104,16 @@ def test_the_summary_leads_and_agrees_with_the_actions():
     first = actions.split("<li>")[1:4]
     assert html.count("<li><strong>Move") + html.count("<li><strong>Fix") == 3
     assert all(item.split("</li>")[0] in html for item in first)
+
+
+def test_a_trend_of_one_hour_says_its_lines_are_single_points():
+    from jitterscope.reports import capacity
+
+    def one_hour(sql, params):
+        return [("h100", 1_700_000_000, 1.5, 9.0, 12.0)] if "latency_minute" in sql and "INNER JOIN" in sql else []
+
+    def two_hours(sql, params):
+        return [(*row[:1], row[1] + i * 3600, *row[2:]) for i in range(2) for row in one_hour(sql, params)]
+
+    assert "Every line here is one point" in capacity.trends(capacity.Context(one_hour, 3600, None))
+    assert "Every line here is one point" not in capacity.trends(capacity.Context(two_hours, 7200, None))
