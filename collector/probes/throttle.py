@@ -150,9 +150,11 @@ class ThrottleSignal(SampledSignal):
         self.rescan()
 
     def _watched(self) -> set[int]:
-        """The processes whose moves matter at once: the targets, or (all
-        watched) the serving groups'."""
-        return set(self._targets) if self._targets is not None else set(self._serving)
+        """The processes whose moves matter at once: the serving groups'
+        (their requests are attributed from their waits). Other targets
+        are followed at the rescan (2 s): a filter by name may match
+        hundreds, four reads a second each."""
+        return set(self._serving)
 
     def _look_for_moves(self) -> bool:
         """On the sampler's clock (0.25 s), not the rescan's (2 s): a serving

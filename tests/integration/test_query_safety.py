@@ -184,6 +184,9 @@ def test_local_query_without_a_worker_refuses_attacks(targets):
             assert result.returncode == 65 and "refused: " in result.output, (sql, result.output)
         result = cli("query", "--format", "json", "SELECT 41 + 1 AS n", env=env)
         assert result.returncode == 0 and json.loads(result.stdout) == [{"n": 42}], result.output
+        assert not (data_dir / "clickhouse").exists(), "a query makes no store where there was none"
+        from jitterscope.streams import clickhouse
+        clickhouse.connect(None, data_dir).close()  # the store, as the worker makes it
         assert (data_dir / "clickhouse").stat().st_mode & 0o777 == 0o700
         result = cli("query", "SELECT 1", env=env, user="nobody")
         assert result.returncode == 77, result.output
