@@ -34,7 +34,8 @@ struct gil_range {
 };
 
 /* A watched thread off the CPU, per tid, from sched_switch to sched_wakeup
- * (its waker noted at sched_waking, where current is the waker). */
+ * (its waker noted at sched_waking, where current is the waker, unless a
+ * timer's expiry woke it). */
 struct blocked_start {
     u64 ts_ns;          /* CLOCK_MONOTONIC when it was switched out */
     u64 waker;          /* pid_tgid of the task current at its sched_waking; 0 until then */
@@ -52,10 +53,12 @@ struct blocked_start {
  * event: GIL waits of one take_gil so far that ended by their timeout (woken
  * from outside the process), joined with the rest of that take_gil
  * (`gil_pending`); memory or io blocks each under the threshold, close
- * together (`short_runs`: a fault storm is many short sleeps). */
+ * together (`short_runs`: a fault storm is many short sleeps); sleeps that
+ * their own timer ended, close together (`short_runs` too: a poll loop). */
 struct held_blocks {
     u64 end_ns;         /* when the last of them was woken */
     u64 blocked_ns;     /* their sum */
+    u64 start_ns;       /* a sleep run: when its first sleep began */
     u32 tgid;
     u32 waker_pid;      /* the last waker */
     u32 waker_tid;
@@ -72,7 +75,8 @@ struct blocked_event {
     u64 blocked_ns;     /* switch-out -> wakeup (a reclaim: begin -> end, on-CPU time included) */
     u32 pid;            /* tgid of the blocked thread */
     u32 tid;
-    u32 waker_pid;      /* tgid of the task current at sched_waking: 0 = idle CPU (an interrupt) */
+    u32 waker_pid;      /* tgid of the task current at sched_waking: 0 = no task woke it: an interrupt on
+                         * an idle CPU, or a timer (then waker_tid is the thread's own tid) */
     u32 waker_tid;
     u32 kind;           /* BLOCKED_* */
     u32 state;          /* BLOCKED_STATE_S / _D; 0 for a whole-reclaim record */

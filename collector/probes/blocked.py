@@ -45,7 +45,7 @@ class RawBlocked:
     comm: str           # the blocked thread's name
     kind: str           # one of events.BLOCKED_KINDS
     state: int          # 1 = S, 2 = D, 0 = a whole reclaim (on-CPU time included)
-    waker_pid: int      # 0: an interrupt on an idle CPU
+    waker_pid: int      # 0: no task (its own timer: waker_tid is its tid; an interrupt on an idle CPU)
     waker_tid: int
     waker_comm: str
     dev: int = 0        # io: the kernel dev_t of the device it waited on (0: none seen)
@@ -124,7 +124,7 @@ class BlockedProbe(base.BccProbe):
         idle host's largest share after the run-queue probe's)."""
         if self.attach_tracepoints(on) and not on:  # a block or fault begun before has no end now: no stale start later
             for table in (b"in_gil", b"in_reclaim", b"fault_at", b"io_dev", b"blocked_at", b"gil_pending",
-                          b"short_runs"):
+                          b"short_runs", b"timer_woke", b"in_timer"):
                 self._bpf[table].clear()
 
     def watched(self) -> set[int]:
@@ -266,7 +266,7 @@ class BlockedSignal(BccSignal):
         ctx = self.ctx
         waker_comm, _ = events.suspect_name(raw.waker_comm, ctx.own.get(raw.waker_pid) if raw.waker_pid else None)
         ctx.describe_process(raw.pid)
-        ctx.describe_process(raw.waker_pid)  # 0 (an interrupt on an idle CPU) is skipped
+        ctx.describe_process(raw.waker_pid)  # 0 (a timer, an interrupt on an idle CPU) is skipped
         ctx.publish(ctx.event(
             events.BlockedWait, raw.ts_ns, pid=raw.pid, tid=raw.tid, comm=raw.comm, kind=raw.kind,
             blocked_ns=raw.blocked_ns, waker_pid=raw.waker_pid, waker_tid=raw.waker_tid, waker_comm=waker_comm,

@@ -154,6 +154,52 @@ def test_nothing_watched_nothing_attached_and_watching_again_sees_sleeps():
             assert not probe.attached
 
 
+POLLER = r"""
+import select
+ask()
+woken = threading.Event()
+def poller():
+    say(poller=threading.get_native_id())
+    t = time.monotonic_ns()
+    for _ in range(60):
+        select.select([], [], [], 0.005)   # a poll loop: each sleep ended by its own timeout
+    say(polled=time.monotonic_ns() - t)
+def waiter():
+    say(waiter=threading.get_native_id())
+    woken.wait()                            # woken by the main thread, no timeout
+p = threading.Thread(target=poller); w = threading.Thread(target=waiter)
+p.start(); w.start(); p.join()
+say(main=threading.get_native_id())
+woken.set(); w.join()
+ask()
+"""
+
+
+def test_a_poll_loop_is_one_event_per_run_and_a_wake_names_its_waker():
+    """A thread's sleeps ended by their own timer, back to back, come out as
+    a few runs (their time summed, the last sent as the thread exits; no
+    waker: waker_pid 0 and its own tid, whatever task the timer interrupted);
+    a sleep another thread ended is an event of its own that names that thread."""
+    with child(POLLER) as c, BlockedProbe(threshold_ns=1 * MS, watched=[c.pid]) as probe:
+        seen = []
+        probe.open(seen.append)
+        c.send()
+        said = {}
+        while "main" not in said:
+            said.update(c.read())
+        poller, waiter, main = said["poller"], said["waiter"], said["main"]
+        collect(probe, seen, lambda: any(e.tid == waiter for e in seen), 10, "the waiter's wake")
+        polls = [e for e in seen if e.tid == poller]
+        print(f"poll loop ({said['polled'] / MS:.1f} ms): {summary(polls)}; waiter: "
+              f"{summary([e for e in seen if e.tid == waiter])}")
+        assert 0 < len(polls) <= 20, "60 polls of 5 ms: a run spans at most 100 ms"
+        assert {(e.kind, e.waker_pid, e.waker_tid) for e in polls} == {("sleep", 0, poller)}
+        slept = sum(e.blocked_ns for e in polls)  # the last run too: sent as the poller exited
+        assert 0.5 * said["polled"] <= slept <= said["polled"], "the polls' sleep, less the moments between"
+        [wake] = [e for e in seen if e.tid == waiter]
+        assert (wake.kind, wake.waker_pid, wake.waker_tid) == ("sleep", c.pid, main)
+
+
 # -- the GIL ---------------------------------------------------------------------------------
 GIL_PAIR = r"""
 def spin():
