@@ -237,13 +237,10 @@ class BlockedWait(Record, frozen=True):
     for at least the probe threshold, ending at ``ts_ns`` when it was woken.
     ``kind`` (BLOCKED_KINDS) says what it was blocked on; the waker is the
     task that woke it: for ``gil`` the thread that released the interpreter
-    lock (the holder); pid 0 when no task did: its own timer (a poll or
-    sleep's timeout: ``waker_tid`` is then its own tid), or an interrupt on
-    an idle CPU (a disk completion). A ``sleep`` of a poll loop (sleeps its
-    own timer ended, back to back) is one record per run of them, up to
-    100 ms, its ``blocked_ns`` their sum. ``device``: for ``io``, the block device of
-    the last I/O the thread queued before it slept ("" where none was seen:
-    NFS, a pipe in D, a collector before this field)."""
+    lock (the holder); pid 0 when no task did: its own timer (``waker_tid``
+    its own tid; a poll loop's timeouts: a record per run, up to 100 ms), an
+    interrupt on an idle CPU. ``device``: for ``io``, the block device of the
+    last I/O it queued before it slept ("": none seen: NFS, a pipe in D)."""
 
     pid: U32
     tid: U32
