@@ -89,7 +89,8 @@ def collect(probe: BlockedProbe, seen: list, condition, timeout: float, what: st
 
 
 def summary(evs) -> str:
-    return ", ".join(f"{e.kind}:{e.blocked_ns / MS:.2f}ms<-{e.waker_tid}({e.waker_comm})" for e in evs[:20])
+    return ", ".join(f"{e.kind}:{e.blocked_ns / MS:.2f}ms<-{e.waker_tid}({e.waker_comm}) at {e.ts_ns // MS % 100_000}"
+                     for e in evs[:20])
 
 
 # -- sleep ---------------------------------------------------------------------------------
@@ -149,7 +150,7 @@ def test_nothing_watched_nothing_attached_and_watching_again_sees_sleeps():
                 tid = watched.read()["tid"]
                 took = watched.read()["took"]
                 collect(probe, seen, lambda: len([e for e in seen if e.tid == tid and e.blocked_ns >= 40 * MS])
-                        >= len(took), 10, "the 5 sleeps")
+                        >= len(took), 10, f"the 5 sleeps of thread {tid} (it measured {[t // MS for t in took]} ms)")
             probe.set_watched([])
             assert not probe.attached
 
