@@ -11,7 +11,7 @@ escaped: process names are chosen by whoever runs a process.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from html import escape
 from typing import Callable
@@ -49,6 +49,8 @@ class Context:
     since_text: str = ""
     #: what watching may cost a host, as a share (settings.self_cost_target_pct / 100, as `doctor` judges it)
     self_cost_target: float = Settings.model_fields["self_cost_target_pct"].default / 100
+    #: query results two sections share (the summary's warning and "Cost of watching" read one)
+    shared: dict = field(default_factory=dict)
 
 
 def _rows(ctx: Context, sql: str, **params) -> list:
@@ -431,13 +433,15 @@ def _period(ctx: Context) -> str:
 # -- cost of watching (collector/selfcost.py) ----------------------------------
 def _watch_costs(ctx: Context) -> list:
     """(host, stats intervals, mean share, worst share, max RSS MB, CPUs) of
-    jitterscope's own cost per host, the costliest first."""
-    return _rows(ctx, f"""
+    jitterscope's own cost per host, the costliest first (queried once a report)."""
+    if "watch_costs" not in ctx.shared:
+        ctx.shared["watch_costs"] = _rows(ctx, f"""
         SELECT host, count() AS intervals, avg(overhead_share) AS mean_share, max(overhead_share) AS worst_share,
                max(rss_bytes) / 1e6 AS rss_mb, argMax(online_cpus, ts) AS cpus
         FROM {DB}.collector_stats FINAL
         WHERE online_cpus > 0 AND ts > now() - toIntervalSecond({{since:UInt32}})
         GROUP BY host ORDER BY mean_share DESC, host""")
+    return ctx.shared["watch_costs"]
 
 
 def cost_of_watching(ctx: Context) -> str:

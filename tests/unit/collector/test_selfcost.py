@@ -184,6 +184,8 @@ def test_cost_of_watching_section_escapes_host_names():
     assert "collector_stats" in seen[0]
     assert "&lt;b&gt;gpu-1&lt;/b&gt;" in html and "<b>gpu-1" not in html
     assert "0.620%" in html and "<td>no</td>" in html and "<td>yes</td>" in html
+    summary = capacity.BUILDERS["summary"](ctx)  # its warning reads the same rows: not queried again
+    assert "cost-warning" in summary and sum("overhead_share" in sql for sql in seen) == 1
 
 
 def test_named_programs_are_read_alone_between_full_scans(tmp_path, monkeypatch):
