@@ -26,7 +26,7 @@ from typing import Iterable
 log = logging.getLogger("jitterscope.collector")
 
 IN_CLOSE_WRITE, IN_CLOSE_NOWRITE, IN_OPEN = 0x8, 0x10, 0x20
-IN_MOVED_TO, IN_CREATE, IN_DELETE, IN_Q_OVERFLOW = 0x80, 0x100, 0x200, 0x4000
+IN_MOVED_TO, IN_CREATE, IN_DELETE = 0x80, 0x100, 0x200
 IN_NONBLOCK, IN_CLOEXEC = os.O_NONBLOCK, os.O_CLOEXEC
 FILE_EVENTS = IN_OPEN | IN_CLOSE_WRITE | IN_CLOSE_NOWRITE
 # A directory's IN_OPEN would report every open of every file in it (/dev/null
@@ -54,7 +54,7 @@ class DeviceOpens:
         self.patterns = list(patterns)
         self.backstop_s, self._clock = backstop_s, clock
         self._last_scan: float | None = None
-        self._watched: set[str] = set()
+        self._devices: set[str] = set()  # the device files watched: the backstop runs only where some exist
         self._fd = -1
         self._libc = ctypes.CDLL(None, use_errno=True)
         fd = self._libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
@@ -64,31 +64,29 @@ class DeviceOpens:
             return
         self._fd = fd
         for directory in sorted({_directory_of(p) for p in self.patterns}):
-            self._watch(directory, DIRECTORY_EVENTS)
-        self._directories = len(self._watched)  # the backstop only where some device file exists
+            self._libc.inotify_add_watch(self._fd, directory.encode(), DIRECTORY_EVENTS)  # absent: no device to appear
 
     @property
     def watching(self) -> bool:
         return self._fd >= 0
 
-    def _watch(self, path: str, mask: int) -> bool:
-        if self._libc.inotify_add_watch(self._fd, path.encode(), mask) < 0:
-            return False
-        self._watched.add(path)
-        return True
-
     def _watch_devices(self) -> None:
         """Watch every device file the patterns match now (new ones since the last call)."""
         for pattern in self.patterns:
             for path in glob.glob(pattern):
-                if path not in self._watched and not self._watch(path, FILE_EVENTS):
+                if path in self._devices:
+                    continue
+                if self._libc.inotify_add_watch(self._fd, path.encode(), FILE_EVENTS) >= 0:
+                    self._devices.add(path)
+                else:
                     log.info("cannot watch a GPU device file: its fds are looked for at every rescan",
                              extra={"path": path, "errno": ctypes.get_errno()})
                     self.close()
                     return
 
     def _drain(self) -> bool:
-        """Read every pending event; whether there was any."""
+        """Read every pending event; whether there was any (a queue overflow's
+        IN_Q_OVERFLOW is one too: the next scan misses nothing)."""
         seen = False
         while True:
             try:
@@ -107,7 +105,7 @@ class DeviceOpens:
             return True
         changed = self._drain()
         first = self._last_scan is None
-        backstop = not first and len(self._watched) > self._directories and now - self._last_scan >= self.backstop_s
+        backstop = not first and self._devices and now - self._last_scan >= self.backstop_s
         if not (changed or first or backstop):
             return False
         self._watch_devices()  # a device file that appeared, before the scan: no open missed
