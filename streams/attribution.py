@@ -1,9 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Per-request root cause: which kernel evidence overlapped a request.
 
-Pure logic, no I/O: the worker feeds it evidence and request spans as they
-arrive (in any order) and asks, on a timer, for the requests whose span ended
-more than ``grace_ns`` ago, by then late kernel evidence has arrived too.
+Pure logic, no I/O: the worker feeds it evidence and request spans as they arrive (in any
+order) and asks, on a timer, for the requests whose evidence has come (or ``grace_ns`` passed).
 
 Evidence is matched at process level: a run-queue wait counts for a request
 when it happened on a thread of the request's serving group (the span's
@@ -16,7 +15,6 @@ or re-primed event does not double it). Requests served together
 they really were all delayed by them.
 
 A wait is then split by what kept the CPU from the thread:
-
 - ``cfs_throttling``: the part that overlaps intervals in which the cgroup of
   the thread's process (or an ancestor: a pod's limit throttles its
   containers) was throttled. A CgroupThrottle record only says how long the
@@ -44,10 +42,9 @@ answers all its windows at once, in numpy columns (streams/wait_columns.py;
 O(n log n)); ties for the largest charge and a thread's overlapping waits
 take the row-wise index (streams/wait_index.py) and the walk.
 
-Beside it: streams/evidence.py (the evidence store, interval arithmetic),
-thread_budget.py (the carrying thread's time), causes.py (which cause the
-charges name) and culprits.py (whom to name: the throttled cgroup, the
-interrupt source, the GIL holder, the evictor).
+Beside it: evidence.py (the evidence, interval arithmetic), thread_budget.py (the
+carrying thread's time), causes.py (the cause the charges name; none within the
+usual spread) and culprits.py (whom to name: throttled cgroup, interrupt, GIL holder, evictor).
 """
 
 from __future__ import annotations
@@ -58,7 +55,7 @@ from dataclasses import fields
 from jitterscope.schemas.events import (CgroupThrottle, GpuIoctl, GpuTelemetry, GpuXid, IrqTime, ProcessInfo,
                                         RequestAttribution, RequestSpan, RunqEvent)
 from jitterscope.schemas.nvidia import ioctl_name
-from jitterscope.streams.causes import DOMINANT_SHARE, USUAL_AFTER, Charges, self_contention_ns, weigh
+from jitterscope.streams.causes import DOMINANT_SHARE, USUAL_AFTER, USUAL_QUANTILE, Charges, self_contention_ns, weigh
 from jitterscope.streams.culprits import Culprits, evictor, latest_throttle, shares_limit, split_wait
 from jitterscope.streams.evidence_clock import EvidenceClock
 from jitterscope.streams.gpu_events import GpuEvents, culprit as gpu_culprit
@@ -243,16 +240,18 @@ class Attributor:
             self._clipped.clear()
         return out
 
-    def baseline_ns(self, host: str, name: str) -> tuple[int, bool]:
+    def baseline_ns(self, host: str, name: str) -> tuple[int, bool, int]:
         """Rolling median of this host's requests of this name, each less its
         carrying thread's waits but those behind its own group (``service_ns``:
-        what it would have taken with no one else in the way), and whether
-        enough were seen to judge against it. Learning plain durations during
-        a contention made the contention the normal: no excess left to explain."""
+        what it would have taken with no one else in the way); whether enough
+        were seen to judge against it; and then their usual spread (causes.
+        USUAL_QUANTILE over the median). Learning plain durations during a
+        contention made the contention the normal: no excess left to explain."""
         samples = self._durations.get((host, name))
         if not samples:
-            return 0, False
-        return int(samples.median()), len(samples) >= self.min_samples
+            return 0, False, 0
+        median, trusted = int(samples.median()), len(samples) >= self.min_samples
+        return median, trusted, max(0, samples.quantile(USUAL_QUANTILE) - median) if trusted else 0
 
     def _usual_own(self, span: RequestSpan, charged: Charges, waited: int) -> int:
         """The self-contention requests of this name that no one thread
@@ -274,7 +273,7 @@ class Attributor:
         """The span's record key (host, boot_id, seq) is reused, so attributing
         the same span again replaces, not adds, its row."""
         duration = max(0, span.end_ns - span.start_ns)
-        baseline, trusted = self.baseline_ns(span.host, span.name)
+        baseline, trusted, spread = self.baseline_ns(span.host, span.name)
         group = self._group(span)
         evidence = self._evidence.get(span.host, {})
         charged, budget, waited, routine = self._charges(evidence, span, group, duration - baseline)
@@ -288,8 +287,9 @@ class Attributor:
         if not baseline:
             baseline = service
         excess = max(0, duration - baseline)
-        cause, explained = weigh(excess, baseline, waited, charged, budget, self._usual_own(span, charged, waited))
         slo = self.slo_ns or (int(self.slo_factor * baseline) if trusted else 0)
+        cause, explained = weigh(excess, baseline, waited, charged, budget, self._usual_own(span, charged, waited),
+                                 spread if not slo or duration <= slo else 0)
         culprit = self._culprit(evidence, span, group, cause, charged, budget)
         xid, throttle, gpu = self.gpu.during(span.host, self._gpus(span.host, group), span.start_ns, span.end_ns)
         if cause == "unexplained" and (xid or throttle):  # nothing on the CPU side explains it; its GPU says why

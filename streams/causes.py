@@ -26,9 +26,12 @@ from dataclasses import dataclass, field
 from jitterscope.schemas.events import GpuIoctl, IrqTime, Suspect
 from jitterscope.streams.thread_budget import STALLS, ThreadBudget
 
-# Excess under max(1 ms, a quarter of the baseline) is ordinary jitter: nothing to explain.
+# Excess under max(1 ms, a quarter of the baseline, the usual spread) is ordinary jitter: nothing to explain.
 NO_EXCESS_NS = 1_000_000
 NO_EXCESS_SHARE = 0.25
+# The usual spread: how far the USUAL_QUANTILE of a group's recent requests' service times is over their
+# median (Attributor learns it with the baseline). A noisy server's ordinary request is not a finding.
+USUAL_QUANTILE = 0.9
 DOMINANT_SHARE = 0.5  # a cause must explain at least half the excess to be named
 # Requests seen before their usual self-contention counts: a median of a few is enough to take
 # routine out (waiting for the baseline's 20 left a real vLLM's first ordinary requests named for it)
@@ -72,12 +75,14 @@ def self_contention_ns(charged: Charges, waited: int) -> int:
 
 
 def weigh(excess: int, baseline: int, waited: int, charged: Charges, budget: ThreadBudget,
-          usual_own_ns: int = 0) -> tuple[str, float]:
+          usual_own_ns: int = 0, spread_ns: int = 0) -> tuple[str, float]:
     """What caused a request's excess, and how much of it that explains:
-    "none" when the excess is ordinary jitter, "unexplained" when no cause
-    explains at least DOMINANT_SHARE of it. ``usual_own_ns``: the
-    self-contention such requests usually have (not a cause)."""
-    if excess < max(NO_EXCESS_NS, NO_EXCESS_SHARE * baseline):
+    "none" when the excess is ordinary jitter (``spread_ns``: the usual
+    spread; the caller passes 0 for a request over its SLO, which always
+    gets its parts), "unexplained" when no cause explains at least
+    DOMINANT_SHARE of it. ``usual_own_ns``: the self-contention such
+    requests usually have (not a cause)."""
+    if excess < max(NO_EXCESS_NS, NO_EXCESS_SHARE * baseline, spread_ns):
         return "none", 0.0
     runq, throttled, irq, own_ns = charged.runq[0], charged.throttled, charged.irq, charged.own_ns
     share = union_share(charged, waited)

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The median of the last N values, kept sorted as they come and go.
+"""The median (and any quantile) of the last N values, kept sorted as they come and go.
 
 streams/attribution.py asks two medians per request (its baseline and its
 usual self-contention), each over up to 500 samples: statistics.median
@@ -40,3 +40,9 @@ class RollingMedian:
         if n % 2:
             return self._sorted[n // 2]
         return (self._sorted[n // 2 - 1] + self._sorted[n // 2]) / 2
+
+    def quantile(self, q: float) -> int:
+        """The value a share ``q`` of the window is at or under (nearest rank; 0 when empty)."""
+        if not self._sorted:
+            return 0
+        return self._sorted[min(len(self._sorted) - 1, int(q * len(self._sorted)))]

@@ -504,13 +504,33 @@ def test_a_baseline_learned_during_contention_does_not_make_it_normal():
         a.add_evidence(wait(i * 100 + 45, 40, seq=i))
     learned = due_after(a, 30 * 100)
     assert len(learned) == 30 and all(r.service_ns == 11 * MS for r in learned)
-    assert a.baseline_ns("h1", "llm_request") == (11 * MS, True)
+    assert a.baseline_ns("h1", "llm_request") == (11 * MS, True, 0)  # the same work each time: no spread
     a.add_request(span("req-502", 5_000, 5_054))
     a.add_evidence(wait(5_050, 43))
     [result] = due_after(a, 5_054)
     assert result.baseline_ns == 11 * MS and result.excess_ns == 43 * MS
     assert result.cause == "runq_starvation" and result.suspects[0].comm == "jshog"
     assert result.slo_breached is False  # 54 ms < 5 x 11 ms: slow, explained, within the objective
+
+
+def test_an_excess_within_the_usual_spread_is_none_unless_over_the_slo():
+    """A noisy server's requests take 10 to 29 ms of work (median 19.5,
+    the 90th percentile 28): one at 27 ms, 5 ms of it behind a hog, is
+    within its usual spread, cause none; the same over an SLO of 25 ms
+    gets its parts; one far over the spread is named."""
+    for slo_ms, within in ((0, "none"), (25, "runq_starvation")):
+        a = Attributor(grace_ns=GRACE, slo_ns=slo_ms * MS)
+        for i in range(40):
+            a.add_request(span(f"r{i}", i * 100, i * 100 + 10 + i % 20))
+        due_after(a, 40 * 100)
+        assert a.baseline_ns("h1", "llm_request") == (19.5 * MS, True, 8.5 * MS)
+        a.add_request(span("noisy", 5_000, 5_027))
+        a.add_evidence(wait(5_020, 5))
+        a.add_request(span("slow", 6_000, 6_060))
+        a.add_evidence(wait(6_050, 38, seq=1))
+        noisy, slow = sorted(due_after(a, 6_060), key=lambda r: r.start_ns)
+        assert (noisy.excess_ns, noisy.cause) == (7.5 * MS, within)
+        assert slow.cause == "runq_starvation"
 
 
 def own_wait(on_cpu_ms: float, wait_ms: float, seq: int = 0) -> RunqEvent:
@@ -546,7 +566,7 @@ def test_priming_learns_the_stored_service_time():
     [done] = due_after(a, 50)
     b = Attributor(grace_ns=GRACE)
     b.remember(done)
-    assert b.baseline_ns("h1", "llm_request") == (10 * MS, False)
+    assert b.baseline_ns("h1", "llm_request") == (10 * MS, False, 0)
 
 
 def blocked(end_ms: float, blocked_ms: float, kind: str = "gil", pid: int = 100, tid: int = 101,
