@@ -16,6 +16,8 @@ struct runq_config {
     u32 has_overrides;  /* some `targets` entries carry their own threshold */
     u32 stacks;         /* capture stacks for waits that leave as events (0: never) */
     u32 wake_us;        /* a wait of this many us or more wakes the reader at once (0: never) */
+    u32 stacks_from_us; /* ... of this many us or more (0: every event's) */
+    u32 _pad;
 };
 
 /* One thread's slot (`threads`): its tgid (0 = not learned yet), when it

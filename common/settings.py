@@ -162,8 +162,9 @@ class CollectorSettings(BaseModel):
         default_factory=list, description="jitterscope's own CPUs (housekeeping CPUs): the collector's threads, "
                                           "and under `up` the broker and worker, run only there (empty: anywhere)")
     runq_stacks: bool = Field(
-        True, description="capture the culprit's and the starved thread's stacks for run-queue events (off: no "
-                          "stack walks in the kernel, no symbolization; alerts name no stacks)")
+        True, description="capture the culprit's and the starved thread's stacks for run-queue waits of "
+                          "runq_alert_ms or more (off: no stack walks in the kernel, no symbolization; alerts "
+                          "name no stacks)")
     self_cost_target_pct: float = Field(
         0.5, gt=0, le=100, description="what watching may cost a host, in percent of all its CPU time (BPF run "
                                        "time plus the collector): `doctor` and the report's 'Cost of watching' "

@@ -64,13 +64,15 @@ class RunqProbe(base.LatencyProbe):
     decode = staticmethod(decode_event)
 
     def __init__(self, threshold_ns: int, target_pids: set[int] | None = None,
-                 thresholds: dict[int, int] | None = None, stacks: bool = True, wake_ns: int = 0):
+                 thresholds: dict[int, int] | None = None, stacks: bool = True, wake_ns: int = 0,
+                 stacks_from_ns: int = 0):
         """``target_pids`` None watches every process; ``thresholds`` gives
         some processes their own event threshold (ns); ``stacks`` False
-        takes no stacks; a wait of ``wake_ns`` or more (0: none) wakes the
+        takes no stacks, else for waits of ``stacks_from_ns`` or more (0:
+        every event's); a wait of ``wake_ns`` or more (0: none) wakes the
         reader at once rather than at its next poll."""
         super().__init__()
-        self.wake_us = wake_ns // 1000
+        self.wake_us, self.stacks_from_us = wake_ns // 1000, stacks_from_ns // 1000
         self.threshold_ns = max(1, threshold_ns)  # 0 means "not configured" to the kernel
         self.filtering = target_pids is not None
         self.stacks = stacks
@@ -89,6 +91,7 @@ class RunqProbe(base.LatencyProbe):
         leaf.has_overrides = int(bool(thresholds))
         leaf.stacks = int(self.stacks)
         leaf.wake_us = self.wake_us
+        leaf.stacks_from_us = self.stacks_from_us
         config[ctypes.c_int(0)] = leaf
 
 
@@ -121,7 +124,8 @@ class RunqSignal(LatencySignal):
         self.ctx = context
         s = context.settings
         self.probe = RunqProbe(int(s.runq_threshold_ms * 1_000_000), context.targets, context.thresholds,
-                               stacks=s.runq_stacks, wake_ns=urgent_wait_ns(s))
+                               stacks=s.runq_stacks, wake_ns=urgent_wait_ns(s),
+                               stacks_from_ns=int(s.runq_alert_ms * 1_000_000))  # the waits alerts name
         self.stacks = RunqStacks(self.publish_stack, Symbolizer(helper=UserSymbolsHelper(own=context.own)))
         if s.runq_stacks:
             self.stacks.symbolizer.warm()

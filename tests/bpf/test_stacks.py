@@ -101,3 +101,19 @@ def test_no_stacks_when_turned_off(binary):
                 probe.poll(50)
         assert len(seen) >= 5
         assert not any(e.victim_kernel or e.victim_user or e.suspect_kernel or e.suspect_user for e in seen)
+
+
+def test_no_stacks_for_waits_under_the_floor(binary):
+    """Stacks only for waits of ``stacks_from_ns`` or more (the collector's:
+    the alert level): a serving thread's ~8 ms waits under a 1 s floor leave
+    the kernel as events, without a stack walk, its own or its culprit's."""
+    with RunqProbe(threshold_ns=1_000 * MS, target_pids=None, stacks_from_ns=1_000 * MS) as probe:
+        seen = []
+        probe.open(seen.append)
+        with fphog.contention(binary, last_cpu(), seconds=20) as victim:
+            probe.set_targets(set(), {victim.pid: 1 * MS})  # its preemptions would be worth a stack
+            end = time.monotonic() + 20
+            while time.monotonic() < end and len(seen) < 20:
+                probe.poll(50)
+        assert len(seen) >= 20 and all(e.wait_ns < 1_000 * MS for e in seen)
+        assert not any(e.victim_kernel or e.victim_user or e.suspect_kernel or e.suspect_user for e in seen)

@@ -21,12 +21,13 @@ pytestmark = [pytest.mark.bpf, pytest.mark.integration]
 @pytest.fixture(scope="module")
 def pipeline(stack, tmp_path_factory):
     binary = fphog.build(tmp_path_factory.mktemp("fphog"))
-    # the alert threshold is the worker's: 2 ms, below the ~8 ms a victim
-    # waits behind two hogs (the default 10 ms is reached only by chance)
+    # the alert level: 2 ms, below the ~8 ms a victim waits behind two hogs
+    # (the default 10 ms is reached only by chance); the worker's alerts on
+    # it, and the collector takes stacks of waits that long
     worker = stack.start_worker_with(JITTERSCOPE_RUNQ_ALERT_MS="2")
     collector = stack.start_collector(
         JITTERSCOPE_TARGET_COMMS=f'["{fphog.VICTIM_COMM}"]', JITTERSCOPE_TARGET_RESCAN_S="0.2",
-        JITTERSCOPE_RUNQ_THRESHOLD_MS="2")
+        JITTERSCOPE_RUNQ_THRESHOLD_MS="2", JITTERSCOPE_RUNQ_ALERT_MS="2")
     yield stack, worker, collector, binary
 
 
