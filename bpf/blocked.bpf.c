@@ -93,7 +93,10 @@
  *    and the sched_switch tracepoint) is not a block: its record, made after
  *    that waking, is removed unsent at sched:sched_wakeup, which always
  *    follows that switch-out (~5% of the wakes of a futex ping-pong on 2
- *    CPUs: left, the next wake before a real sleep would report a long one).
+ *    CPUs: left, the next wake before a real sleep would report a long one),
+ *    unless it reached the threshold by then (a VM's slow wake-up IPI).
+ *  - a sched_waking the kernel's recursion guard skipped (an interrupt's
+ *    wake while a BPF program ran on that CPU) names no waker.
  *
  * Cost: the program runs on every context switch and wakeup on the host.
  * A switch of a task that is preempted costs a bit test; one that sleeps,
@@ -295,10 +298,12 @@ TRACEPOINT_PROBE(sched, sched_waking)
     return 0;
 }
 
-/* The block is over: the thread is queued to run. A record not yet woken
- * was made after its sched_waking had already passed (try_to_wake_up
+/* The block is over: the thread is queued to run. A short record not yet
+ * woken was made after its sched_waking had already passed (try_to_wake_up
  * waits for the task to leave its CPU, or queues the wakeup on that CPU,
- * so this always follows the switch-out): not a block (see the top). */
+ * so this always follows the switch-out): not a block (see the top). A long
+ * one lost its sched_waking to the kernel's recursion guard (an interrupt's
+ * wake while a BPF program ran there): a block, no waker known (pid, tid 0). */
 TRACEPOINT_PROBE(sched, sched_wakeup)
 {
     u32 tid = args->pid;
@@ -309,11 +314,11 @@ TRACEPOINT_PROBE(sched, sched_wakeup)
     struct blocked_start copy = {};
     __builtin_memcpy(&copy, b, sizeof(copy));
     blocked_at.delete(&tid);
-    if (!copy.woken)
+    u64 blocked_ns = now > copy.ts_ns ? now - copy.ts_ns : 0;
+    if (!copy.woken && blocked_ns < threshold_ns())
         return 0;
     if (copy.kind == BLOCKED_MEMORY)  /* the same fault may sleep again */
         check_update(fault_at.update(&tid, &now));
-    u64 blocked_ns = now > copy.ts_ns ? now - copy.ts_ns : 0;
     if (copy.kind == BLOCKED_GIL) {
         /* one take_gil's waits (5 ms each, see the top) are one event, named
          * after the thread that dropped the GIL: a wake from outside the
