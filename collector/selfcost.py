@@ -50,6 +50,9 @@ RSS_BYTES = Gauge("jitterscope_collector_rss_bytes", "resident memory of the col
 BPF_RUN_SECONDS = Counter("jitterscope_bpf_run_seconds_total",
                           "time the kernel spent running jitterscope's BPF programs", ["program"])
 BPF_RUN_COUNT = Counter("jitterscope_bpf_run_count_total", "runs of jitterscope's BPF programs", ["program"])
+BPF_MISSES = Counter("jitterscope_bpf_recursion_misses_total",
+                     "runs of jitterscope's BPF programs the kernel skipped (another BPF program ran on that CPU)",
+                     ["program"])
 OVERHEAD = Gauge("jitterscope_overhead_ratio",
                  "BPF run time + collector CPU time as a share of all the host's CPU time, "
                  "over the last stats interval (0.005 = 0.5%)")
@@ -82,6 +85,9 @@ class ProgramStats:
     name: str
     run_ns: int
     run_count: int
+    #: runs the kernel skipped: the program's tracepoint fired while another BPF program ran on that CPU
+    #: (an interrupt in a program on a page fault): what it would have seen is lost, unlike a drop, silently
+    misses: int = 0
 
 
 def program_stats(fdinfo: dict[str, str], name: str = "") -> ProgramStats | None:
@@ -90,8 +96,8 @@ def program_stats(fdinfo: dict[str, str], name: str = "") -> ProgramStats | None
     if "prog_id" not in fdinfo:
         return None
     prog_id = int(fdinfo["prog_id"])
-    return ProgramStats(prog_id, name or f"prog{prog_id}",
-                        int(fdinfo.get("run_time_ns", 0)), int(fdinfo.get("run_cnt", 0)))
+    return ProgramStats(prog_id, name or f"prog{prog_id}", int(fdinfo.get("run_time_ns", 0)),
+                        int(fdinfo.get("run_cnt", 0)), int(fdinfo.get("recursion_misses", 0)))
 
 
 def format_cost(cost: dict) -> str:
@@ -297,7 +303,7 @@ class SelfCost:
             old = self.programs.get(prog_id)
             # a name from a probe wins over the kernel's short one
             name = p.name if not old or p.name != f"prog{prog_id}" else old.name
-            self.programs[prog_id] = ProgramStats(prog_id, name, p.run_ns, p.run_count)
+            self.programs[prog_id] = ProgramStats(prog_id, name, p.run_ns, p.run_count, p.misses)
         self.cpu_ns = cpu_ns()  # the process's: start-up (compiling the probes) included
         self.rss_bytes = rss_bytes()
 
@@ -308,6 +314,11 @@ class SelfCost:
     @property
     def bpf_run_count(self) -> int:
         return sum(p.run_count for p in self.programs.values())
+
+    def misses_by_program(self) -> dict[str, int]:
+        """{program: runs the kernel skipped}, of the programs that missed any."""
+        names = _unique_names(self.programs)
+        return {names[i]: p.misses for i, p in self.programs.items() if p.misses}
 
     def by_program(self) -> tuple[dict[str, int], dict[str, int]]:
         """({program: run ns}, {program: runs})."""
@@ -349,7 +360,7 @@ class SelfCost:
         return {"elapsed_ns": elapsed, "startup_cpu_ns": self.started_cpu_ns, "online_cpus": self.cpus, "cpu_ns": self.cpu_ns,
                 "rss_bytes": self.rss_bytes, "bpf_run_ns": self.bpf_run_ns, "bpf_run_count": self.bpf_run_count,
                 "bpf_stats": self.stats.how, "bpf_share": bpf, "collector_share": collector,
-                "overhead_share": bpf + collector}
+                "overhead_share": bpf + collector, "bpf_recursion_misses": self.misses_by_program()}
 
     def export(self, probes=()) -> None:
         """Sample, then feed the Prometheus metrics from the running totals
@@ -361,6 +372,8 @@ class SelfCost:
         for name, ns in run_ns.items():
             self._add(BPF_RUN_SECONDS, ns, name)
             self._add(BPF_RUN_COUNT, runs[name], name)
+        for name, misses in self.misses_by_program().items():
+            self._add(BPF_MISSES, misses, name)
         OVERHEAD.set(sum(self.last_share))
 
     def _add(self, counter, total: int, *labels: str) -> None:

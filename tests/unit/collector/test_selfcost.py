@@ -41,7 +41,9 @@ def test_overhead_share_is_cpu_time_over_host_cpu_time():
 def test_fdinfo_of_a_program_and_of_a_map():
     info = parse_fdinfo(PROG_FDINFO)
     assert info["prog_tag"] == "3b185187f1855c4c"
-    assert program_stats(info, "sched_switch") == ProgramStats(1280, "sched_switch", 1502587, 1396)
+    assert program_stats(info, "sched_switch") == ProgramStats(1280, "sched_switch", 1502587, 1396, 0)
+    missed = program_stats(parse_fdinfo(PROG_FDINFO.replace("recursion_misses:\t0", "recursion_misses:\t7")))
+    assert missed.misses == 7  # runs the kernel skipped: counted, never silent
     assert program_stats(parse_fdinfo(MAP_FDINFO)) is None
     # a kernel without run_time_ns in fdinfo: zeros, the kernel's name falls back to the id
     assert program_stats({"prog_id": "9"}) == ProgramStats(9, "prog9", 0, 0)
