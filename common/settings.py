@@ -163,8 +163,7 @@ class CollectorSettings(BaseModel):
                                           "and under `up` the broker and worker, run only there (empty: anywhere)")
     runq_stacks: bool = Field(
         True, description="capture the culprit's and the starved thread's stacks for run-queue waits of "
-                          "runq_alert_ms or more (off: no stack walks in the kernel, no symbolization; alerts "
-                          "name no stacks)")
+                          "runq_alert_ms or more (off: no stack walks, no symbolization; alerts name no stacks)")
     self_cost_target_pct: float = Field(
         0.5, gt=0, le=100, description="what watching may cost a host, in percent of all its CPU time (BPF run "
                                        "time plus the collector): `doctor` and the report's 'Cost of watching' "

@@ -223,11 +223,12 @@ def test_requests_of_a_standin_are_attributed_to_cfs_throttling_once_it_has_a_qu
     print(f"\n[measured] stand-in with a quota: {len(throttled)}/{len(slow)} slow requests cfs_throttling "
           f"(other causes {sorted({r[0] for r in slow} - {'cfs_throttling'})}); unlimited: "
           f"{sum(r[0] == 'cfs_throttling' for r in before)}/{len(before)} cfs_throttling")
-    assert len(before) >= 100 and not [r for r in before if r[0] == "cfs_throttling"]
+    assert len(before) >= 100
     # the first throttled interval began before the quota did, and its time is
-    # spread over all of it: only requests in that interval may be charged
+    # spread over all of it: only requests in that interval may be charged (and,
+    # where the charge is most of a small excess, named: one of 120 was, in CI)
     early = [rows[rid] for rid, _, end in lines if int(end) < limited_at - SECOND // 2]
-    assert len(early) >= 40 and not [r for r in early if r[2]], early
+    assert len(early) >= 40 and not [r for r in early if r[2] or r[0] == "cfs_throttling"], early
     # Slow requests are charged throttled time (all of them when the
     # stand-in has its CPU to itself: 57 of 58 measured). Whether throttling
     # is the named cause depends on what else ran on the CPU meanwhile:
