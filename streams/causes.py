@@ -30,8 +30,11 @@ from jitterscope.streams.thread_budget import STALLS, ThreadBudget
 NO_EXCESS_NS = 1_000_000
 NO_EXCESS_SHARE = 0.25
 # The usual spread: how far the USUAL_QUANTILE of a group's recent requests' service times is over their
-# median (Attributor learns it with the baseline). A noisy server's ordinary request is not a finding.
+# median (Attributor learns it with the baseline). A noisy server's ordinary request is not a finding; but
+# an excess of SLOWED_SHARE of the baseline always is (slowed 1.5x): a real vLLM's GIL-hogged requests left
+# service times of 700 ms in the window (waits not seen), and a spread that wide named 3 of 20 of them none.
 USUAL_QUANTILE = 0.9
+SLOWED_SHARE = 0.5
 DOMINANT_SHARE = 0.5  # a cause must explain at least half the excess to be named
 # Requests seen before their usual self-contention counts: a median of a few is enough to take
 # routine out (waiting for the baseline's 20 left a real vLLM's first ordinary requests named for it)
@@ -82,7 +85,7 @@ def weigh(excess: int, baseline: int, waited: int, charged: Charges, budget: Thr
     gets its parts), "unexplained" when no cause explains at least
     DOMINANT_SHARE of it. ``usual_own_ns``: the self-contention such
     requests usually have (not a cause)."""
-    if excess < max(NO_EXCESS_NS, NO_EXCESS_SHARE * baseline, spread_ns):
+    if excess < max(NO_EXCESS_NS, NO_EXCESS_SHARE * baseline, min(spread_ns, SLOWED_SHARE * baseline)):
         return "none", 0.0
     runq, throttled, irq, own_ns = charged.runq[0], charged.throttled, charged.irq, charged.own_ns
     share = union_share(charged, waited)

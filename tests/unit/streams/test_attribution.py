@@ -533,6 +533,21 @@ def test_an_excess_within_the_usual_spread_is_none_unless_over_the_slo():
         assert slow.cause == "runq_starvation"
 
 
+def test_a_request_slowed_by_half_its_baseline_is_a_finding_however_wide_the_spread():
+    """Slow requests whose waits were not seen leave long service times in
+    the window: a spread that wide must not hide a request 1.6x its median."""
+    a = Attributor(grace_ns=GRACE)
+    for i in range(40):  # 20 ms of work, one in four 300 ms (waits not seen)
+        a.add_request(span(f"r{i}", i * 400, i * 400 + (300 if i % 4 == 0 else 20)))
+    due_after(a, 40 * 400)
+    median, _trusted, spread = a.baseline_ns("h1", "llm_request")
+    assert spread > median
+    a.add_request(span("slowed", 20_000, 20_000 + 1.6 * median / MS))
+    a.add_evidence(wait(20_000 + 1.5 * median / MS, 0.55 * median / MS))
+    [slowed] = due_after(a, 21_000)
+    assert slowed.cause == "runq_starvation"
+
+
 def own_wait(on_cpu_ms: float, wait_ms: float, seq: int = 0) -> RunqEvent:
     """A wait of the serving thread behind its own group's engine thread."""
     return msgspec.structs.replace(wait(on_cpu_ms, wait_ms, seq=seq), suspect_pid=100, suspect_tid=150,
