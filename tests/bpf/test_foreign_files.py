@@ -34,6 +34,7 @@ from jitterscope.collector import pyruntime
 from jitterscope.collector.probes import blocked
 from jitterscope.collector.probes.blocked import BlockedProbe, BlockedSignal
 from jitterscope.collector.stacks import UNKNOWN, Symbolizer, UserSymbolsHelper, refusal
+from tests.conftest import wait_until
 from tests.unit.collector.probes.test_probe_decoding import fake_context
 
 pytestmark = pytest.mark.bpf
@@ -194,10 +195,22 @@ def test_a_libc_swapped_for_a_fifo_after_locating_is_refused_not_opened(tmp_path
 def nobody_process():
     proc = subprocess.Popen(as_nobody(["sleep", "600"]))
     try:
+        # setpriv runs as root until it drops to nobody: a check of the process's uid before then
+        # (a busy CI box) saw uid 0
+        wait_until(lambda: _uid(proc.pid) == NOBODY, 30, "the process running as nobody")
         yield proc
     finally:
         proc.kill()
         proc.wait()
+
+
+def _uid(pid: int) -> int | None:
+    """The process's real uid (None once it is gone)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    return next(int(line.split()[1]) for line in status.splitlines() if line.startswith("Uid:"))
 
 
 @contextmanager
