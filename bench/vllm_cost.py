@@ -21,7 +21,8 @@ bench counted the collector's first seconds in: P99 2.75x for the collector
 alone against 1.47x for the whole `up`, whose start waits longer).
 
     .venv/bin/python bench/run.py vllm-cost     # BENCH_VLLM_ROUNDS (2), BENCH_VLLM_PHASE_S (45),
-                                                # BENCH_VLLM_ARMS (off,collector,up), BENCH_VLLM_STEPS=1
+                                                # BENCH_VLLM_ARMS (off,collector,up; or collector-nostacks,
+                                                # collector-batch, collector-idle), BENCH_VLLM_STEPS=1
                                                 # (the collector's steps' CPU, as collector-slices times them)
 """
 
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -54,10 +56,13 @@ CLI = [sys.executable, "-m", "jitterscope.cli"]
 OWN_BROKER = os.environ.get("BENCH_VLLM_OWN_BROKER", "1") == "1"
 ARMS = os.environ.get("BENCH_VLLM_ARMS", "off,collector,up").split(",")  # "off" is always run: the baseline
 STEPS = os.environ.get("BENCH_VLLM_STEPS", "") == "1"
-#: the collector's arms: what the table says, its settings beyond the defaults
-VARIANTS = {"collector": ("the collector alone", {}),
+#: the collector's arms: what the table says, its settings beyond the defaults, and what runs it
+#: (chrt: its scheduling policy, which its threads inherit)
+VARIANTS = {"collector": ("the collector alone", {}, []),
             "collector-nostacks": ("the collector alone, no stacks (runq_stacks false)",
-                                   {"JITTERSCOPE_RUNQ_STACKS": "false"})}
+                                   {"JITTERSCOPE_RUNQ_STACKS": "false"}, []),
+            "collector-batch": ("the collector alone under SCHED_BATCH", {}, ["chrt", "--batch", "0"]),
+            "collector-idle": ("the collector alone under SCHED_IDLE", {}, ["chrt", "--idle", "0"])}
 
 
 def _phase(api_port: int, seconds: float, prefix: str) -> list[float]:
@@ -90,8 +95,16 @@ def _measured(api_port: int, prefix: str, collector: int) -> tuple[list[float], 
     return latencies, (_cpu_s(collector) - cpu) / (time.monotonic() - began)
 
 
+def _losses(log: Path) -> str:
+    """What the collector's log says it read and the kernel lost (its stop line, its last loss line)."""
+    text = log.read_text(errors="replace")
+    read = re.findall(r'"events_read": ?(\d+)', text)
+    lost = re.findall(r'"ringbuf_drops_total": ?(\d+)', text)
+    return f"events read {read[-1] if read else '?'}, ring-buffer drops {lost[-1] if lost else 0}"
+
+
 def _collector_phase(broker, otlp: int, api_port: int, prefix: str,
-                     extra: dict | None = None) -> tuple[list[float], float]:
+                     extra: dict | None = None, runner: list[str] = ()) -> tuple[list[float], float]:
     with tempfile.TemporaryDirectory() as data:
         env = {k: v for k, v in os.environ.items() if not k.startswith("JITTERSCOPE_")}
         env.update(JITTERSCOPE_DATA_DIR=data, JITTERSCOPE_BOOTSTRAP_SERVERS=broker.bootstrap_servers, JITTERSCOPE_OTLP_PORT=str(otlp),
@@ -103,10 +116,10 @@ def _collector_phase(broker, otlp: int, api_port: int, prefix: str,
                    # so the collector dropped its waits instead of publishing them)
                    JITTERSCOPE_OWN_TREE_PID=str(broker.proc.pid) if OWN_BROKER else "0", **(extra or {}))
         log, steps = Path(data) / "collector.log", Path(data) / "steps.json"
-        command = [*CLI, "collector"]
+        command = [*runner, *CLI, "collector"]
         if STEPS:  # its loop's steps timed in thread CPU time (bench/collector_slices.py), printed after
             env["PYTHONPATH"] = str(REPO / "bench")
-            command = [sys.executable, "-c", f"import collector_slices as c; c.child_main({str(steps)!r})"]
+            command = [*runner, sys.executable, "-c", f"import collector_slices as c; c.child_main({str(steps)!r})"]
         collector = subprocess.Popen(command, env=env, cwd=data, stdout=open(log, "w"), stderr=subprocess.STDOUT)
         try:
             deadline = time.monotonic() + 300
@@ -118,6 +131,7 @@ def _collector_phase(broker, otlp: int, api_port: int, prefix: str,
         finally:
             collector.terminate()
             collector.wait(60)
+            print(f"<!-- {prefix} {_losses(log)} -->", file=sys.stderr, flush=True)
             if steps.exists():
                 table = {k: v for k, v in json.loads(steps.read_text()).items() if not k.startswith("_")}
                 for name, (calls, over1, max_ns, total_ns) in sorted(table.items(), key=lambda kv: -kv[1][3])[:10]:
@@ -167,8 +181,7 @@ def bench_vllm_cost() -> str:
                     if arm == "off":
                         got = _phase(api_port, PHASE_S, prefix)
                     elif arm in VARIANTS:
-                        got, share = _collector_phase(broker, otlp, api_port, prefix,
-                                                      VARIANTS[arm][1])
+                        got, share = _collector_phase(broker, otlp, api_port, prefix, *VARIANTS[arm][1:])
                     else:
                         got, share, counts = _up_phase(otlp, api_port, prefix)
                         own = {k: own[k] + counts[k] for k in own}

@@ -32,6 +32,7 @@ import argparse
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import requests
@@ -112,7 +113,9 @@ def main(argv: list[str] | None = None) -> int:
             if time.monotonic() >= stop_at:
                 break
             request_id = f"{args.id_prefix}{i}"
-            span = tracer.start_span(args.name, kind=SpanKind.SERVER, attributes={"gen_ai.request.id": request_id})
+            # thread.id: the thread that carries it (OpenTelemetry semantic conventions), asleep on the engine
+            span = tracer.start_span(args.name, kind=SpanKind.SERVER, attributes={
+                "gen_ai.request.id": request_id, "thread.id": threading.get_native_id()})
             started = time.perf_counter()
             waited = (runq_wait_ns(child.pid), runq_wait_ns(os.getpid()))
             child.stdin.write(f"{args.cpu_ms}\n")

@@ -163,9 +163,9 @@ def heatmap(ctx: Context) -> str:
 
 
 def _cause_rows(ctx: Context) -> list:
-    """(cause, seconds of excess request latency, requests), costliest first."""
+    """(cause, seconds of excess request latency, requests, median share explained), costliest first."""
     return _rows(ctx, f"""
-        SELECT cause, round(sum(excess_ns) / 1e9, 1) AS excess_s, count() AS requests
+        SELECT cause, round(sum(excess_ns) / 1e9, 1) AS excess_s, count() AS requests, round(median(explained), 2)
         FROM {DB}.request_attribution FINAL
         WHERE ts > now64(9) - toIntervalSecond({{since:UInt32}}) AND cause != 'none'
         GROUP BY cause ORDER BY excess_s DESC, cause""")
@@ -188,8 +188,8 @@ def causes(ctx: Context) -> str:
     rows = _cause_rows(ctx)
     total = sum(r[1] for r in rows) or 1
     return (charts.bar_chart([(r[0], r[1]) for r in rows], unit="s", x_label="seconds of excess request latency")
-            + _table(["cause", "excess latency s", "requests", "share"],
-                     [(c, s, n, f"{s / total:.0%}") for c, s, n in rows]))
+            + _table(["cause", "excess latency s", "requests", "share", "explained (median)"],
+                     [(c, s, n, f"{s / total:.0%}", f"{e:.0%}") for c, s, n, e in rows]))
 
 
 def behind(ctx: Context) -> str:
@@ -380,7 +380,7 @@ def summary(ctx: Context) -> str:
     cause_rows = _cause_rows(ctx)
     total = sum(r[1] for r in cause_rows) or 1
     costs = [f"<li><strong>{escape(c)}</strong>: {sec:,.1f} s of excess request latency over {n:,} request(s), "
-             f"{sec / total:.0%} of it</li>" for c, sec, n in [r for r in cause_rows if r[1] >= 0.05][:3]]  # 0.0 s is no finding
+             f"{sec / total:.0%} of it</li>" for c, sec, n, _e in [r for r in cause_rows if r[1] >= 0.05][:3]]  # 0.0 s is no finding
     costs += [f"<li>neighbour <strong>{escape(comm)}</strong>: {waited:,.1f} s of waits of inference threads, "
               f"{count:,} starvation(s) on {n_hosts:,} host(s)</li>" for comm, count, n_hosts, waited in _neighbours(ctx, 3)]
     over_target = [(h, mean) for h, _n, mean, *_ in _watch_costs(ctx) if mean > ctx.self_cost_target]

@@ -37,9 +37,8 @@ MAX_EPOCH_NS = 2**63 - 1
 EpochNs = Annotated[int, msgspec.Meta(ge=0, le=MAX_EPOCH_NS)]
 
 
-# gc=False (inherited): records are immutable and hold only scalars, lists of them and other records, so they are
-# never part of a reference cycle. gc=False skips msgspec's tracking altogether (decoding run-queue batches 7%
-# faster, a one-off measure) and keeps the records with lists (topology, attributions) out of the collector's scans.
+# gc=False (inherited): records are immutable, hold only scalars, lists of them and other records: never in a
+# cycle. It skips msgspec's tracking (run-queue batches decode 7% faster) and keeps them out of the GC's scans.
 class Record(msgspec.Struct, kw_only=True, frozen=True, gc=False):
     v: Literal[1] = SCHEMA_VERSION
     host: str
@@ -66,12 +65,9 @@ def suspect_name(comm: str, own_role: str | None) -> tuple[str, bool]:
 
 
 class RunqEvent(Record, frozen=True):
-    """A thread waited at least the probe threshold for a CPU -- or, with
-    ``waits`` > 1, a serving thread's waits under its threshold, summed:
-    ``wait_ns`` is their total and ``ts_ns`` the last one's end (bpf/runq.h
-    struct short_waits). In ns in the stream; stored with ``ts_ns`` and
-    ``wait_ns`` truncated to whole microseconds
-    (schemas/clickhouse/015_runq_microseconds.sql)."""
+    """A thread waited at least the probe threshold for a CPU -- or, with ``waits`` > 1, a serving
+    thread's waits under its threshold, summed: ``wait_ns`` their total, ``ts_ns`` the last one's end
+    (bpf/runq.h struct short_waits). Stored in whole microseconds (clickhouse/015_runq_microseconds.sql)."""
 
     pid: U32
     tid: U32
@@ -81,9 +77,8 @@ class RunqEvent(Record, frozen=True):
     suspect_pid: U32  # the task that held the CPU when the waiter got it
     suspect_tid: U32
     suspect_comm: str
-    # StackTrace.stack_id of the waiter's stack when it was preempted and of
-    # the task that held the CPU; 0 = none captured (stacks are taken only
-    # for waits worth an alert)
+    # StackTrace.stack_id of the waiter's stack when preempted and of the task that held the CPU; 0 = none
+    # (stacks are taken only for waits worth an alert)
     victim_stack: U64 = 0
     suspect_stack: U64 = 0
     waits: U32 = 1  # how many waits it stands for
@@ -91,11 +86,9 @@ class RunqEvent(Record, frozen=True):
 
 
 class LatencyHistogram(Record, frozen=True):
-    """Every latency one probe measured for one process over ``interval_ns``,
-    in log2 buckets: ``slots[i]`` is a bucket of latencies in
-    [2^slot, 2^(slot+1)) microseconds holding ``counts[i]`` of them; empty
-    buckets are left out. ``probe`` says what was measured: "runq" (wait for
-    a CPU) or "gpu_ioctl" (GPU driver call)."""
+    """Every latency one probe measured for one process over ``interval_ns``, in log2 buckets:
+    ``slots[i]`` is a bucket of latencies in [2^slot, 2^(slot+1)) us holding ``counts[i]`` of them (empty
+    ones left out). ``probe``: "runq" (wait for a CPU) or "gpu_ioctl" (GPU driver call)."""
 
     probe: str
     interval_ns: U64
@@ -167,11 +160,9 @@ class ProcessInfo(Record, frozen=True):
     cuda_visible_devices: str = ""
     ppid: U32 = 0
     ns_pid: U32 = 0  # its pid inside its own PID namespace (innermost NSpid); = pid on the bare host
-    # the serving stack it belongs to: the host pid of the process that sends
-    # the request spans (itself for that process); 0 = not part of one
+    # its serving stack: the host pid of the process that sends the request spans (itself for it); 0 = none
     serving_group: U32 = 0
-    # container and Kubernetes identity, from the cgroup path (and the
-    # kubelet's pod list when reachable); "" on a bare host
+    # container and Kubernetes identity, from the cgroup path (and the kubelet's pod list); "" on a bare host
     container_id: str = ""
     pod_uid: str = ""
     pod: str = ""
@@ -206,11 +197,9 @@ class GpuXid(Record, frozen=True):
 
 
 class GpuTelemetry(Record, frozen=True):
-    """One GPU's NVML readings over ``interval_ns`` ending at ``ts_ns``:
-    clocks, why they are held down (``throttle``: the names of the bits of
-    ``throttle_reasons``, schemas/gpu_health.py), temperature, power, PCIe
-    throughput and the NVLink errors counted in the interval. 0 where NVML
-    does not support a reading."""
+    """One GPU's NVML readings over ``interval_ns`` ending at ``ts_ns``: clocks, why they are held down
+    (``throttle``: the names of ``throttle_reasons``' bits, schemas/gpu_health.py), temperature, power,
+    PCIe throughput and the NVLink errors in the interval. 0 where NVML does not support a reading."""
 
     pci: str
     gpu: str
@@ -355,13 +344,9 @@ class CollectorStats(Record, frozen=True):
 
 
 class Alert(Record, frozen=True):
-    """A root cause found in the evidence, with what to do about it.
-
-    ``seq``/``boot_id`` are those of the evidence record, so re-processing the
-    same evidence yields the same alert key. ``ts_ns`` is when the evidence
-    happened, ``raised_ns`` when the rule fired (the difference is the alert
-    delay).
-    """
+    """A root cause found in the evidence, with what to do about it. ``seq``/``boot_id`` are the
+    evidence record's (re-processing the same evidence yields the same alert key). ``ts_ns`` is when
+    the evidence happened, ``raised_ns`` when the rule fired (the difference is the alert delay)."""
 
     raised_ns: EpochNs
     kind: str
@@ -377,8 +362,7 @@ class Alert(Record, frozen=True):
     summary: str
     remedy: str
     request_id: str = ""  # the request it is about, for request alerts
-    # what else the rule saw, as text: the GPU, its NUMA node and switch, rates...
-    evidence: dict[str, str] = {}
+    evidence: dict[str, str] = {}  # what else the rule saw, as text: the GPU, its NUMA node and switch, rates...
     # the victim's container identity (ProcessInfo), "" on a bare host
     pod: str = ""
     namespace: str = ""
@@ -419,6 +403,23 @@ class Suspect(msgspec.Struct, frozen=True, gc=False):
     wait_ns: U64  # run-queue wait of the request's threads while this task held the CPU
 
 
+class CauseShare(msgspec.Struct, frozen=True, gc=False):
+    cause: str
+    share: float  # of the request's excess, 0..1
+
+
+class ChainHop(msgspec.Struct, frozen=True, gc=False):
+    """One hop of a wait-for chain (streams/wait_chain.py): the thread that
+    woke the one before it, and what kept it from doing so sooner."""
+
+    tid: U32
+    comm: str
+    waited_ns: U64  # how long the thread before it slept until this one woke it
+    kind: str  # what took most of this thread's time meanwhile: runq, gil, memory, io, sleep (the next hop), cpu
+    ns: U64
+    culprit: str  # the neighbour that held its CPU, the GIL's holder, the device, the next hop's waker
+
+
 class RequestAttribution(Record, frozen=True):
     """Why one request took as long as it did.
 
@@ -428,9 +429,9 @@ class RequestAttribution(Record, frozen=True):
     "cfs_throttling", "irq", "gpu_ioctl_stall", "gil_contention",
     "memory_stall", "io_wait"; "gpu_xid" or "gpu_throttle" when its GPU
     logged an Xid or was clocked down during it and nothing on the CPU side
-    explains the excess), or
-    "unexplained" (or "none" when there was no excess). Requests batched
-    together share evidence, by design.
+    explains the excess), or "unexplained" (or "none": no excess). Requests
+    batched together share evidence, by design. ``causes``: every cause with its
+    share, largest first; ``chain``: who its thread slept on, hop by hop.
     """
 
     request_id: str
@@ -448,7 +449,7 @@ class RequestAttribution(Record, frozen=True):
     runq_waits: U32
     suspects: list[Suspect]
     cause: str
-    explained: float  # share of the excess the cause accounts for, 0..1
+    explained: float  # share of the excess its causes account for together, 0..1
     slo_ns: U64
     slo_breached: bool
     gpu_ioctl_ns: U64 = 0  # time its process spent in slow GPU driver calls during it
@@ -464,16 +465,13 @@ class RequestAttribution(Record, frozen=True):
     # threads than CPUs (self-contention), never a neighbour's doing
     self_wait_ns: U64 = 0
     self_threads: U32 = 0  # distinct threads of the group that held the CPUs it waited for
-    # its duration less the run-queue waits and stalls of the thread that
-    # carried it, save its waits behind its own group's threads (how the
-    # service always runs): what it would have taken with no one else in the
-    # way, and what the baseline learns (0: unknown)
+    # its duration less its carrying thread's run-queue waits and stalls, save those behind its own group's
+    # threads (how it always runs): what it would have taken with no one in the way; the baseline learns it
     service_ns: U64 = 0
     gpu_ioctl_call: str = ""  # the longest slow GPU driver call's name (schemas/nvidia.py), "" for none
-    # The time budget of the thread that carried it (the group's thread that
-    # lost the most to waits of every kind during it; 0 = none known): its
-    # blocked time by BlockedWait kind, and the rest, on the CPU (or in waits
-    # under the probes' thresholds): runq (its own) + these = duration.
+    # The time budget of the thread that carried it (the group's thread that lost the most to waits during it;
+    # 0 = none known): its blocked time by BlockedWait kind, and the rest, on the CPU (or in waits under the
+    # probes' thresholds): runq (its own) + these = duration.
     thread_tid: U32 = 0
     gil_wait_ns: U64 = 0
     memory_wait_ns: U64 = 0
@@ -485,6 +483,8 @@ class RequestAttribution(Record, frozen=True):
     culprit: str = ""
     gpu_xid: U16 = 0  # an Xid its GPU logged during it (the first; 0 for none): GpuXid
     gpu_throttle: list[str] = []  # the slowdowns NVML saw on its GPU during it (GpuTelemetry.throttle)
+    causes: list[CauseShare] = []
+    chain: list[ChainHop] = []
 
 
 class DeadLetter(msgspec.Struct, kw_only=True, frozen=True, gc=False):

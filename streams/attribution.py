@@ -37,14 +37,10 @@ A wait is then split by what kept the CPU from the thread:
 - ``runq_starvation``: the rest; only this part is charged to the suspects
   (the tasks outside the group that held the CPU).
 
-Cost: due() indexes each serving group's run-queue waits once per batch and
-answers all its windows at once, in numpy columns (streams/wait_columns.py;
-O(n log n)); ties for the largest charge and a thread's overlapping waits
-take the row-wise index (streams/wait_index.py) and the walk.
-
-Beside it: evidence.py (the evidence, interval arithmetic), thread_budget.py (the
-carrying thread's time), causes.py (the cause the charges name; none within the
-usual spread) and culprits.py (whom to name: throttled cgroup, interrupt, GIL holder, evictor).
+Cost: due() indexes each serving group's run-queue waits once per batch, in numpy columns
+(streams/wait_columns.py; ties and overlapping waits: streams/wait_index.py and the walk).
+Beside it: evidence.py (the evidence), thread_budget.py (the carrying thread's time), wait_chain.py
+(whom it slept on), causes.py (the causes the charges name) and culprits.py (whom to name).
 """
 
 from __future__ import annotations
@@ -52,10 +48,11 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import fields
 
-from jitterscope.schemas.events import (CgroupThrottle, GpuIoctl, GpuTelemetry, GpuXid, IrqTime, ProcessInfo,
-                                        RequestAttribution, RequestSpan, RunqEvent)
+from jitterscope.schemas.events import (CauseShare, CgroupThrottle, GpuIoctl, GpuTelemetry, GpuXid, IrqTime,
+                                        ProcessInfo, RequestAttribution, RequestSpan, RunqEvent)
 from jitterscope.schemas.nvidia import ioctl_name
-from jitterscope.streams.causes import DOMINANT_SHARE, USUAL_AFTER, USUAL_QUANTILE, Charges, self_contention_ns, weigh
+from jitterscope.streams.causes import (DOMINANT_SHARE, MIN_SHARE, USUAL_AFTER, USUAL_QUANTILE, Charges,
+                                        self_contention_ns, weigh)
 from jitterscope.streams.culprits import Culprits, evictor, latest_throttle, shares_limit, split_wait
 from jitterscope.streams.evidence_clock import EvidenceClock
 from jitterscope.streams.gpu_events import GpuEvents, culprit as gpu_culprit
@@ -70,10 +67,10 @@ from jitterscope.streams.rolling_median import RollingMedian
 from jitterscope.streams.span_keys import SpanKeys
 from jitterscope.streams.split_columns import split_many
 from jitterscope.streams.throttle_index import throttled_span
+from jitterscope.streams.wait_chain import chained_stalls, wait_chain
 
 # with the names importers took from here before the split into evidence, thread_budget and culprits
 __all__ = ["Attributor", "Culprits", "Evidence", "ProcessBook", "STALLS", "duration_ns", "kind_of", "overlap_ns", "shares_limit"]
-
 
 REMEMBERED_KEYS = 1_000_000  # attributed span keys kept, to skip redelivered spans
 
@@ -288,9 +285,12 @@ class Attributor:
             baseline = service
         excess = max(0, duration - baseline)
         slo = self.slo_ns or (int(self.slo_factor * baseline) if trusted else 0)
-        cause, explained = weigh(excess, baseline, waited, charged, budget, self._usual_own(span, charged, waited),
-                                 spread if not slo or duration <= slo else 0)
-        culprit = self._culprit(evidence, span, group, cause, charged, budget)
+        chain = wait_chain(evidence, group, (budget.pid, budget.tid), span.start_ns, span.end_ns) if (
+            group and budget.tid and excess and budget.blocked.get("sleep", 0) >= MIN_SHARE * excess) else []
+        cause, explained, causes = weigh(excess, baseline, waited, charged, budget, self._usual_own(span, charged, waited),
+                                         spread if not slo or duration <= slo else 0, chained := chained_stalls(chain))
+        culprit = self._culprit(evidence, span, group, cause, charged, budget) or (
+            chain[-1].culprit if cause in chained else "")
         xid, throttle, gpu = self.gpu.during(span.host, self._gpus(span.host, group), span.start_ns, span.end_ns)
         if cause == "unexplained" and (xid or throttle):  # nothing on the CPU side explains it; its GPU says why
             cause, culprit = "gpu_xid" if xid else "gpu_throttle", gpu_culprit(xid, throttle, gpu)
@@ -312,8 +312,8 @@ class Attributor:
             thread_tid=budget.tid, gil_wait_ns=budget.blocked.get("gil", 0),
             memory_wait_ns=budget.blocked.get("memory", 0), io_wait_ns=budget.blocked.get("io", 0),
             sleep_ns=budget.blocked.get("sleep", 0), on_cpu_ns=budget.on_cpu_ns(duration), culprit=culprit,
-            gpu_xid=xid.xid if xid else 0, gpu_throttle=throttle,
-        )
+            gpu_xid=xid.xid if xid else 0, gpu_throttle=throttle, chain=chain if cause != "none" else [],
+            causes=[CauseShare(cause=name, share=round(share, 4)) for name, share in causes])
 
     def _group(self, span: RequestSpan) -> set[int] | None:
         """The processes whose evidence counts for the span (None: every process of the host)."""

@@ -36,6 +36,7 @@ NO_EXCESS_SHARE = 0.25
 USUAL_QUANTILE = 0.9
 SLOWED_SHARE = 0.5
 DOMINANT_SHARE = 0.5  # a cause must explain at least half the excess to be named
+MIN_SHARE = 0.05  # a cause listed beside it (RequestAttribution.causes): a twentieth of the excess or more
 # Requests seen before their usual self-contention counts: a median of a few is enough to take
 # routine out (waiting for the baseline's 20 left a real vLLM's first ordinary requests named for it)
 USUAL_AFTER = 5
@@ -78,22 +79,33 @@ def self_contention_ns(charged: Charges, waited: int) -> int:
 
 
 def weigh(excess: int, baseline: int, waited: int, charged: Charges, budget: ThreadBudget,
-          usual_own_ns: int = 0, spread_ns: int = 0) -> tuple[str, float]:
-    """What caused a request's excess, and how much of it that explains:
-    "none" when the excess is ordinary jitter (``spread_ns``: the usual
-    spread; the caller passes 0 for a request over its SLO, which always
-    gets its parts), "unexplained" when no cause explains at least
-    DOMINANT_SHARE of it. ``usual_own_ns``: the self-contention such
-    requests usually have (not a cause)."""
+          usual_own_ns: int = 0, spread_ns: int = 0,
+          chained: dict[str, int] | None = None) -> tuple[str, float, list[tuple[str, float]]]:
+    """What caused a request's excess; how much of it its causes explain
+    together (at most 1: a GIL holder's run-queue waits inside the GIL wait
+    count for both); and every cause with its share, largest first (causes
+    stack: a thread waits for the GIL, then for a CPU). "none" when the
+    excess is ordinary jitter (``spread_ns``: the usual spread; the caller
+    passes 0 for a request over its SLO, which always gets its parts),
+    "unexplained" when no cause explains at least DOMINANT_SHARE of it.
+    ``usual_own_ns``: the self-contention such requests usually have (not a
+    cause). ``chained``: stalls (cause -> ns) of the threads its thread slept
+    on (streams/wait_chain.py)."""
     if excess < max(NO_EXCESS_NS, NO_EXCESS_SHARE * baseline, min(spread_ns, SLOWED_SHARE * baseline)):
-        return "none", 0.0
+        return "none", 0.0, []
     runq, throttled, irq, own_ns = charged.runq[0], charged.throttled, charged.irq, charged.own_ns
     share = union_share(charged, waited)
     stalls = {STALLS[kind]: budget.blocked.get(kind, 0) for kind in STALLS}
     stalls["gil_contention"] += int(share * min(own_ns, charged.behind_gil_holders))  # one culprit
-    name, ns = max((("runq_starvation", share * (runq - throttled - irq - own_ns - charged.idle_ns)),
-                    ("cfs_throttling", share * throttled), ("irq", share * irq),
-                    ("self_contention", self_contention_ns(charged, waited) - usual_own_ns),
-                    ("gpu_ioctl_stall", charged.ioctl[0]), *stalls.items()), key=lambda c: c[1])
-    explained = min(1.0, ns / excess)
-    return (name if explained >= DOMINANT_SHARE else "unexplained"), explained
+    for cause, ns in (chained or {}).items():
+        stalls[cause] += ns
+    candidates = sorted(((name, min(1.0, ns / excess)) for name, ns in (
+        ("runq_starvation", share * (runq - throttled - irq - own_ns - charged.idle_ns)),
+        ("cfs_throttling", share * throttled), ("irq", share * irq),
+        ("self_contention", self_contention_ns(charged, waited) - usual_own_ns),
+        ("gpu_ioctl_stall", charged.ioctl[0]), *stalls.items()) if ns >= MIN_SHARE * excess),
+        key=lambda c: -c[1])
+    if not candidates:
+        return "unexplained", 0.0, []
+    name, top = candidates[0]
+    return (name if top >= DOMINANT_SHARE else "unexplained"), min(1.0, sum(s for _, s in candidates)), candidates

@@ -33,6 +33,7 @@ class ThreadBudget:
     thread of the group left evidence in it)."""
 
     tid: int = 0
+    pid: int = 0
     named: bool = False  # the span named it (thread.id)
     runq_ns: int = 0
     blocked: dict[str, int] = field(default_factory=dict)  # BlockedWait kind -> ns
@@ -123,7 +124,7 @@ def thread_budget(evidence: HostEvidence, span: RequestSpan, group: set[int] | N
     carrier = named[0] if named else max(lost, key=lost.get, default=None)
     if carrier is None:
         return ThreadBudget()
-    return ThreadBudget(tid=carrier[1], named=bool(named), runq_ns=runq_waits.get(carrier, 0),
+    return ThreadBudget(tid=carrier[1], pid=carrier[0], named=bool(named), runq_ns=runq_waits.get(carrier, 0),
                    blocked=dict(blocked.get(carrier, {})),
                    wakers={kind: max(by, key=by.get) for (thread, kind), by in wakers.items() if thread == carrier},
                    gil_holders=holders.get(carrier, set()), gil_spans=sorted(gil_spans.get(carrier, [])),

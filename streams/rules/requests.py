@@ -57,38 +57,39 @@ def _summary(a: RequestAttribution, irq: IrqTime | None) -> str:
     """How long the request took, against what normal, and what the kernel
     evidence of its cause explains."""
     top = a.suspects[0] if a.suspects else None
+    share = a.causes[0].share if a.causes else a.explained  # the cause's own share
     summary = (f"request {a.request_id} ({a.name}) took {_ms(a.duration_ns)}, SLO {_ms(a.slo_ns)}, "
                f"normal {_ms(a.baseline_ns)}; ")
     processes = f" across pids {','.join(map(str, a.pids))}" if len(a.pids) > 1 else ""
     if a.cause == "runq_starvation":
         summary += (f"its threads{processes} waited {_ms(a.runq_wait_ns)} for a CPU "
-                    f"({a.explained:.0%} of the excess)")
+                    f"({share:.0%} of the excess)")
         if top:
             summary += f"; top suspect {top.comm} (pid {top.pid}) {_ms(top.wait_ns)}"
     elif a.cause == "self_contention":
         summary += (f"its threads{processes} waited {_ms(a.self_wait_ns)} for CPUs held by {a.self_threads} "
-                    f"thread(s) of its own serving group ({a.explained:.0%} of the excess): more runnable "
+                    f"thread(s) of its own serving group ({share:.0%} of the excess): more runnable "
                     f"threads than CPUs, no neighbour")
     elif a.cause == "cfs_throttling":
         summary += (f"its threads{processes} were CPU-throttled by their cgroup for {_ms(a.throttled_ns)} "
-                    f"({a.explained:.0%} of the excess)")
+                    f"({share:.0%} of the excess)")
     elif a.cause == "irq":
-        summary += f"interrupts held its CPUs for {_ms(a.irq_ns)} of its threads' waits ({a.explained:.0%} of the excess)"
+        summary += f"interrupts held its CPUs for {_ms(a.irq_ns)} of its threads' waits ({share:.0%} of the excess)"
         if irq:
             summary += f"; top source {irq.kind} {irq.source} on CPU {irq.cpu}"
     elif a.cause == "gpu_ioctl_stall":
-        summary += f"GPU driver calls took {_ms(a.gpu_ioctl_ns)} ({a.explained:.0%} of the excess)"
+        summary += f"GPU driver calls took {_ms(a.gpu_ioctl_ns)} ({share:.0%} of the excess)"
         if a.gpu_ioctl_call:
             summary += f"; longest {a.gpu_ioctl_call} {_ms(a.gpu_ioctl_max_ns)}"
     elif a.cause == "gil_contention":
         summary += (f"its thread {a.thread_tid} waited {_ms(a.gil_wait_ns)} for the Python interpreter lock "
-                    f"({a.explained:.0%} of the excess), held by {a.culprit or 'another thread'}")
+                    f"({share:.0%} of the excess), held by {a.culprit or 'another thread'}")
     elif a.cause == "memory_stall":
         summary += (f"its thread {a.thread_tid} was blocked {_ms(a.memory_wait_ns)} on memory: page-cache "
-                    f"faults read back from disk, or reclaim ({a.explained:.0%} of the excess)")
+                    f"faults read back from disk, or reclaim ({share:.0%} of the excess)")
     elif a.cause == "io_wait":
         summary += (f"its thread {a.thread_tid} was blocked {_ms(a.io_wait_ns)} in uninterruptible I/O "
-                    f"({a.explained:.0%} of the excess)" + (f", on {a.culprit}" if a.culprit else ""))
+                    f"({share:.0%} of the excess)" + (f", on {a.culprit}" if a.culprit else ""))
     elif a.cause == "gpu_xid":
         summary += (f"its GPU logged Xid {a.gpu_xid} during it ({xid_info(a.gpu_xid).meaning}); nothing on the "
                     f"CPU side explains the excess")
@@ -96,8 +97,28 @@ def _summary(a: RequestAttribution, irq: IrqTime | None) -> str:
         summary += (f"its GPU was clocked down during it ({', '.join(a.gpu_throttle)}); nothing on the CPU side "
                     f"explains the excess")
     else:
-        summary += f"cause {a.cause}: run-queue waits explain {a.explained:.0%} of the excess"
-    return summary
+        summary += f"cause {a.cause}: run-queue waits explain {share:.0%} of the excess"
+    return summary + _beside(a)
+
+
+def _beside(a: RequestAttribution) -> str:
+    """The wait-for chain its thread slept on, and the causes stacked beside the first."""
+    text = ""
+    if a.chain:
+        text += "; it slept on " + ", which slept on ".join(
+            f"{hop.comm}[{hop.tid}] {_ms(hop.waited_ns)}" + ("" if hop.kind == "sleep" else
+                                                            f" ({_KIND.get(hop.kind, hop.kind)} {_ms(hop.ns)}"
+                                                            + (f", {hop.culprit}" if hop.culprit else "") + ")")
+            for hop in a.chain)
+    rest = [c for c in a.causes if c.cause != a.cause]
+    if rest:
+        text += "; also " + ", ".join(f"{c.cause} {c.share:.0%}" for c in rest)
+    return text + (f"; {a.explained:.0%} of the excess explained" if rest else "")
+
+
+#: what a chain's hop was doing, in words
+_KIND = {"runq": "waiting for a CPU", "gil": "waiting for the GIL", "memory": "blocked on memory",
+         "io": "in I/O", "cpu": "on its CPU"}
 
 
 def _remedy(a: RequestAttribution, cpus_allowed: list[int], others: list[int], throttle: CgroupThrottle | None,

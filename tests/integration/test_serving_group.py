@@ -6,7 +6,9 @@ requests caught in that window must be attributed to run-queue starvation
 with a hog as top suspect and the engine among the contributing pids (the
 front itself never waits for a CPU); an unloaded control run must get no
 cause at all. The real collector finds the engine through the process tree
-(it is never named in a filter) and describes it with its serving group."""
+(it is never named in a filter) and describes it with its serving group;
+the front's sleeps name the engine as their waker, and the requests' wait-for
+chain runs from the front to the engine to the hogs."""
 
 from __future__ import annotations
 
@@ -42,10 +44,11 @@ def pipeline(stack):
     # A generous grace: on a loaded 2-core box the worker's runq consumer can
     # trail the spans by seconds, and evidence after the grace is too late.
     # The front is watched because it sends spans, the engine because it is
-    # the front's child. Only the run-queue signal: the others add load and
-    # nothing this test looks at.
+    # the front's child. The run-queue and blocked signals (who woke the
+    # front's sleeps: the wait-for edge to the engine): the others add load
+    # and nothing this test looks at.
     yield span_pipeline(stack, {"JITTERSCOPE_REQUEST_SLO_MS": "30", "JITTERSCOPE_ATTRIBUTION_GRACE_S": "10"},
-                        JITTERSCOPE_SERVING_GROUP="auto", JITTERSCOPE_HARDWARE_PROBES="[]")
+                        JITTERSCOPE_SERVING_GROUP="auto", JITTERSCOPE_HARDWARE_PROBES='["blocked"]')
 
 
 def start_standin(otlp_port: int, prefix: str, seconds: float) -> subprocess.Popen:
@@ -74,7 +77,7 @@ def finish(standin: subprocess.Popen, first: list[str] = ()) -> tuple[int, dict[
 
 def attributions(stack, prefix: str) -> dict[str, tuple]:
     rows = stack.query(
-        "SELECT request_id, cause, runq_wait_ns, excess_ns, suspects, pids, pid "
+        "SELECT request_id, cause, runq_wait_ns, excess_ns, suspects, pids, pid, chain "
         "FROM jitterscope.request_attribution FINAL WHERE startsWith(request_id, {p:String})", p=prefix)
     return {r[0]: tuple(r[1:]) for r in rows}
 
@@ -128,17 +131,22 @@ def test_engine_waits_explain_the_front_s_requests(pipeline):
     wrong = {r: (got[r][0], got[r][1] / MS, got[r][2] / MS, got[r][3][:2], got[r][4]) for r in inside
              if r not in right}
     top = [r for r in right if got[r][3][0]["comm"] == HOG_COMM]
+    # the front slept on the engine, which waited for its CPU behind the hogs: the wait-for edge
+    chained = [r for r in right if got[r][6] and (got[r][6][0]["comm"], got[r][6][0]["kind"], got[r][6][0]["culprit"])
+               == ("VLLM::EngineCor", "runq", HOG_COMM)]
     false_quiet = false_causes(got_quiet, quiet)
     false_loaded = false_causes(got, requests)
     named_quiet = sum(a[0] in CAUSES for a in got_quiet.values())
     seen = sum(got[r][1] for r in inside) / max(1, sum(requests[r][2] for r in inside))
     print(f"\n[measured] contended: {len(right)}/{len(inside)} requests in the hog window attributed "
           f"runq_starvation with the engine (pid {engine}) in pids and {HOG_COMM} a suspect, the top one in "
-          f"{len(top)}; their attributed waits = "
+          f"{len(top)}, the chain front -> engine -> {HOG_COMM} in {len(chained)} (e.g. "
+          f"{got[chained[0]][6] if chained else [got[r][6] for r in right[:2]]}); their attributed waits = "
           f"{seen:.0%} of the kernel's schedstat count; control: {named_quiet}/{len(quiet)} named a cause "
           f"(others' load on the shared CPU), {len(false_quiet)} of them contradicted by the kernel; "
           f"contended run: {len(false_loaded)}/{len(requests)} contradicted")
     assert not wrong, wrong
     assert len(top) >= 0.75 * len(inside), [got[r][3] for r in right if r not in top]
+    assert len(chained) >= 0.75 * len(inside), [got[r][6] for r in right if r not in chained]
     assert len(false_quiet) <= max(1, 0.03 * len(quiet)), false_quiet
     assert len(false_loaded) <= max(1, 0.03 * len(requests)), false_loaded

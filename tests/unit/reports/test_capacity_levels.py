@@ -89,7 +89,7 @@ def test_the_summary_leads_and_agrees_with_the_actions():
         if "runq_minute" in sql:
             return [("logrotate", 900, 30, 60.0), ("cron", 100, 2, 5.0)][:params.get("limit", 10)]
         if "request_attribution" in sql and "GROUP BY cause ORDER" in sql:
-            return [("runq_starvation", 30.0, 12), ("gpu_ioctl_stall", 10.0, 4)]
+            return [("runq_starvation", 30.0, 12, 0.9), ("gpu_ioctl_stall", 10.0, 4, 0.8)]
         if "FROM jitterscope.alerts" in sql and "GROUP BY kind" in sql:
             return [("pcie_contention", 2, 20, "a-1", "move the I/O"), ("migration_storm", 1, 2, "b-1", "pin it")]
         return []

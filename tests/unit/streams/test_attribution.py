@@ -73,7 +73,7 @@ def test_evidence_before_or_after_the_span_is_attributed_the_same(evidence_first
     assert result.request_id == "slow-1"
     assert result.duration_ns == 80 * MS and result.baseline_ns == 10 * MS and result.excess_ns == 70 * MS
     assert result.runq_wait_ns == 60 * MS and result.runq_wait_max_ns == 25 * MS and result.runq_waits == 3
-    assert result.cause == "runq_starvation" and result.explained == pytest.approx(60 / 70, abs=1e-3)
+    assert result.cause == "runq_starvation" and result.causes[0].share == pytest.approx(60 / 70, abs=1e-3)
     assert [(s.comm, s.wait_ns) for s in result.suspects] == [("jshog", 35 * MS), ("backup", 25 * MS)]
     assert (result.host, result.boot_id, result.seq) == (request.host, request.boot_id, request.seq)
 
@@ -237,7 +237,7 @@ def test_gpu_driver_stall_is_named_when_it_explains_most():
     [result] = due_after(a, 100)
     assert result.cause == "gpu_ioctl_stall" and result.gpu_ioctl_ns == 70 * MS and result.gpu_ioctls == 1
     assert result.runq_wait_ns == 5 * MS
-    assert result.explained == pytest.approx(70 / 90, abs=1e-3)
+    assert result.causes[0].share == pytest.approx(70 / 90, abs=1e-3)
     assert result.gpu_ioctl_call == "NV_ESC_RM_CONTROL"  # 0xC020462A: _IOWR('F', 0x2A, 32)
 
 
@@ -379,7 +379,7 @@ def test_throttled_cgroup_is_the_cause_and_named():
     a.add_evidence(throttle(end_ms=500, interval_ms=1000, throttled_ms=800))
     [result] = due_after(a, 100)
     assert result.throttled_ns == 64 * MS and result.irq_ns == 0
-    assert result.cause == "cfs_throttling" and result.explained == pytest.approx(64 / 90, abs=1e-3)
+    assert result.cause == "cfs_throttling" and result.causes[0].share == pytest.approx(64 / 90, abs=1e-3)
     assert result.suspects[0].wait_ns == 16 * MS, "only the unthrottled rest is the neighbour's"
     assert (result.pod, result.namespace, result.container) == ("vllm-0", "serving", "vllm")
     culprits = a.culprits(result)
@@ -603,7 +603,7 @@ def test_gil_wait_is_the_cause_with_its_holder_and_the_budget_adds_up():
     a.add_request(span("gil-1", 0, 40))
     [r] = due_after(a, 40)
     assert r.cause == "gil_contention" and r.culprit == "gil-hog[177]"
-    assert r.explained == pytest.approx(20 / 30, abs=1e-3)
+    assert r.causes[0].share == pytest.approx(20 / 30, abs=1e-3)
     assert (r.thread_tid, r.gil_wait_ns, r.sleep_ns, r.runq_wait_ns) == (101, 20 * MS, 3 * MS, 2 * MS)
     assert r.on_cpu_ns == 40 * MS - 20 * MS - 3 * MS - 2 * MS
     # what the baseline learns is the request less the thread's waits and stalls
@@ -735,9 +735,9 @@ def test_a_gil_hog_that_also_holds_the_cpu_is_one_cause_not_two_halves():
 
     r = request((100, 177, "gil-hog"))
     assert (r.cause, r.culprit, r.gil_wait_ns, r.self_wait_ns) == ("gil_contention", "gil-hog[177]", 30 * MS, 40 * MS)
-    assert r.explained == pytest.approx(60 / 80, abs=1e-3)
+    assert r.causes[0].share == pytest.approx(60 / 80, abs=1e-3)
     r = request((200, 202, "engine"))
-    assert (r.cause, r.self_wait_ns, r.explained) == ("self_contention", 40 * MS, 0.5)
+    assert (r.cause, r.self_wait_ns, r.causes[0].share) == ("self_contention", 40 * MS, 0.5)
 
 
 def test_a_request_no_thread_carried_is_named_self_contention_only_for_more_than_usual():
@@ -761,7 +761,7 @@ def test_a_request_no_thread_carried_is_named_self_contention_only_for_more_than
     got = {r.request_id: r for r in due_after(a, 330)}
     assert (got["routine"].cause, got["routine"].excess_ns, got["routine"].self_wait_ns) == (
         "unexplained", 30 * MS, 20 * MS)
-    assert (got["more"].cause, got["more"].explained) == ("self_contention", 1.0)
+    assert (got["more"].cause, got["more"].causes[0].share) == ("self_contention", 1.0)
 
 
 def test_group_threads_queued_together_weigh_once_beside_the_front_end_s_gil_wait():

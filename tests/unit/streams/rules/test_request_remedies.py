@@ -110,3 +110,18 @@ def test_memory_and_io_stalls_get_their_own_remedies():
     on = request_slo(attribution(cause="io_wait", io_wait_ns=280 * MS, culprit="nvme1n1"), "vllm", [0], [0, 1], NOW)
     assert "uninterruptible I/O" in on.summary and on.summary.endswith("on nvme1n1")
     assert "find nvme1n1's other users" in on.remedy
+
+
+def test_the_summary_follows_the_chain_and_lists_the_causes_beside_the_first():
+    from jitterscope.schemas.events import CauseShare, ChainHop
+
+    a = attribution(cause="gil_contention", explained=0.95, gil_wait_ns=0, culprit="detok[177]",
+                    causes=[CauseShare(cause="gil_contention", share=0.7), CauseShare(cause="runq_starvation", share=0.25)],
+                    chain=[ChainHop(tid=201, comm="VLLM::EngineCor", waited_ns=300 * MS, kind="sleep", ns=280 * MS,
+                                    culprit="detok[177]"),
+                           ChainHop(tid=177, comm="detok", waited_ns=280 * MS, kind="gil", ns=230 * MS, culprit="x[9]")])
+    summary = request_slo(a, "python3", [2], [0, 1, 2, 3], NOW).summary
+    assert "(70% of the excess), held by detok[177]" in summary, "the cause's own share, not all the causes'"
+    assert ("it slept on VLLM::EngineCor[201] 300 ms, which slept on detok[177] 280 ms "
+            "(waiting for the GIL 230 ms, x[9])") in summary
+    assert "also runq_starvation 25%; 95% of the excess explained" in summary
