@@ -84,6 +84,10 @@ struct runq_event {
     u64 suspect_kernel[STACK_DEPTH];
     u64 suspect_user[STACK_DEPTH];
 };
+/* An event without stacks is only its head in the ring buffer: ~100 bytes,
+ * not ~4 KiB (the reader sees the record's size; the stack sizes, in the
+ * head, say none was taken). */
+#define RUNQ_EVENT_HEAD_SIZE __builtin_offsetof(struct runq_event, victim_kernel)
 
 /* A serving thread's run-queue waits under its own threshold, summed (see
  * runq.bpf.c): each is too short to send, together they are a request's
