@@ -56,13 +56,14 @@ CLI = [sys.executable, "-m", "jitterscope.cli"]
 OWN_BROKER = os.environ.get("BENCH_VLLM_OWN_BROKER", "1") == "1"
 ARMS = os.environ.get("BENCH_VLLM_ARMS", "off,collector,up").split(",")  # "off" is always run: the baseline
 STEPS = os.environ.get("BENCH_VLLM_STEPS", "") == "1"
-#: the collector's arms: what the table says, its settings beyond the defaults, and what runs it
-#: (chrt: its scheduling policy, which its threads inherit)
-VARIANTS = {"collector": ("the collector alone", {}, []),
+#: the collector's arms: what the table says, its settings beyond the defaults
+VARIANTS = {"collector": ("the collector alone", {}),
             "collector-nostacks": ("the collector alone, no stacks (runq_stacks false)",
-                                   {"JITTERSCOPE_RUNQ_STACKS": "false"}, []),
-            "collector-batch": ("the collector alone under SCHED_BATCH", {}, ["chrt", "--batch", "0"]),
-            "collector-idle": ("the collector alone under SCHED_IDLE", {}, ["chrt", "--idle", "0"])}
+                                   {"JITTERSCOPE_RUNQ_STACKS": "false"}),
+            "collector-batch": ("the collector alone under SCHED_BATCH (collector_policy batch)",
+                                {"JITTERSCOPE_COLLECTOR_POLICY": "batch"}),
+            "collector-idle": ("the collector alone under SCHED_IDLE (collector_policy idle)",
+                               {"JITTERSCOPE_COLLECTOR_POLICY": "idle"})}
 
 
 def _phase(api_port: int, seconds: float, prefix: str) -> list[float]:
@@ -104,7 +105,7 @@ def _losses(log: Path) -> str:
 
 
 def _collector_phase(broker, otlp: int, api_port: int, prefix: str,
-                     extra: dict | None = None, runner: list[str] = ()) -> tuple[list[float], float]:
+                     extra: dict | None = None) -> tuple[list[float], float]:
     with tempfile.TemporaryDirectory() as data:
         env = {k: v for k, v in os.environ.items() if not k.startswith("JITTERSCOPE_")}
         env.update(JITTERSCOPE_DATA_DIR=data, JITTERSCOPE_BOOTSTRAP_SERVERS=broker.bootstrap_servers, JITTERSCOPE_OTLP_PORT=str(otlp),
@@ -116,10 +117,10 @@ def _collector_phase(broker, otlp: int, api_port: int, prefix: str,
                    # so the collector dropped its waits instead of publishing them)
                    JITTERSCOPE_OWN_TREE_PID=str(broker.proc.pid) if OWN_BROKER else "0", **(extra or {}))
         log, steps = Path(data) / "collector.log", Path(data) / "steps.json"
-        command = [*runner, *CLI, "collector"]
+        command = [*CLI, "collector"]
         if STEPS:  # its loop's steps timed in thread CPU time (bench/collector_slices.py), printed after
             env["PYTHONPATH"] = str(REPO / "bench")
-            command = [*runner, sys.executable, "-c", f"import collector_slices as c; c.child_main({str(steps)!r})"]
+            command = [sys.executable, "-c", f"import collector_slices as c; c.child_main({str(steps)!r})"]
         collector = subprocess.Popen(command, env=env, cwd=data, stdout=open(log, "w"), stderr=subprocess.STDOUT)
         try:
             deadline = time.monotonic() + 300
@@ -181,7 +182,7 @@ def bench_vllm_cost() -> str:
                     if arm == "off":
                         got = _phase(api_port, PHASE_S, prefix)
                     elif arm in VARIANTS:
-                        got, share = _collector_phase(broker, otlp, api_port, prefix, *VARIANTS[arm][1:])
+                        got, share = _collector_phase(broker, otlp, api_port, prefix, VARIANTS[arm][1])
                     else:
                         got, share, counts = _up_phase(otlp, api_port, prefix)
                         own = {k: own[k] + counts[k] for k in own}

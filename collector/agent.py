@@ -372,6 +372,7 @@ class Collector:
         """Before the loop: ports checked, Kafka reached, the metrics server, probes and OTLP receiver started."""
         s = self.settings
         pacing.confine(s.own_cpus)  # before the probes' and the OTLP receiver's threads: they inherit it
+        pacing.yield_to_servers(s.collector_policy)  # the same
         metrics, otlp = ports.collector_listeners(s)
         ports.require_free(metrics, otlp)  # a port taken: one line now, not a traceback after the BPF compile
         self.publisher.check_reachable(10.0 if duration_s is None else min(10.0, duration_s))  # --duration bounds it

@@ -14,6 +14,9 @@ cause it reports (issue 39; bench/collector_slices.py measured runs of up to
   next wait or yield), which the collector publishes (CollectorStats.longest_run_ns).
 - :func:`confine`: jitterscope's own CPUs (``own_cpus``, housekeeping CPUs):
   every thread of this process, and what it starts afterwards, runs there.
+- :func:`yield_to_servers`: the collector's scheduling policy
+  (``collector_policy``): SCHED_IDLE runs only on a CPU no one else wants,
+  SCHED_BATCH never preempts on wakeup. bench/vllm_cost.py measures both.
 """
 
 from __future__ import annotations
@@ -116,3 +119,20 @@ def confine(cpus: list[int], task_dir: Path = Path("/proc/self/task")) -> set[in
                              f"host has online and this cgroup allows (now: {sorted(os.sched_getaffinity(0))})") from exc
     log.info("confined to own_cpus", extra={"cpus": sorted(wanted)})
     return wanted
+
+
+POLICIES = {"normal": os.SCHED_OTHER, "batch": os.SCHED_BATCH, "idle": os.SCHED_IDLE}
+
+
+def yield_to_servers(policy: str, task_dir: Path = Path("/proc/self/task")) -> None:
+    """Give every thread of this process (and so what they start afterwards:
+    a policy is inherited) the scheduling ``policy`` of POLICIES; "normal"
+    leaves them as they are."""
+    if policy == "normal":
+        return
+    for entry in os.listdir(task_dir):
+        try:
+            os.sched_setscheduler(int(entry), POLICIES[policy], os.sched_param(0))
+        except ProcessLookupError:  # a thread that ended meanwhile
+            continue
+    log.info("collector scheduling policy set", extra={"policy": policy})

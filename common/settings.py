@@ -66,18 +66,16 @@ class KafkaSettings(BaseModel):
                                          "records (the embedded broker holds every fetch its full wait)")
     kafka_max_message_bytes: int = Field(
         900_000, ge=10_000, description="a Kafka message is split below this many bytes (brokers refuse > 1 MB)")
-    # Topics: every topic gets the same count (records are keyed by host, and
-    # one worker must own all of a host's topics), so the count bounds the
-    # number of streams workers that share the work.
+    # Topics: every topic gets the same count (records are keyed by host, and one worker must own all of a
+    # host's topics), so the count bounds the number of streams workers that share the work.
     kafka_partitions: int = Field(
         4, ge=1, description="partitions of every jitterscope topic (at most this many streams workers share "
                              "the work); `jitterscope topics create` makes them, workers refuse a mismatch")
     kafka_replication_factor: int = Field(
         1, ge=1, description="replicas of every jitterscope topic `jitterscope topics create` makes (3 on a "
                              "production cluster)")
-    # Security: mapped to librdkafka (collector, topics, up) and to aiokafka
-    # through Faust (streams) by common/kafka_auth.py. The password is a
-    # SecretStr: it never shows in repr, logs or --help.
+    # Security: mapped to librdkafka (collector, topics, up) and to aiokafka through Faust (streams) by
+    # common/kafka_auth.py. The password is a SecretStr: it never shows in repr, logs or --help.
     kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
         "PLAINTEXT", description="Kafka security.protocol")
     kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = Field(
@@ -144,12 +142,10 @@ class CollectorSettings(BaseModel):
     runq_threshold_ms: float = Field(5.0, gt=0, description="waits at or above this leave the kernel as events")
     serving_threshold_ms: float = Field(
         1.0, gt=0, description="event threshold for processes that send request spans (finer evidence)")
-    # vLLM V1 emits spans from the API server while its EngineCore and GPU
-    # workers are child processes; in a container, every process of the
-    # serving container counts. "auto" covers both: tree, plus the span
-    # process's cgroup when that process is in a container (own PID namespace
-    # or a container ID). "cgroup" alone suits a systemd unit on a bare host;
-    # on a login session it would sweep in the whole session.
+    # vLLM V1 emits spans from the API server while its EngineCore and GPU workers are child processes; in
+    # a container, every process of the serving container counts. "auto" covers both: tree, plus the span
+    # process's cgroup when that process is in a container (own PID namespace or a container ID).
+    # "cgroup" alone suits a systemd unit on a bare host; on a login session it would sweep in the session.
     serving_group: Literal["auto", "process", "tree", "cgroup"] = Field(
         "auto", description="which processes a request's evidence comes from: process (the span's only), tree "
                             "(and its descendants), cgroup (and its cgroup's processes), auto (tree, plus the "
@@ -161,6 +157,10 @@ class CollectorSettings(BaseModel):
     own_cpus: list[int] = Field(
         default_factory=list, description="jitterscope's own CPUs (housekeeping CPUs): the collector's threads, "
                                           "and under `up` the broker and worker, run only there (empty: anywhere)")
+    collector_policy: Literal["normal", "batch", "idle"] = Field(
+        "normal", description="the collector's CPU scheduling policy: idle (SCHED_IDLE) never takes a CPU a server "
+                              "wants (beside a real vLLM on 2 CPUs: its P99 1.0-1.3x, not 1.6-1.9x) but loses "
+                              "events while the CPUs stay busy (0.7-3% there); batch: no wakeup preemption")
     runq_stacks: bool = Field(
         True, description="capture the culprit's and the starved thread's stacks for run-queue waits of "
                           "runq_alert_ms or more (off: no stack walks, no symbolization; alerts name no stacks)")

@@ -132,3 +132,29 @@ def test_callbacks_inside_the_wait_start_their_run_after_the_sleep():
     assert yields == [50_600_000]  # after 0.6 ms of callbacks, not at the first one
     pacer.waiting(lambda: None)
     assert pacer.take_longest() == 600_000
+
+
+POLICY = """
+import json, os, threading
+from jitterscope.collector import pacing
+stop = threading.Event()
+before = threading.Thread(target=stop.wait); before.start()
+pacing.yield_to_servers("POLICY")
+after = threading.Thread(target=stop.wait); after.start()
+child = os.fork()
+if child == 0:
+    os._exit(0 if os.sched_getscheduler(0) == pacing.POLICIES["POLICY"] else 3)
+_, status = os.waitpid(child, 0)
+tasks = [os.sched_getscheduler(int(t)) for t in os.listdir("/proc/self/task")]
+stop.set(); before.join(); after.join()
+print(json.dumps({"tasks": tasks, "child": os.waitstatus_to_exitcode(status)}))
+"""
+
+
+@pytest.mark.parametrize("policy", ["idle", "batch", "normal"])
+def test_the_collector_policy_reaches_every_thread_those_started_after_and_children(policy):
+    out = subprocess.run([sys.executable, "-c", POLICY.replace("POLICY", policy)], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout)
+    assert result["tasks"] == [pacing.POLICIES[policy]] * 3 and result["child"] == 0
