@@ -30,11 +30,11 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 
 from alert_delay import _pct, running_up  # noqa: E402  (bench/ is on sys.path)
@@ -97,11 +97,16 @@ def _measured(api_port: int, prefix: str, collector: int) -> tuple[list[float], 
 
 
 def _losses(log: Path) -> str:
-    """What the collector's log says it read and the kernel lost (its stop line, its last loss line)."""
-    text = log.read_text(errors="replace")
-    read = re.findall(r'"events_read": ?(\d+)', text)
-    lost = re.findall(r'"ringbuf_drops_total": ?(\d+)', text)
-    return f"events read {read[-1] if read else '?'}, ring-buffer drops {lost[-1] if lost else 0}"
+    """What the collector's log says it read and the kernel lost (its stop line, its last loss line), and
+    when it lost them (s after its "collector started" line: while its probes were still being set up?)."""
+    lines = [json.loads(line) for line in log.read_text(errors="replace").splitlines() if line.startswith("{")]
+    at = {line["msg"]: line["ts"] for line in lines}
+    read = [line["events_read"] for line in lines if "events_read" in line]
+    lost = [(line["ts"], line["ringbuf_drops"]) for line in lines if "ringbuf_drops_total" in line]
+    started = datetime.fromisoformat(at.get("collector started", lines[0]["ts"]).replace("Z", "+00:00"))
+    when = ", ".join(f"{n} at {(datetime.fromisoformat(ts.replace('Z', '+00:00')) - started).total_seconds():+.0f} s"
+                     for ts, n in lost)
+    return f"events read {read[-1] if read else '?'}, ring-buffer drops {sum(n for _, n in lost)} ({when or 'none'})"
 
 
 def _collector_phase(broker, otlp: int, api_port: int, prefix: str,
