@@ -159,8 +159,8 @@ class CollectorSettings(BaseModel):
                                           "and under `up` the broker and worker, run only there (empty: anywhere)")
     collector_policy: Literal["normal", "batch", "idle"] = Field(
         "normal", description="the collector's CPU scheduling policy: idle (SCHED_IDLE) never takes a CPU a server "
-                              "wants (beside a real vLLM on 2 CPUs: its P99 1.0-1.3x, not 1.6-1.9x) but loses "
-                              "events while the CPUs stay busy (0.7-3% there); batch: no wakeup preemption")
+                              "wants, but may lose events while the CPUs stay busy (up to 3% beside a real vLLM "
+                              "on 2 CPUs); batch (SCHED_BATCH) never preempts on wakeup")
     runq_stacks: bool = Field(
         True, description="capture the culprit's and the starved thread's stacks for run-queue waits of "
                           "runq_alert_ms or more (off: no stack walks, no symbolization; alerts name no stacks)")

@@ -243,10 +243,10 @@ class BlockedWait(Record, frozen=True):
 
 
 class IrqTime(Record, frozen=True):
-    """Time one CPU spent in one interrupt source over ``interval_ns`` ending
-    at ``ts_ns`` (in-kernel sums from the irq: tracepoints). ``kind`` is
-    "hardirq" (``source`` = "<irq>:<handler name>") or "softirq" (``source``
-    = the vector: "NET_RX", "TIMER", ...)."""
+    """Time one CPU spent in one interrupt source over ``interval_ns`` ending at ``ts_ns`` (in-kernel sums
+    from the irq: tracepoints). ``kind`` is "hardirq" (``source`` = "<irq>:<handler name>"), "softirq"
+    (``source`` = the vector: "NET_RX", "TIMER", ...) or "steal": the hypervisor ran something else on
+    this vCPU (``source`` "hypervisor", ``count`` clock ticks; /proc/stat)."""
 
     cpu: U16
     interval_ns: U64
@@ -426,7 +426,7 @@ class RequestAttribution(Record, frozen=True):
     ``baseline_ns`` is the host's rolling median for requests of this name;
     ``excess_ns`` what this one took beyond it. ``cause`` is the evidence that
     explains most of the excess ("runq_starvation", "self_contention",
-    "cfs_throttling", "irq", "gpu_ioctl_stall", "gil_contention",
+    "cfs_throttling", "irq", "steal", "gpu_ioctl_stall", "gil_contention",
     "memory_stall", "io_wait"; "gpu_xid" or "gpu_throttle" when its GPU
     logged an Xid or was clocked down during it and nothing on the CPU side
     explains the excess), or "unexplained" (or "none": no excess). Requests

@@ -476,7 +476,7 @@ class Attributor:
         suspects, longest_call = charged.suspects, charged.longest_call
         return {"runq_starvation": suspects[0].comm if suspects else "",
                 "cfs_throttling": found.throttle.cgroup if found.throttle else "",
-                "irq": found.irq.source if found.irq else "",
+                "irq": found.irq.source if found.irq else "", "steal": "hypervisor",
                 "gpu_ioctl_stall": ioctl_name(longest_call.request) if longest_call else "",
                 "memory_stall": cause == "memory_stall"  # looked for only then: a 60 s look back
                 and evictor(evidence, span, group, lambda pid: self._record(span.host, pid)),

@@ -95,13 +95,14 @@ def weigh(excess: int, baseline: int, waited: int, charged: Charges, budget: Thr
         return "none", 0.0, []
     runq, throttled, irq, own_ns = charged.runq[0], charged.throttled, charged.irq, charged.own_ns
     share = union_share(charged, waited)
+    steal = sum(ns for (_cpu, kind, _source), ns in charged.sources.items() if kind == "steal")  # the hypervisor's
     stalls = {STALLS[kind]: budget.blocked.get(kind, 0) for kind in STALLS}
     stalls["gil_contention"] += int(share * min(own_ns, charged.behind_gil_holders))  # one culprit
     for cause, ns in (chained or {}).items():
         stalls[cause] += ns
     candidates = sorted(((name, min(1.0, ns / excess)) for name, ns in (
         ("runq_starvation", share * (runq - throttled - irq - own_ns - charged.idle_ns)),
-        ("cfs_throttling", share * throttled), ("irq", share * irq),
+        ("cfs_throttling", share * throttled), ("irq", share * (irq - steal)), ("steal", share * steal),
         ("self_contention", self_contention_ns(charged, waited) - usual_own_ns),
         ("gpu_ioctl_stall", charged.ioctl[0]), *stalls.items()) if ns >= MIN_SHARE * excess),
         key=lambda c: -c[1])

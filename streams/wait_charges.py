@@ -104,8 +104,9 @@ def charged(keys: Keys, table: np.ndarray, runq: list[tuple[int, int, int]], pid
             first_source) -> tuple[list, np.ndarray]:
     """Every window's charges from its row of totals (Tie where the walk's
     order would decide), and per window the source of interrupts charged
-    most (-1: none asked). The throttles and sources name only the one
-    charged most: all attribution reads of them (``_culprit``).
+    most (-1: none asked). The throttles name only the one charged most:
+    all attribution reads of them (``_culprit``); the sources name all
+    (steal is one of them, by its kind).
     ``first_source(window, sources)``: of tied sources, the one the walk
     met first (None: not known here, a Tie)."""
     throttles, sources = table[:, keys.span("throttle")], table[:, keys.span("irq")]
@@ -121,9 +122,9 @@ def charged(keys: Keys, table: np.ndarray, runq: list[tuple[int, int, int]], pid
     suspect_names, thread_names = keys.blocks["suspect"][1], keys.blocks["own thread"][1]
     rows = zip(tie.tolist(), throttled.tolist(), top_throttle.tolist(), irq.tolist(), top_source.tolist(),
                table[:, keys.span("suspect")].tolist(), table[:, keys.span("own thread")].tolist(),
-               table[:, OWN].tolist(), table[:, IDLE].tolist(), runq, pids)
+               table[:, OWN].tolist(), table[:, IDLE].tolist(), runq, pids, sources.tolist())
     out = []
-    for tied, cut, cgroup, stolen, source, suspects, threads, own, idle, window, found in rows:
+    for tied, cut, cgroup, stolen, source, suspects, threads, own, idle, window, found, by_source in rows:
         by_suspect: dict[str, dict[int, int]] = defaultdict(dict)
         for (comm, pid), ns in zip(suspect_names, suspects):
             if ns > 0:
@@ -134,10 +135,18 @@ def charged(keys: Keys, table: np.ndarray, runq: list[tuple[int, int, int]], pid
             continue
         out.append(Charged(runq=window, suspects=rank_suspects(by_suspect, TOP_SUSPECTS), throttled=cut,
                            throttles={cgroup_names[cgroup]: cut} if cut else {}, irq=stolen,
-                           sources={source_names[source]: stolen} if stolen else {}, irq_records={}, own_ns=own,
+                           sources=_sources(source_names, source, by_source) if stolen else {}, irq_records={}, own_ns=own,
                            own_threads={tid for tid, n in zip(thread_names, threads) if n > 0}, idle_ns=idle,
                            pids=found))
     return out, top_source
+
+
+def _sources(names: list[tuple], top: int, by_source: list[int]) -> dict[tuple, int]:
+    """A window's interrupt ns per source (cpu, kind, source), the one charged most first (on a tie, the
+    one the walk met first: ``_culprit`` names the first of the largest); steal is told apart by its kind."""
+    found = {names[top]: by_source[top]}
+    found.update((name, ns) for name, ns in zip(names, by_source) if ns > 0 and name not in found)
+    return found
 
 
 def _tied_values(values) -> bool:

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The "irq" signal and its loader for bpf/irq.bpf.c: time each CPU spends
-in hard IRQ handlers (per IRQ number) and soft IRQs (per vector).
+in hard IRQ handlers (per IRQ number) and soft IRQs (per vector), and the
+time the hypervisor took each vCPU away (steal: /proc/stat, in clock ticks).
 
 The kernel keeps cumulative sums per (CPU, source); `IrqProbe.read` turns
 them into deltas since the previous read. A hard IRQ's name is the handler
@@ -12,6 +13,7 @@ names the kernel lists under /proc/irq/N/ (one directory per action, as in
 from __future__ import annotations
 
 import ctypes
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,6 +77,23 @@ class IrqProbe(base.BccProbe):
         return out
 
 
+def steal_ticks(proc: Path = Path("/proc")) -> dict[tuple[str, int, int], tuple[int, int]]:
+    """("steal", cpu, 0) -> (clock ticks, ns) the hypervisor ran something else
+    on each vCPU since boot (/proc/stat's 8th per-CPU column; none on bare
+    metal, or where the kernel does not count it)."""
+    tick_ns = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+    out = {}
+    try:
+        lines = (proc / "stat").read_text().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        fields = line.split()
+        if len(fields) > 8 and fields[0].startswith("cpu") and fields[0][3:].isdigit() and int(fields[8]):
+            out[("steal", int(fields[0][3:]), 0)] = (int(fields[8]), int(fields[8]) * tick_ns)
+    return out
+
+
 def irq_name(irq: int, proc: Path = Path("/proc")) -> str:
     """The handler names of IRQ ``irq`` (its actions, comma-joined), "" if unknown."""
     try:
@@ -95,12 +114,17 @@ class IrqSignal(SampledSignal, BccSignal):
     def open(self, context: ProbeContext) -> None:
         self._names: dict[int, str] = {}
         self.probe = IrqProbe()
+        self._stolen = steal_ticks(context.proc)
         self.start_clock(context, context.settings.irq_interval_s)
 
     def read(self) -> dict[tuple[str, int, int], IrqSum]:
-        return self.probe.read() if self.probe else {}
+        """The probe's interrupt time, and each vCPU's steal, since the last read."""
+        stolen, self._stolen = self._stolen, steal_ticks(self.ctx.proc)
+        return {**(self.probe.read() if self.probe else {}), **diff(self._stolen, stolen)}
 
     def source(self, kind: str, number: int) -> str:
+        if kind == "steal":
+            return "hypervisor"
         if kind == "softirq":
             return SOFTIRQ_NAMES[number] if number < len(SOFTIRQ_NAMES) else str(number)
         if number not in self._names:

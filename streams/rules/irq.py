@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """Interrupt rule (signal: the irq probe, topic jitterscope.irq): one hard
-IRQ or softirq source took a large share of a CPU over an interval. Its
+IRQ or softirq source, or the hypervisor (steal), took a large share of a CPU over an interval. Its
 time is stolen from whatever runs there, and no scheduler setting helps: the
 interrupt has to move. Pure: no I/O."""
 
@@ -16,6 +16,9 @@ HOUSEKEEPING = {"TIMER", "HRTIMER", "SCHED", "RCU"}  # the kernel's own per-CPU 
 def remedy(r: IrqTime, targets: list[int]) -> str:
     """``targets``: CPUs to move the interrupt to (away from the serving processes)."""
     to = cpu_list(targets) if targets else "<cpus away from the inference processes>"
+    if r.kind == "steal":
+        return (f"the hypervisor ran other work on vCPU {r.cpu}: no process here is to blame; ask for dedicated "
+                f"vCPUs (a CPU-pinned or larger instance) or move the VM to a less loaded host")
     if r.kind == "hardirq":
         irq = r.source.split(":", 1)[0]
         return (f"move IRQ {irq} ({r.source.split(':', 1)[-1] or 'unnamed'}) off CPU {r.cpu}: "
@@ -44,7 +47,7 @@ def irq_time(r: IrqTime, serving_cpus: set[int], host_cpus: list[int] | None, t:
         return None
     others = [c for c in host_cpus or [] if c != r.cpu]
     targets = [c for c in others if c not in serving_cpus] or others
-    what = f"IRQ {r.source}" if r.kind == "hardirq" else f"softirq {r.source}"
+    what = {"hardirq": f"IRQ {r.source}", "steal": "the hypervisor (steal time)"}.get(r.kind, f"softirq {r.source}")
     summary = (f"{what} took {share:.0%} of CPU {r.cpu} ({r.time_ns / 1e6:.1f} ms in {r.interval_ns / 1e6:.0f} ms, "
                f"{r.count} runs)" + (" where serving processes run" if r.cpu in serving_cpus else ""))
     return Alert(

@@ -77,6 +77,8 @@ def _summary(a: RequestAttribution, irq: IrqTime | None) -> str:
         summary += f"interrupts held its CPUs for {_ms(a.irq_ns)} of its threads' waits ({share:.0%} of the excess)"
         if irq:
             summary += f"; top source {irq.kind} {irq.source} on CPU {irq.cpu}"
+    elif a.cause == "steal":
+        summary += f"the hypervisor took the vCPUs its threads waited for (steal time, {share:.0%} of the excess)"
     elif a.cause == "gpu_ioctl_stall":
         summary += f"GPU driver calls took {_ms(a.gpu_ioctl_ns)} ({share:.0%} of the excess)"
         if a.gpu_ioctl_call:
@@ -131,6 +133,9 @@ def _remedy(a: RequestAttribution, cpus_allowed: list[int], others: list[int], t
         return _throttle_remedy(a, throttle)
     if a.cause == "irq":
         return _irq_remedy(a, irq, others)
+    if a.cause == "steal":
+        return ("the hypervisor ran other work on this VM's vCPUs (steal time); no process here is to blame: ask "
+                "for dedicated vCPUs (a CPU-pinned or larger instance), or move the VM to a less loaded host")
     if a.cause == "runq_starvation" and top and top.pid and top.pid != a.pid:
         return (f"move {top.comm} (pid {top.pid}) off the CPUs of pid {a.pid}: "
                 + (f"taskset -apc {cpu_list(others)} {top.pid}" if others

@@ -442,6 +442,21 @@ def test_interrupts_on_the_wait_s_cpu_are_the_cause():
     assert (culprits.irq.cpu, culprits.irq.source) == (3, "42:nvme0q3")
 
 
+def test_a_vcpu_the_hypervisor_took_is_steal_never_a_neighbour_s():
+    a = Attributor(grace_ns=GRACE, processes=book(process(100, group=100), process(200, group=100)))
+    baseline(a)
+    a.add_request(span("r", 0, 100, pid=100))
+    a.add_evidence(engine_wait(90, 80, suspect=(900, "jshog"), cpu=3))  # waited 10..90 ms on CPU 3
+    # the hypervisor ran another guest on vCPU 3 for 75% of a 200 ms interval, an IRQ for 10%
+    a.add_evidence(irq_time(end_ms=150, interval_ms=200, time_ms=150, cpu=3, kind="steal", source="hypervisor"))
+    a.add_evidence(irq_time(end_ms=150, interval_ms=200, time_ms=20, cpu=3))
+    [result] = due_after(a, 100)
+    assert (result.cause, result.culprit) == ("steal", "hypervisor")
+    assert result.irq_ns == 68 * MS and result.suspects[0].wait_ns == 12 * MS, "the neighbour: only what is left"
+    assert [(c.cause, round(c.share * 90)) for c in result.causes] == [("steal", 60), ("runq_starvation", 12),
+                                                                        ("irq", 8)]
+
+
 def test_interrupt_time_is_capped_by_the_wait():
     a = Attributor(grace_ns=GRACE, processes=book(process(100, group=100)))
     baseline(a)

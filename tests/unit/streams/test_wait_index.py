@@ -71,6 +71,8 @@ def records(rng: random.Random, overlapping: bool) -> list:
         out += [IrqTime(host="h", boot_id="b", seq=100_000 + 10 * k + cpu, ts_ns=end, cpu=cpu, interval_ns=250 * MS,
                         kind="softirq", source=rng.choice(["NET_RX", "TIMER"]), count=1,
                         time_ns=rng.choice([1, 2]) * 10 * MS) for cpu in range(4)]
+        out.append(IrqTime(host="h", boot_id="b", seq=300_000 + k, ts_ns=end, cpu=rng.randrange(4), interval_ns=250 * MS,
+                           kind="steal", source="hypervisor", count=1, time_ns=rng.choice([1, 3]) * 10 * MS))
         out.append(CgroupThrottle(host="h", boot_id="b", seq=200_000 + k, ts_ns=end, cgroup="/kubepods/serving",
                                   interval_ns=250 * MS, quota_us=1, period_us=1, nr_periods=1, nr_throttled=1,
                                   throttled_ns=rng.choice([0, 20]) * MS))

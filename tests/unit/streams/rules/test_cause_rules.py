@@ -70,6 +70,13 @@ def test_irq_alert_over_the_share_names_the_irq_and_cpus_away_from_serving():
     assert net.severity == "critical" and "RPS" in net.remedy and "RSS" in net.remedy
 
 
+def test_a_vcpu_the_hypervisor_took_is_told_as_steal_with_no_irq_to_move():
+    alert = irq.irq_time(irq_time(0.3, "steal", "hypervisor"), {2, 3}, list(range(8)), T, NOW)
+    assert alert.kind == "irq" and alert.evidence["kind"] == "steal"
+    assert "the hypervisor (steal time) took 30% of CPU 3" in alert.summary
+    assert "dedicated vCPUs" in alert.remedy and "/proc/irq" not in alert.remedy
+
+
 def test_irq_handler_alerts_once_per_quiet_period():
     h = Handlers(state(process(serving=4242)))
     assert [a.kind for a in run(h, topics.IRQ, [irq_time(0.5)])] == ["irq"]

@@ -125,3 +125,13 @@ def test_the_summary_follows_the_chain_and_lists_the_causes_beside_the_first():
     assert ("it slept on VLLM::EngineCor[201] 300 ms, which slept on detok[177] 280 ms "
             "(waiting for the GIL 230 ms, x[9])") in summary
     assert "also runq_starvation 25%; 95% of the excess explained" in summary
+
+
+def test_steal_names_the_hypervisor_and_no_process_to_move():
+    from jitterscope.schemas.events import CauseShare
+
+    a = attribution(cause="steal", explained=0.8, irq_ns=260 * MS, culprit="hypervisor",
+                    causes=[CauseShare(cause="steal", share=0.8)])
+    alert = request_slo(a, "python3", [2], [0, 1, 2, 3], NOW)
+    assert "the hypervisor took the vCPUs its threads waited for (steal time, 80% of the excess)" in alert.summary
+    assert "dedicated vCPUs" in alert.remedy and "taskset" not in alert.remedy
