@@ -77,7 +77,7 @@ def finish(standin: subprocess.Popen, first: list[str] = ()) -> tuple[int, dict[
 
 def attributions(stack, prefix: str) -> dict[str, tuple]:
     rows = stack.query(
-        "SELECT request_id, cause, runq_wait_ns, excess_ns, suspects, pids, pid, chain "
+        "SELECT request_id, cause, runq_wait_ns, excess_ns, suspects, pids, pid, chain, explained "
         "FROM jitterscope.request_attribution FINAL WHERE startsWith(request_id, {p:String})", p=prefix)
     return {r[0]: tuple(r[1:]) for r in rows}
 
@@ -144,7 +144,8 @@ def test_engine_waits_explain_the_front_s_requests(pipeline):
           f"{got[chained[0]][6] if chained else [got[r][6] for r in right[:2]]}); their attributed waits = "
           f"{seen:.0%} of the kernel's schedstat count; control: {named_quiet}/{len(quiet)} named a cause "
           f"(others' load on the shared CPU), {len(false_quiet)} of them contradicted by the kernel; "
-          f"contended run: {len(false_loaded)}/{len(requests)} contradicted")
+          f"contended run: {len(false_loaded)}/{len(requests)} contradicted; explained >= 0.9 for "
+          f"{sum(got[r][7] >= 0.9 for r in inside)}/{len(inside)} in the hog window")
     assert not wrong, wrong
     assert len(top) >= 0.75 * len(inside), [got[r][3] for r in right if r not in top]
     assert len(chained) >= 0.75 * len(inside), [got[r][6] for r in right if r not in chained]
