@@ -730,3 +730,17 @@ ALTER TABLE jitterscope.runq_events ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXI
 ALTER TABLE jitterscope.collector_stats_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS longest_run_ns UInt64 DEFAULT 0;
 
 ALTER TABLE jitterscope.collector_stats ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS longest_run_ns UInt64 DEFAULT 0;
+
+ALTER TABLE jitterscope.request_attribution_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS
+    causes Array(Tuple(cause LowCardinality(String), share Float32)) DEFAULT [];
+
+ALTER TABLE jitterscope.request_attribution ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS
+    causes Array(Tuple(cause LowCardinality(String), share Float32)) DEFAULT [];
+
+ALTER TABLE jitterscope.request_attribution_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS
+    chain Array(Tuple(tid UInt32, comm String, waited_ns UInt64, kind LowCardinality(String), ns UInt64,
+                      culprit String)) DEFAULT [];
+
+ALTER TABLE jitterscope.request_attribution ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS
+    chain Array(Tuple(tid UInt32, comm String, waited_ns UInt64, kind LowCardinality(String), ns UInt64,
+                      culprit String)) DEFAULT [];
