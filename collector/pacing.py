@@ -99,6 +99,16 @@ def paced(items):
         PACER.point()
 
 
+def _each_thread(task_dir: Path, apply) -> None:
+    """``apply(tid)`` for every thread of this process running now (affinity and policy are per thread;
+    new threads and children inherit their creator's), past those that end meanwhile."""
+    for entry in os.listdir(task_dir):
+        try:
+            apply(int(entry))
+        except ProcessLookupError:
+            continue
+
+
 def confine(cpus: list[int], task_dir: Path = Path("/proc/self/task")) -> set[int]:
     """Pin every thread of this process (those running now: affinity is per
     thread, and new threads and children inherit their creator's) to
@@ -109,14 +119,11 @@ def confine(cpus: list[int], task_dir: Path = Path("/proc/self/task")) -> set[in
     if not cpus:
         return set()
     wanted = set(cpus)
-    for entry in os.listdir(task_dir):
-        try:
-            os.sched_setaffinity(int(entry), wanted)
-        except ProcessLookupError:  # a thread that ended meanwhile
-            continue
-        except OSError as exc:
-            raise BadConfig(f"own_cpus {sorted(wanted)}: the kernel refused it ({exc.strerror}); give CPUs this "
-                             f"host has online and this cgroup allows (now: {sorted(os.sched_getaffinity(0))})") from exc
+    try:
+        _each_thread(task_dir, lambda tid: os.sched_setaffinity(tid, wanted))
+    except OSError as exc:
+        raise BadConfig(f"own_cpus {sorted(wanted)}: the kernel refused it ({exc.strerror}); give CPUs this "
+                        f"host has online and this cgroup allows (now: {sorted(os.sched_getaffinity(0))})") from exc
     log.info("confined to own_cpus", extra={"cpus": sorted(wanted)})
     return wanted
 
@@ -130,9 +137,5 @@ def yield_to_servers(policy: str, task_dir: Path = Path("/proc/self/task")) -> N
     leaves them as they are."""
     if policy == "normal":
         return
-    for entry in os.listdir(task_dir):
-        try:
-            os.sched_setscheduler(int(entry), POLICIES[policy], os.sched_param(0))
-        except ProcessLookupError:  # a thread that ended meanwhile
-            continue
+    _each_thread(task_dir, lambda tid: os.sched_setscheduler(tid, POLICIES[policy], os.sched_param(0)))
     log.info("collector scheduling policy set", extra={"policy": policy})

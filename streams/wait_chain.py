@@ -83,24 +83,17 @@ def wait_chain(evidence: HostEvidence, group: set[int], carrier: tuple[int, int]
                start_ns: int, end_ns: int) -> list[ChainHop]:
     """The hops from the carrying thread over [start_ns, end_ns]."""
     hops: list[ChainHop] = []
-    seen, thread = {carrier}, carrier
-    sleeps = _pieces(evidence, BlockedWait, carrier, [(start_ns, end_ns)])
-    while len(hops) < MAX_HOPS:
-        edge = _woken_by(sleeps, thread)
-        if edge is None or edge[0] in seen or edge[0][0] not in group:
-            break
+    seen = {carrier}
+    edge = _woken_by(_pieces(evidence, BlockedWait, carrier, [(start_ns, end_ns)]), carrier)
+    while edge is not None and len(hops) < MAX_HOPS and edge[0] not in seen and edge[0][0] in group:
         waker, comm, ended = edge
         spans = [(lo, hi) for _e, lo, hi, _w in ended]
         took, culprits, sleeps = _delays(evidence, waker, spans, group)
         kind = max(took, key=took.get)
-        following = _woken_by(sleeps, waker) if kind == "sleep" else None
-        culprit = f"{following[1]}[{following[0][1]}]" if following else culprits.get(kind, "")
+        edge = _woken_by(sleeps, waker) if kind == "sleep" else None  # the next hop, and this one's culprit
         hops.append(ChainHop(tid=waker[1], comm=comm, waited_ns=sum(hi - lo for lo, hi in spans), kind=kind,
-                             ns=took[kind], culprit=culprit))
+                             ns=took[kind], culprit=f"{edge[1]}[{edge[0][1]}]" if edge else culprits.get(kind, "")))
         seen.add(waker)
-        if kind != "sleep":
-            break
-        thread = waker
     return hops
 
 
