@@ -29,7 +29,7 @@ app = typer.Typer(
 )
 
 # in the order `jitterscope --help` lists them; each is named for its function (synthetic_fleet: synthetic-fleet)
-for command in (roles.up, roles.collector, roles.streams, roles.broker, reading.query, reading.ledger, reading.stacks,
+for command in (roles.up, roles.collector, roles.streams, roles.broker, reading.query, reading.ledger, reading.stacks, reading.fix,
                 deployment.doctor, demos.demo, reporting.report, deployment.schema, deployment.config,
                 demos.synthetic_fleet, capture.record, capture.replay):
     app.command()(command)

@@ -283,21 +283,18 @@ class StreamsSettings(BaseModel):
     runq_alert_ms: float = Field(10.0, gt=0, description="run-queue wait that raises an alert")
     gpu_ioctl_alert_ms: float = Field(50.0, gt=0, description="GPU driver call latency that raises an alert")
     irq_alert_share: float = Field(
-        0.2, gt=0, le=1, description="share of one CPU taken by one interrupt source in an interval that raises "
-                                     "an irq alert")
+        0.2, gt=0, le=1, description="share of one CPU taken by one interrupt source in an interval that raises irq")
     cfs_throttle_alert_ms: float = Field(
         10.0, gt=0, description="CFS throttled time of a serving cgroup in one interval that raises cfs_throttling")
     migration_storm_per_s: float = Field(50.0, gt=0, description="migrations/s of one thread that raise an alert")
     numa_remote_share: float = Field(
-        0.5, gt=0, le=1, description="share of an inference process's new pages on a node away from its GPU's "
-                                     "that raises a numa_remote_memory alert")
+        0.5, gt=0, le=1, description="share of an inference process's new pages away from its GPU's node that alerts")
     numa_remote_min_mb: float = Field(
         100.0, gt=0, description="new pages of one process per interval below which its placement is not judged (noise)")
     numa_filler_mb_per_s: float = Field(
         50.0, gt=0, description="page cache another process adds to a GPU's NUMA node that raises numa_node_filler")
     pcie_neighbour_mb_per_s: float = Field(
-        200.0, gt=0, description="NVMe/NIC traffic on a GPU's PCIe switch that, with a slow GPU driver call, "
-                                 "raises pcie_contention")
+        200.0, gt=0, description="NVMe/NIC traffic on a GPU's PCIe switch that, with a slow driver call, is pcie_contention")
     attribution_grace_s: float = Field(
         2.0, gt=0, description="wait this long after a request's span ends for late kernel evidence")
     evidence_horizon_s: float = Field(300.0, gt=0, description="how much kernel evidence per host is kept for attribution")
@@ -327,15 +324,18 @@ class StreamsSettings(BaseModel):
     loss_alert_events: int = Field(
         1000, ge=1, description="events one host loses (kernel drops, spool drops) between two stats records "
                                 "that raise an event_loss alert")
-    # 50k, not 5k: per row, chDB inserts far faster in big batches (bench/run.py
-    # sink-batch: 1.12-1.34x the worker's capacity on a busy host's mix)
+    # 50k, not 5k: chDB inserts far faster in big batches (bench/run.py sink-batch: 1.12-1.34x capacity)
     sink_batch_rows: int = Field(50_000, ge=1, description="rows per ClickHouse insert at most")
     sink_flush_s: float = Field(1.0, gt=0, description="ClickHouse inserts happen at least this often")
     alert_group_window_s: float = Field(
         60.0, gt=0, description="run-queue/throttling/IRQ alerts of one (host, victim, kind, suspect) group are "
                                 "announced at most once per this window; repeats are folded into the group")
-    alert_group_quiet_s: float = Field(
-        120.0, gt=0, description="an alert group without a new alert for this long is resolved")
+    alert_group_quiet_s: float = Field(120.0, gt=0, description="an alert group without a new alert for this long is resolved")
+    announce_comms: list[str] = Field(
+        default_factory=lambda: ["jsvictim"],
+        description="process-name patterns whose run-queue waits are announced (console, notifications) besides "
+                    "serving groups', GPU holders' and target_comms/target_pids'; the others' alerts are only "
+                    "stored, marked quiet (default: `jitterscope demo`'s victim; [\"*\"]: every process's)")
     alert_groups_max: int = Field(
         10_000, ge=1, description="open alert groups at most (beyond it the longest quiet is resolved early)")
     alertmanager_url: str | None = Field(

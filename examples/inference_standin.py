@@ -9,9 +9,9 @@ collector's OTLP receiver can be exercised without a GPU or a model.
 CPU work is measured in thread CPU time, so a starved stand-in takes longer
 wall time for the same work: exactly the tail jitterscope explains.
 
-At a terminal it prints a progress line every 100 requests and a summary
-(wall-time percentiles); piped, or with --times, one ``request_id start_ns
-end_ns`` line per request (epoch ns, as in the span) for a program to read.
+It prints a progress line every 100 requests and a summary (wall-time
+percentiles); with --times, one ``request_id start_ns end_ns`` line per
+request (epoch ns, as in the span) instead, for a program to read.
 
     python examples/inference_standin.py --requests 100 --cpu-ms 20 --gap-ms 50
 
@@ -208,8 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--id-prefix", default="req-", help="request IDs are PREFIX0, PREFIX1, ...")
     parser.add_argument("--pin-cpu", type=int, default=None,
                         help="pin the serving thread (only) to this CPU, as servers pin their GPU feeder")
-    parser.add_argument("--times", action=argparse.BooleanOptionalAction, default=None,
-                        help="one 'request_id start_ns end_ns' line per request (default: when not at a terminal)")
+    parser.add_argument("--times", action=argparse.BooleanOptionalAction, default=False,
+                        help="one 'request_id start_ns end_ns' line per request, for a program to read (default: "
+                             "progress and a summary, piped or not)")
     parser.add_argument("--cpu-times", action="store_true",
                         help="with --times, two more fields: the serving thread's CPU time during the request, and "
                              "the run delay of its threads but the GIL hog (runnable, waiting for a CPU: the kernel's schedstat), in ns")
@@ -233,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     read_first, read_last = map(int, args.disk_read.split(":")) if args.disk_read else (-1, -1)
     disk = DiskReader(args.scratch, args.disk_read_mb, args.disk_read_from) if args.disk_read else None
     weights = Weights(args.scratch, args.weights_mb) if args.weights_mb else None
-    times = args.times if args.times is not None else not sys.stdout.isatty()
+    times = args.times
     walls_ms: list[float] = []
     run_delay = RunDelay() if args.cpu_times else None
 

@@ -28,7 +28,8 @@ once per window while it keeps firing; a group without a new alert for
 Every alert is still returned for storage (the alerts table keeps one row per
 event, so fleet SQL and reports keep counting events); each grouped alert says
 in ``evidence["state"]`` whether it was announced (``firing``) or folded
-(``folded``): what a person saw is ``state != 'folded'``; ``group_count``,
+(``folded``), or that nobody asked to hear of its victim (``quiet``,
+``Audience``): what a person saw is ``state NOT IN ('folded', 'quiet')``; ``group_count``,
 ``group_worst_ns``, ``group_first_ns``, ``group_last_ns`` are the group's. The ``Alert`` record
 keeps its shape (a shared contract): group data lives in ``evidence``, as text.
 
@@ -40,6 +41,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 
 import msgspec
 
@@ -63,6 +65,8 @@ QUIET_PERIOD_NS = {
 }
 
 FIRING, FOLDED, RESOLVED = "firing", "folded", "resolved"
+#: an alert about a process nobody asked to hear about (``Audience``): stored, never grouped or announced
+QUIET = "quiet"
 
 #: A resolution's seq: its last alert's seq with bit 62 set. The alerts
 #: table replaces rows with the same (host, kind, boot_id, seq); the last
@@ -96,7 +100,39 @@ def group_id(key: tuple) -> str:
 
 def announced(alert: Alert) -> bool:
     """Whether the alert goes to people (the alerts topic, notifications)."""
-    return alert.evidence.get("state") != FOLDED
+    return alert.evidence.get("state") not in (FOLDED, QUIET)
+
+
+@dataclass(frozen=True)
+class Audience:
+    """Whose waits people hear about. On a host watched whole, most waits
+    are CPU hogs waiting for each other, or a CLI starting up beside them: a
+    first run's console was half such lines. Announced are the waits of the
+    processes that matter: a serving group's (they send request spans), a
+    GPU holder's, and those the settings name (``announce_comms``, which
+    holds `jitterscope demo`'s victim, and the collector's ``target_comms``
+    and ``target_pids``). Every other alert is still stored, marked
+    ``quiet``: fleet SQL counts every wait."""
+
+    comms: tuple[str, ...] = ()
+    pids: frozenset[int] = frozenset()
+
+    @classmethod
+    def from_settings(cls, settings) -> "Audience":
+        comms = [*getattr(settings, "announce_comms", ()), *getattr(settings, "target_comms", ())]
+        return cls(tuple(dict.fromkeys(comms)), frozenset(getattr(settings, "target_pids", ())))
+
+    def hears_of(self, process) -> bool:
+        """Whether the waits of ``process`` (a ProcessInfo; None: unknown) are announced."""
+        if process is None:
+            return False
+        return bool(getattr(process, "serving_group", 0) or getattr(process, "gpus", None)
+                    or process.pid in self.pids or any(fnmatchcase(process.comm, p) for p in self.comms))
+
+
+def quieted(alert: Alert) -> Alert:
+    """The alert, stored but never announced (``Audience``)."""
+    return msgspec.structs.replace(alert, evidence={**alert.evidence, "state": QUIET})
 
 
 class Cooldowns:
@@ -162,7 +198,7 @@ class AlertGroups:
         resolutions of groups evicted to make room), in order."""
         out: list[Alert] = []
         for alert in alerts:
-            if alert.kind not in self.kinds:
+            if alert.kind not in self.kinds or alert.evidence.get("state") == QUIET:
                 out.append(alert)
                 continue
             key = group_key(alert)

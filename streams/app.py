@@ -40,7 +40,7 @@ from jitterscope.schemas import batches, events, topics
 from jitterscope.common.settings import Settings
 from jitterscope.common import buildinfo  # noqa: F401  (registers jitterscope_build_info)
 from jitterscope.streams import clickhouse, kafka_patches, notify, signal_metrics, stages, web
-from jitterscope.streams.alert_groups import AlertGroups, announced
+from jitterscope.streams.alert_groups import AlertGroups, Audience, announced
 from jitterscope.streams.alert_metrics import count_raised
 from jitterscope.streams.attribution import Attributor
 from jitterscope.streams.attribution_stage import AttributionStage, HeldRequests
@@ -139,7 +139,8 @@ class StreamsWorker(StorePath, AttributionTick, AttributionStage):
             self._open_store()
         if self.stage == "attribute":  # its state comes from the topics, on taking partitions (regain)
             self.attributor = self._new_attributor()
-        self.handlers = Handlers(self.state, Thresholds.from_settings(settings), self.attributor)
+        self.handlers = Handlers(self.state, Thresholds.from_settings(settings), self.attributor,
+                                 audience=Audience.from_settings(settings))
         self._late_counted = self._columnar_counted = 0
         signal_metrics.limit_comms(settings.metrics_comms_max)
         self.alert_groups = AlertGroups.from_settings(settings)

@@ -53,7 +53,7 @@ from jitterscope.streams.rules import throttle as throttle_rules
 from jitterscope.streams.rules.base import Thresholds
 from jitterscope.streams.rules.losses import LossWatch
 from jitterscope.streams import signal_metrics
-from jitterscope.streams.alert_groups import Cooldowns
+from jitterscope.streams.alert_groups import Audience, Cooldowns, quieted
 from jitterscope.streams.host_state import PROCESS_WAIT_S
 from jitterscope.streams.throttle_index import ThrottleIndex, contains
 
@@ -106,9 +106,11 @@ class Handlers:
     deadlines; ``max_parked``: how many run-queue waits may be parked."""
 
     def __init__(self, state, thresholds: Thresholds | None = None, attributor=None,
-                 clock: Callable[[], float] = time.monotonic, max_parked: int = MAX_PARKED):
+                 clock: Callable[[], float] = time.monotonic, max_parked: int = MAX_PARKED,
+                 audience: Audience | None = None):
         self.state = state
         self.t = thresholds or Thresholds.defaults()
+        self.audience = audience or Audience()
         self.attributor = attributor
         self.losses = LossWatch(self.t.loss_alert_events)
         self.cooldowns = Cooldowns()  # repeats of sampled findings (streams/alert_groups.py)
@@ -334,7 +336,7 @@ class Handlers:
         alert = runq.runq_starvation(event, self.t.runq_alert_ns, victim, self.state.host_cpus(event.host),
                                      time.time_ns(), throttled)
         if alert and (alert.kind != "cfs_throttling" or self.cooldowns.fresh(alert, alert.evidence.get("cgroup"))):
-            return alert
+            return alert if self.audience.hears_of(victim) else quieted(alert)
         return None
 
     def _limited(self, event: events.RunqEvent, victim) -> bool:

@@ -44,7 +44,7 @@ def run_standin(otlp_port: int, *args: str) -> subprocess.Popen:
     """The serving thread shares the hogs' CPU; its span exporter stays off it."""
     return subprocess.Popen(
         [sys.executable, str(STANDIN), "--endpoint", f"http://127.0.0.1:{otlp_port}/v1/traces",
-         "--pin-cpu", str(last_cpu()), *args], stdout=subprocess.PIPE, text=True)
+         "--pin-cpu", str(last_cpu()), "--times", *args], stdout=subprocess.PIPE, text=True)
 
 
 def parse(stdout: str) -> dict[str, tuple[int, int]]:

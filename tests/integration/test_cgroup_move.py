@@ -134,7 +134,7 @@ def test_a_standin_moved_into_a_quota_cgroup_is_cfs_throttling_not_a_neighbour(p
     standin = subprocess.Popen(  # in ``home``, whatever the test's own cgroup is
         ["sh", "-c", f'echo $$ > {home / "cgroup.procs"}; exec "$@"', "sh", sys.executable, str(STANDIN),
          "--endpoint", f"http://127.0.0.1:{otlp_port}/v1/traces", "--pin-cpu", str(last_cpu()),
-         "--requests", str(BEFORE + AFTER), "--cpu-ms", "10", "--gap-ms", "5", "--id-prefix", "mv-"],
+         "--requests", str(BEFORE + AFTER), "--cpu-ms", "10", "--gap-ms", "5", "--id-prefix", "mv-", "--times"],
         stdout=subprocess.PIPE, text=True)
     lines: list[list[str]] = []  # request_id start_ns end_ns, as they end
 

@@ -84,7 +84,7 @@ def serve_requests(prefix: list[str], host: str) -> subprocess.Popen:
     return subprocess.Popen(
         [*prefix, sys.executable, str(STANDIN), "--endpoint", f"http://127.0.0.1:{OTLP_PORT}/v1/traces",
          "--requests", str(REQUESTS), "--cpu-ms", "2", "--gap-ms", "50", "--id-prefix", f"{host}-",
-         "--pin-cpu", str(last_cpu())], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+         "--pin-cpu", str(last_cpu()), "--times"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def live_hosts(store: Stack, tag: str, since_ns: int | None = None) -> set[str]:

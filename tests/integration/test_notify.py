@@ -228,7 +228,8 @@ def burst(stack, host: str, victims: int = 200, per_victim: int = 10) -> float:
     head = lambda seq: dict(host=host, boot_id="burst", seq=seq, ts_ns=now + seq)  # noqa: E731
     publisher.send(topics.TOPOLOGY, [events.Topology(**head(1), cpus=[0, 1], numa_nodes=[])])
     publisher.send(topics.PROCESSES, [events.ProcessInfo(**head(1 + v), pid=1000 + v, comm="engine", cmdline="",
-                                                         cgroup="/", cpus_allowed=[0]) for v in range(victims)])
+                                                         cgroup="/", cpus_allowed=[0], serving_group=1000 + v)
+                                      for v in range(victims)])  # serving: their waits are announced
     publisher.flush()
     wait_until(lambda: stack.query("SELECT count() FROM jitterscope.processes WHERE host = {h:String}",
                                    h=host)[0][0] == victims, 60, "the burst's processes stored")

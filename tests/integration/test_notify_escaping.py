@@ -49,15 +49,16 @@ def comm_of(pid: int) -> str:
 
 
 def publish_waits(stack, host: str, victim: int, suspect: int) -> None:
-    """What the collector sends for a starved victim: its process record and
-    run-queue waits over the alert threshold, with the names from /proc."""
+    """What the collector sends for a starved victim, a serving process (its
+    waits are announced): its process record and run-queue waits over the
+    alert threshold, with the names from /proc."""
     publisher = KafkaPublisher(stack.broker.bootstrap_servers, host)
     publisher.check_reachable()
     now = time.time_ns()
     head = lambda seq: dict(host=host, boot_id="escaping", seq=seq, ts_ns=now + seq)  # noqa: E731
     publisher.send(topics.TOPOLOGY, [events.Topology(**head(1), cpus=[0, 1], numa_nodes=[])])
     publisher.send(topics.PROCESSES, [events.ProcessInfo(**head(2), pid=victim, comm=comm_of(victim), cmdline="",
-                                                         cgroup="/", cpus_allowed=[0])])
+                                                         cgroup="/", cpus_allowed=[0], serving_group=victim)])
     publisher.flush()
     wait_until(lambda: stack.query("SELECT count() FROM jitterscope.processes WHERE host = {h:String}",
                                    h=host)[0][0] == 1, 60, "the victim's process record stored")

@@ -60,7 +60,7 @@ def test_alerts_flow_while_the_store_is_stopped_and_are_all_stored_once_after(st
     judge = start_judge(stack, judge_port)
     send(stack.broker, topics.TOPOLOGY, host, lines(example(events.Topology, host, 1)))
     send(stack.broker, topics.PROCESSES, host,
-         lines({**example(events.ProcessInfo, host, 1), "pid": VICTIM, "comm": "engine"}))
+         lines({**example(events.ProcessInfo, host, 1), "pid": VICTIM, "comm": "engine", "serving_group": VICTIM}))
     send(stack.broker, topics.RUNQ, host, lines(runq(host, 10, "first")))
     wait_until(lambda: stored(stack, host) == (1, 1), 120, "the first alert stored through the judge", judge)
 

@@ -201,7 +201,7 @@ def test_requests_of_a_standin_are_attributed_to_cfs_throttling_once_it_has_a_qu
         standin = subprocess.Popen(
             ["sh", "-c", f'{join}; exec "$@"', "sh", sys.executable, str(STANDIN), "--endpoint",
              f"http://127.0.0.1:{otlp_port}/v1/traces", "--pin-cpu", str(last_cpu()), "--requests", "200",
-             "--cpu-ms", "10", "--gap-ms", "5", "--id-prefix", "thr-"], stdout=subprocess.PIPE, text=True)
+             "--cpu-ms", "10", "--gap-ms", "5", "--id-prefix", "thr-", "--times"], stdout=subprocess.PIPE, text=True)
         lines, limited_at = [], 0
         for line in standin.stdout:
             lines.append(line.split())

@@ -13,7 +13,9 @@ import msgspec
 import msgspec.inspect
 from prometheus_client import REGISTRY
 
+from jitterscope.common.settings import Settings
 from jitterscope.schemas import events, signals, topics
+from jitterscope.streams.alert_groups import QUIET, AlertGroups, Audience, announced, quieted
 from jitterscope.streams.handlers import THROTTLE_WAIT_S, Handlers
 from jitterscope.streams.host_state import PROCESS_WAIT_S, HostState
 from jitterscope.streams.rules import runq
@@ -41,9 +43,10 @@ def topology(host=HOST):
     return events.Topology(host=host, boot_id="b", seq=1, ts_ns=NOW, cpus=CPUS, numa_nodes=[])
 
 
-def process(pid, cgroup="/system.slice/vllm", host=HOST):
+def process(pid, cgroup="/system.slice/vllm", host=HOST, serving=True):
+    """A serving process (it sent request spans): its waits are announced."""
     return events.ProcessInfo(host=host, boot_id="b", seq=pid, ts_ns=NOW, pid=pid, comm=f"p{pid}",
-                              cmdline="x", cgroup=cgroup, cpus_allowed=[2, 3])
+                              cmdline="x", cgroup=cgroup, cpus_allowed=[2, 3], serving_group=pid if serving else 0)
 
 
 def wait(pid, seq=1, host=HOST, ms=40, suspect=777):
@@ -94,8 +97,10 @@ def same(alert, expected):
 
 
 def as_today(event, victim, throttled=()):
-    """What the in-line wait judged once it ended with this victim (None: it never came)."""
-    return runq.runq_starvation(event, T.runq_alert_ns, victim, CPUS, NOW, list(throttled))
+    """What the in-line wait judged once it ended with this victim (None: it never came), quiet
+    where nobody hears of the victim (an unknown process is no serving one)."""
+    alert = runq.runq_starvation(event, T.runq_alert_ns, victim, CPUS, NOW, list(throttled))
+    return alert if Audience().hears_of(victim) else quieted(alert)
 
 
 def counter(name, **labels):
@@ -243,3 +248,24 @@ def test_every_signal_with_an_interval_is_guarded_before_its_handler():
         handle(h, signal.topic, [zero, one])
         assert seen == [one], signal.name
     assert guarded >= 5  # histograms, irq, throttle, migrate, pages, device_io
+
+
+def test_waits_of_processes_nobody_asked_about_are_stored_quiet_and_never_announced():
+    """Serving groups and GPU holders are heard of; a hog waiting for a hog, or a CLI starting up beside
+    them, is stored quiet (issue 36: half a first run's console lines); announce_comms names more."""
+    hog = msgspec.structs.replace(process(50, serving=False), comm="jshog")
+    gpu = msgspec.structs.replace(process(51, serving=False), gpus=["0000:3b:00.0"])
+    named = msgspec.structs.replace(process(52, serving=False), comm="jsvictim")
+    state, clock = HostState(), Clock()
+    for r in (topology(), process(42), hog, gpu, named):
+        state.learn(r)
+    h = Handlers(state, clock=clock, audience=Audience.from_settings(Settings()))
+    alerts = {a.pid: a for a in handle(h, topics.RUNQ, [wait(pid, seq=pid) for pid in (42, 50, 51, 52)])}
+    assert {pid: a.evidence.get("state") for pid, a in alerts.items()} == {
+        42: None, 50: QUIET, 51: None, 52: None}
+    groups = AlertGroups(60 * 10**9, 120 * 10**9)
+    marked = groups.offer(list(alerts.values()), NOW)
+    assert sorted(a.pid for a in marked if announced(a)) == [42, 51, 52]
+    assert len(marked) == 4 and len(groups.groups) == 3, "the quiet one is stored, never grouped"
+    everyone = Handlers(state, clock=clock, audience=Audience(comms=("*",)))
+    assert all(announced(a) for a in handle(everyone, topics.RUNQ, [wait(50, seq=60)]))

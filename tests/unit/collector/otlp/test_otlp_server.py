@@ -367,7 +367,7 @@ def run_standin(port: int, *args: str) -> tuple[subprocess.CompletedProcess, int
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     popen = subprocess.Popen(
         [sys.executable, str(STANDIN), "--endpoint", f"http://127.0.0.1:{port}/v1/traces",
-         "--requests", "5", "--cpu-ms", "2", "--gap-ms", "1", *args],
+         "--requests", "5", "--cpu-ms", "2", "--gap-ms", "1", "--times", *args],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     stdout, stderr = popen.communicate(timeout=120)
     assert popen.returncode == 0, stderr

@@ -1,0 +1,123 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`jitterscope fix --apply / --undo / --diff`: the plan's moves made, each
+written first to a journal, and taken back in reverse order.
+
+The journal (``fix-journal.jsonl`` in the data dir, mode 0600) holds one
+line per change made: the action's key, the process (pid and start time:
+a pid reused since is another process), what it found and what it set.
+An undone change is marked, so applying and undoing are both idempotent.
+
+Only moves are applied (every thread of the neighbour gets the CPUs the
+plan named, as `taskset -apc` does); an action not in the plan given, a
+piece of advice, or a process whose identity changed since the plan is
+refused with why.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from jitterscope.common import errors
+from jitterscope.common.private import open_private, private_dir
+from jitterscope.reports.fix_plan import Action, read_live
+from jitterscope.schemas.topology import cpu_list, parse_cpu_list
+
+JOURNAL = "fix-journal.jsonl"
+
+
+@dataclass
+class Change:
+    """One move, as the journal keeps it."""
+
+    key: str
+    pid: int
+    start_ticks: int
+    before: list[int]  # the CPUs it had
+    after: list[int]  # the CPUs it was given
+    applied_ns: int
+    undone_ns: int = 0
+
+
+def _threads(pid: int, proc: Path = Path("/proc")) -> list[int]:
+    try:
+        return [int(t) for t in os.listdir(proc / str(pid) / "task")]
+    except OSError:
+        return []
+
+
+def _set_cpus(pid: int, cpus: list[int]) -> None:
+    """Every thread of ``pid`` on ``cpus`` (a thread that ended meanwhile is skipped)."""
+    for tid in _threads(pid):
+        try:
+            os.sched_setaffinity(tid, cpus)
+        except ProcessLookupError:
+            continue
+
+
+class Journal:
+    def __init__(self, data_dir: Path):
+        self.path = Path(data_dir) / JOURNAL
+
+    def changes(self) -> list[Change]:
+        if not self.path.exists():
+            return []
+        return [Change(**json.loads(line)) for line in self.path.read_text().splitlines() if line.strip()]
+
+    def _write(self, changes: list[Change]) -> None:
+        private_dir(self.path.parent)
+        with os.fdopen(open_private(self.path), "w") as f:
+            f.writelines(json.dumps(c.__dict__) + "\n" for c in changes)
+
+    def apply(self, actions: list[Action], keys: list[str], diff: bool = False) -> list[str]:
+        """Apply the plan's actions named by ``keys`` (lines saying what was
+        done); with ``diff``, only say what would be. Refuses, before any
+        change, a key not in the plan, advice and a process that changed."""
+        by_key = {a.key: a for a in actions}
+        chosen = []
+        for key in keys:
+            action = by_key.get(key)
+            if action is None:
+                raise errors.BadConfig(f"{key!r} is not in this plan (run `jitterscope fix` for its keys)")
+            if not action.command:
+                raise errors.BadConfig(f"{key!r} is advice: jitterscope makes no change for it")
+            now = read_live(action.pid)
+            if now is None or now.start_ticks != action.start_ticks:
+                raise errors.BadConfig(f"{key!r}: pid {action.pid} is not the process the plan named (it exited"
+                                       " or its pid was reused); make the plan again")
+            chosen.append((action, now))
+        changes, lines = self.changes(), []
+        for action, now in chosen:
+            after = parse_cpu_list(action.command.split()[2])
+            if sorted(now.cpus_allowed) == after:
+                lines.append(f"{action.key}: already on CPUs {cpu_list(after)}; nothing to do")
+                continue
+            line = f"{action.key}: pid {action.pid} CPUs {cpu_list(list(now.cpus_allowed))} -> {cpu_list(after)}"
+            if diff:
+                lines.append("would set " + line)
+                continue
+            changes.append(Change(action.key, action.pid, action.start_ticks, sorted(now.cpus_allowed), after,
+                                  time.time_ns()))
+            self._write(changes)  # written before the change: a crash in between still leaves its undo
+            _set_cpus(action.pid, after)
+            lines.append("set " + line)
+        return lines
+
+    def undo(self) -> list[str]:
+        """Revert every change not undone yet, newest first (lines saying what was done)."""
+        changes, lines = self.changes(), []
+        for change in reversed(changes):
+            if change.undone_ns:
+                continue
+            now = read_live(change.pid)
+            if now is None or now.start_ticks != change.start_ticks:
+                lines.append(f"{change.key}: cannot undo: pid {change.pid} has exited (nothing left to restore)")
+            else:
+                _set_cpus(change.pid, change.before)
+                lines.append(f"{change.key}: pid {change.pid} back on CPUs {cpu_list(change.before)}")
+            change.undone_ns = time.time_ns()
+            self._write(changes)
+        return lines or ["nothing to undo"]

@@ -1,0 +1,235 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`jitterscope fix`, the plan (issue 35, its first step): the changes to
+this host that would take the most off its serving group's tail latency,
+ranked, each with exactly what it changes and its undo.
+
+The gain of an action is computed, not guessed: every attributed request of
+the window loses the part of its excess that the action's cause explains
+(its cause's share; for a CPU neighbour, that share split by how long the
+request's threads waited behind each suspect), and the serving group's P99
+and P999 are taken again. The difference is the gain.
+
+Only what jitterscope names is offered, and never at the serving group's
+expense: a serving process is what the plan protects, never what it moves;
+jitterscope's own processes, kernel threads and other containers' processes
+are not moved; and a move the host cannot make (no CPU outside the serving
+group's) is not offered. Causes without a change jitterscope can make here
+(the GIL, steal, a device) come as advice, with their gain all the same.
+
+Pure but for ``read_live`` (this host's /proc), so tests drive the rest.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+from jitterscope.schemas.events import OWN_SUSPECT_PREFIX
+from jitterscope.schemas.topology import cpu_list, parse_cpu_list
+
+REQUESTS_SQL = """
+    SELECT pid, duration_ns, excess_ns, cause, culprit, causes, suspects
+    FROM jitterscope.request_attribution FINAL
+    WHERE host = {host:String} AND ts > now64(9) - toIntervalSecond({since:UInt32})"""
+PROCESSES_SQL = """
+    SELECT pid, argMax(comm, ts), argMax(cpus_allowed, ts), argMax(serving_group, ts), argMax(container_id, ts)
+    FROM jitterscope.processes WHERE host = {host:String} GROUP BY pid"""
+
+#: what each cause's advice says where the plan has no change of its own to make
+ADVICE = {
+    "gil_contention": "the GIL: move the holder's work out of the serving process (a worker process, or "
+                      "a C extension that releases the GIL); jitterscope changes no code",
+    "steal": "hypervisor steal: dedicated vCPUs, or another host",
+    "irq": "interrupts on the serving CPUs: set the IRQ's smp_affinity off them (/proc/irq/N/smp_affinity_list)",
+    "memory_stall": "memory reclaim: give the evictor a memory limit of its own (systemd-run -p MemoryMax=...), "
+                    "or memory.low for the serving cgroup",
+    "io_wait": "blocking I/O on the serving thread: read ahead, or move the I/O off the request's path",
+    "cfs_throttling": "a CPU limit throttles the serving group: raise its cgroup's cpu.max (or the pod's limit)",
+}
+
+
+@dataclass(frozen=True)
+class Request:
+    """One attributed request of the serving group, as the plan reads it."""
+
+    pid: int
+    duration_ns: int
+    excess_ns: int
+    cause: str
+    culprit: str
+    causes: tuple[tuple[str, float], ...]  # (cause, share of the excess)
+    suspects: tuple[tuple[int, str, int], ...]  # (pid, comm, ns its threads waited behind it)
+
+    def explained_ns(self, cause: str) -> float:
+        share = dict(self.causes).get(cause, 1.0 if cause == self.cause else 0.0)
+        return self.excess_ns * share
+
+
+@dataclass(frozen=True)
+class Process:
+    pid: int
+    comm: str
+    cpus_allowed: tuple[int, ...]
+    serving_group: int = 0
+    container_id: str = ""
+
+
+@dataclass(frozen=True)
+class Live:
+    """What this host says now of a process: its CPUs and its start time
+    (a reused pid has another), read when the plan is made."""
+
+    cpus_allowed: tuple[int, ...]
+    start_ticks: int
+
+
+@dataclass
+class Action:
+    key: str  # stable: what --apply names
+    cause: str
+    target: str  # who or what it changes
+    change: str  # from what to what ("" for advice)
+    command: str = ""  # "" for advice
+    undo: str = ""
+    advice: str = ""  # what to do by hand, where jitterscope makes no change
+    gain_p99_ms: float = 0.0
+    gain_p999_ms: float = 0.0
+    requests: int = 0  # requests it explains part of
+    pid: int = 0
+    start_ticks: int = 0
+    removed: dict[int, float] = field(default_factory=dict, repr=False)  # request index -> ns it takes off
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..1); 0 for none."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def plan(requests: list[Request], processes: dict[int, Process], host_cpus: Iterable[int],
+         live: Callable[[int], Live | None]) -> tuple[list[Action], list[str]]:
+    """(actions ranked by P99 gain then P999 gain, lines on what was not offered and why)."""
+    serving = {pid for pid, p in processes.items() if p.serving_group} | {r.pid for r in requests}
+    serving_cpus = {c for pid in serving if pid in processes for c in processes[pid].cpus_allowed}
+    others = sorted(set(host_cpus) - serving_cpus)
+    actions: dict[str, Action] = {}
+    not_offered: dict[str, str] = {}
+    for i, request in enumerate(requests):
+        for cause, _share in request.causes or ((request.cause, 1.0),):
+            explained = request.explained_ns(cause)
+            if explained <= 0 or cause == "none":
+                continue
+            if cause == "runq_starvation" and request.suspects:
+                total = sum(ns for _, _, ns in request.suspects) or 1
+                for pid, comm, ns in request.suspects:
+                    action = _neighbour(pid, comm, processes, serving, serving_cpus, others, live, actions,
+                                        not_offered)
+                    if action:
+                        action.removed[i] = action.removed.get(i, 0.0) + explained * ns / total
+                continue
+            key = f"advice:{cause}:{request.culprit}" if request.culprit else f"advice:{cause}"
+            action = actions.setdefault(key, Action(key, cause, request.culprit or "-", "",
+                                                    advice=ADVICE.get(cause, "")))
+            action.removed[i] = action.removed.get(i, 0.0) + explained
+    durations = [float(r.duration_ns) for r in requests]
+    ranked = [_gain(a, durations) for a in actions.values()]
+    ranked.sort(key=lambda a: (-a.gain_p99_ms, -a.gain_p999_ms, a.key))
+    return [a for a in ranked if a.requests], sorted(not_offered.values())
+
+
+def _neighbour(pid: int, comm: str, processes: dict[int, Process], serving: set[int], serving_cpus: set[int],
+               others: list[int], live, actions: dict[str, Action], not_offered: dict[str, str]) -> Action | None:
+    """The action that moves neighbour ``pid`` off the serving CPUs, made once; None where none may be offered."""
+    key = f"move:{comm}:{pid}"
+    if key in actions:
+        return actions[key]
+    if key in not_offered:
+        return None
+    why = _why_not_move(pid, comm, processes, serving, others)
+    now = live(pid) if not why else None
+    if not why and now is None:
+        why = "it has exited"
+    if why:
+        not_offered[key] = f"{comm} (pid {pid}): not moved: {why}"
+        return None
+    actions[key] = Action(
+        key, "runq_starvation", f"{comm} (pid {pid})",
+        change=f"CPU affinity {cpu_list(list(now.cpus_allowed))} -> {cpu_list(others)} "
+               f"(off the serving CPUs {cpu_list(sorted(serving_cpus))})",
+        command=f"taskset -apc {cpu_list(others)} {pid}", undo=f"taskset -apc {cpu_list(list(now.cpus_allowed))} {pid}",
+        pid=pid, start_ticks=now.start_ticks)
+    return actions[key]
+
+
+def _why_not_move(pid: int, comm: str, processes: dict[int, Process], serving: set[int], others: list[int]) -> str:
+    """Why a neighbour may not be moved ("" when it may)."""
+    record = processes.get(pid)
+    if pid in serving or (record and record.serving_group):
+        return "it is part of the serving group (the plan protects it)"
+    if comm.startswith(OWN_SUSPECT_PREFIX):
+        return "it is jitterscope's own (the cost of watching: see own_cpus)"
+    if pid == 0:
+        return "the kernel (interrupts, idle): see the irq advice"
+    if record is None:
+        return "no process record (a kernel thread, or it came and went)"
+    if record.container_id:
+        return "it runs in another container (move it through its orchestrator)"
+    if not others:
+        return "every CPU of this host is a serving CPU: there is nowhere to move it"
+    return ""
+
+
+def _gain(action: Action, durations: list[float]) -> Action:
+    after = list(durations)
+    for i, ns in action.removed.items():
+        after[i] = max(0.0, after[i] - ns)
+    for q, name in ((0.99, "gain_p99_ms"), (0.999, "gain_p999_ms")):
+        setattr(action, name, round((percentile(durations, q) - percentile(after, q)) / 1e6, 1))
+    action.requests = len(action.removed)
+    return action
+
+
+def read_live(pid: int, proc: Path = Path("/proc")) -> Live | None:
+    """This host's view of ``pid`` now; None when it has exited."""
+    try:
+        status = (proc / str(pid) / "status").read_text()
+        stat = (proc / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    cpus = next((line.split(":", 1)[1].strip() for line in status.splitlines()
+                 if line.startswith("Cpus_allowed_list:")), "")
+    # field 22 of stat, counted after the command's closing parenthesis (a name may hold spaces)
+    return Live(tuple(parse_cpu_list(cpus)), int(stat.rsplit(")", 1)[1].split()[19]))
+
+
+def requests_of(rows: list) -> list[Request]:
+    return [Request(int(pid), int(duration), int(excess), cause, culprit,
+                    tuple((c, float(s)) for c, s in causes), tuple((int(p), comm, int(ns)) for p, comm, ns in suspects))
+            for pid, duration, excess, cause, culprit, causes, suspects in rows]
+
+
+def processes_of(rows: list) -> dict[int, Process]:
+    return {int(pid): Process(int(pid), comm, tuple(int(c) for c in cpus), int(group), container)
+            for pid, comm, cpus, group, container in rows}
+
+
+def format_plan(actions: list[Action], not_offered: list[str], host: str, since: str, requests: int) -> list[str]:
+    """The plan as lines for a terminal."""
+    if not actions:
+        return [f"{host}: nothing to fix in the last {since} ({requests} attributed request(s))", *not_offered]
+    lines = [f"{host}: {len(actions)} action(s) from {requests} attributed request(s) of the last {since}, "
+             "ranked by what they take off the serving group's P99:"]
+    for n, a in enumerate(actions, 1):
+        gain = f"P99 -{a.gain_p99_ms:g} ms, P999 -{a.gain_p999_ms:g} ms ({a.requests} request(s))"
+        lines.append(f"{n}. [{a.key}] {a.cause}: {a.target}: {gain}")
+        if a.command:
+            lines += [f"     change: {a.change}", f"     apply:  {a.command}", f"     undo:   {a.undo}"]
+        elif a.advice:
+            lines.append(f"     advice: {a.advice}")
+    if not_offered:
+        lines += ["not offered:", *(f"  {line}" for line in not_offered)]
+    return lines

@@ -1,0 +1,98 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The fix plan (issue 35, step 1): actions merge the requests they answer,
+their gain is the P99/P999 the serving group loses without their cause,
+and nothing is offered that would move the serving group, jitterscope, the
+kernel, another container, or that the host cannot do."""
+
+from __future__ import annotations
+
+import os
+
+from jitterscope.reports.fix_plan import Live, Process, Request, format_plan, percentile, plan, read_live
+
+MS = 1_000_000
+SERVER, HOG, OTHER_HOG, CONTAINED = 100, 200, 201, 300
+PROCESSES = {
+    SERVER: Process(SERVER, "jsinfer", (1,), serving_group=SERVER),
+    HOG: Process(HOG, "jshog", (0, 1)),
+    OTHER_HOG: Process(OTHER_HOG, "backup", (0, 1)),
+    CONTAINED: Process(CONTAINED, "tenant", (0, 1), container_id="abc"),
+}
+
+
+def live(pid: int) -> Live | None:
+    return Live((0, 1), 1000 + pid) if pid in PROCESSES else None
+
+
+def request(ms: float, cause="runq_starvation", suspects=((HOG, "jshog", 10 * MS),), causes=None, culprit="jshog"):
+    excess = max(0, int((ms - 10) * MS))
+    return Request(SERVER, int(ms * MS), excess, cause, culprit, tuple(causes or ((cause, 1.0),)), tuple(suspects))
+
+
+def test_a_neighbour_is_one_action_whose_gain_is_the_tail_it_explains():
+    quiet = [request(10, cause="none", suspects=(), causes=(("none", 0.0),)) for _ in range(900)]
+    starved = [request(110) for _ in range(100)]  # 100 ms of excess each, all behind jshog
+    actions, not_offered = plan(quiet + starved, PROCESSES, [0, 1], live)
+    assert [a.key for a in actions] == [f"move:jshog:{HOG}"], "a hundred requests, one action"
+    [move] = actions
+    assert move.requests == 100 and move.gain_p99_ms == 100.0 and move.gain_p999_ms == 100.0
+    assert move.command == f"taskset -apc 0 {HOG}" and move.undo == f"taskset -apc 0-1 {HOG}"
+    assert "0-1 -> 0" in move.change and move.start_ticks == 1000 + HOG
+    assert not_offered == []
+
+
+def test_the_wait_is_split_between_suspects_and_ranked_by_what_it_takes_off():
+    both = ((HOG, "jshog", 30 * MS), (OTHER_HOG, "backup", 10 * MS))
+    actions, _ = plan([request(10, cause="none", suspects=(), causes=(("none", 0),)) for _ in range(90)]
+                      + [request(90, suspects=both) for _ in range(10)], PROCESSES, [0, 1], live)
+    assert [a.key for a in actions] == [f"move:jshog:{HOG}", f"move:backup:{OTHER_HOG}"]
+    assert actions[0].gain_p99_ms == 60.0 and actions[1].gain_p99_ms == 20.0  # 80 ms of excess, 3:1
+
+
+def test_the_serving_group_jitterscope_the_kernel_and_containers_are_never_moved():
+    suspects = ((SERVER, "jsinfer", MS), (400, "jitterscope:worker", MS), (0, "swapper/1", MS),
+                (CONTAINED, "tenant", MS), (999, "kworker/1:0", MS))
+    actions, not_offered = plan([request(50, suspects=suspects)], PROCESSES, [0, 1], live)
+    assert actions == []
+    reasons = " ".join(not_offered)
+    for why in ("serving group", "jitterscope's own", "the kernel", "another container", "no process record"):
+        assert why in reasons, not_offered
+
+
+def test_a_move_the_host_cannot_make_is_not_offered():
+    everywhere = {**PROCESSES, SERVER: Process(SERVER, "jsinfer", (0, 1), serving_group=SERVER)}
+    actions, not_offered = plan([request(50)], everywhere, [0, 1], live)
+    assert actions == [] and "nowhere to move it" in not_offered[0]
+
+
+def test_a_neighbour_that_exited_is_not_offered():
+    actions, not_offered = plan([request(50)], PROCESSES, [0, 1], lambda pid: None)
+    assert actions == [] and "exited" in not_offered[0]
+
+
+def test_causes_without_a_change_of_ours_are_advice_with_their_gain():
+    gil = request(60, cause="gil_contention", suspects=(), culprit="gil-hog[77]")
+    actions, _ = plan([gil, request(10, cause="none", suspects=(), causes=(("none", 0),))], PROCESSES, [0, 1], live)
+    [advice] = actions
+    assert advice.key == "advice:gil_contention:gil-hog[77]" and advice.command == ""
+    assert "GIL" in advice.advice and advice.gain_p99_ms == 50.0
+    text = "\n".join(format_plan(actions, [], "vm", "30m", 2))
+    assert "advice:" in text and "P99 -50 ms" in text
+
+
+def test_stacked_causes_each_take_their_share():
+    mixed = request(110, causes=(("runq_starvation", 0.6), ("gil_contention", 0.4)), culprit="jshog")
+    actions, _ = plan([mixed], PROCESSES, [0, 1], live)
+    gains = {a.cause: a.gain_p99_ms for a in actions}
+    assert gains == {"runq_starvation": 60.0, "gil_contention": 40.0}
+
+
+def test_percentile_is_nearest_rank():
+    values = [float(v) for v in range(1, 101)]
+    assert percentile(values, 0.99) == 99.0 and percentile(values, 0.5) == 50.0 and percentile([], 0.99) == 0.0
+
+
+def test_read_live_reads_this_process():
+    now = read_live(os.getpid())
+    assert now is not None and set(now.cpus_allowed) == os.sched_getaffinity(0) and now.start_ticks > 0
+    assert read_live(2**22 + 1) is None
