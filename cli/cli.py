@@ -4,7 +4,7 @@
 Typer CLI. Commands raise typed errors (jitterscope.common.errors); only main() turns
 them into one clear line and an exit code.
 
-The commands live in modules named for what they do (roles, reading,
+The commands live in modules named for what they do (roles, reading, fixing,
 reporting, capture, deployment, demos, topic_commands); this registers them
 on the one app.
 """
@@ -16,7 +16,7 @@ from typing import Annotated
 
 import typer
 
-from jitterscope import capture, demos, deployment, reading, reporting, roles
+from jitterscope import capture, demos, deployment, fixing, reading, reporting, roles
 from jitterscope.common import errors
 from jitterscope.options import err_console
 from jitterscope.topic_commands import topics_app
@@ -29,7 +29,7 @@ app = typer.Typer(
 )
 
 # in the order `jitterscope --help` lists them; each is named for its function (synthetic_fleet: synthetic-fleet)
-for command in (roles.up, roles.collector, roles.streams, roles.broker, reading.query, reading.ledger, reading.stacks, reading.fix,
+for command in (roles.up, roles.collector, roles.streams, roles.broker, reading.query, reading.ledger, reading.stacks, fixing.fix,
                 deployment.doctor, demos.demo, reporting.report, deployment.schema, deployment.config,
                 demos.synthetic_fleet, capture.record, capture.replay):
     app.command()(command)

@@ -24,7 +24,7 @@ from pathlib import Path
 from jitterscope.common import errors
 from jitterscope.common.private import open_private, private_dir
 from jitterscope.reports.fix_plan import Action, read_live
-from jitterscope.schemas.topology import cpu_list, parse_cpu_list
+from jitterscope.schemas.topology import cpu_list
 
 JOURNAL = "fix-journal.jsonl"
 
@@ -67,6 +67,10 @@ class Journal:
             return []
         return [Change(**json.loads(line)) for line in self.path.read_text().splitlines() if line.strip()]
 
+    def in_effect(self) -> list[Change]:
+        """The changes made and not undone: what --verify judges."""
+        return [c for c in self.changes() if not c.undone_ns]
+
     def _write(self, changes: list[Change]) -> None:
         private_dir(self.path.parent)
         with os.fdopen(open_private(self.path), "w") as f:
@@ -82,27 +86,27 @@ class Journal:
             action = by_key.get(key)
             if action is None:
                 raise errors.BadConfig(f"{key!r} is not in this plan (run `jitterscope fix` for its keys)")
-            if not action.command:
+            if not action.moves:
                 raise errors.BadConfig(f"{key!r} is advice: jitterscope makes no change for it")
-            now = read_live(action.pid)
-            if now is None or now.start_ticks != action.start_ticks:
-                raise errors.BadConfig(f"{key!r}: pid {action.pid} is not the process the plan named (it exited"
-                                       " or its pid was reused); make the plan again")
-            chosen.append((action, now))
+            for pid, (start_ticks, _cpus) in sorted(action.moves.items()):
+                now = read_live(pid)
+                if now is None or now.start_ticks != start_ticks:
+                    raise errors.BadConfig(f"{key!r}: pid {pid} is not the process the plan named (it exited or "
+                                           "its pid was reused); make the plan again")
+                chosen.append((action, pid, now))
         changes, lines = self.changes(), []
-        for action, now in chosen:
-            after = parse_cpu_list(action.command.split()[2])
+        for action, pid, now in chosen:
+            after = sorted(action.to_cpus)
             if sorted(now.cpus_allowed) == after:
-                lines.append(f"{action.key}: already on CPUs {cpu_list(after)}; nothing to do")
+                lines.append(f"{action.key}: pid {pid} already on CPUs {cpu_list(after)}; nothing to do")
                 continue
-            line = f"{action.key}: pid {action.pid} CPUs {cpu_list(list(now.cpus_allowed))} -> {cpu_list(after)}"
+            line = f"{action.key}: pid {pid} CPUs {cpu_list(sorted(now.cpus_allowed))} -> {cpu_list(after)}"
             if diff:
                 lines.append("would set " + line)
                 continue
-            changes.append(Change(action.key, action.pid, action.start_ticks, sorted(now.cpus_allowed), after,
-                                  time.time_ns()))
+            changes.append(Change(action.key, pid, now.start_ticks, sorted(now.cpus_allowed), after, time.time_ns()))
             self._write(changes)  # written before the change: a crash in between still leaves its undo
-            _set_cpus(action.pid, after)
+            _set_cpus(pid, after)
             lines.append("set " + line)
         return lines
 

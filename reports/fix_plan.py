@@ -34,7 +34,8 @@ REQUESTS_SQL = """
     FROM jitterscope.request_attribution FINAL
     WHERE host = {host:String} AND ts > now64(9) - toIntervalSecond({since:UInt32})"""
 PROCESSES_SQL = """
-    SELECT pid, argMax(comm, ts), argMax(cpus_allowed, ts), argMax(serving_group, ts), argMax(container_id, ts)
+    SELECT pid, argMax(comm, ts), argMax(cpus_allowed, ts), argMax(serving_group, ts), argMax(container_id, ts),
+           argMax(cmdline, ts)
     FROM jitterscope.processes WHERE host = {host:String} GROUP BY pid"""
 
 #: what each cause's advice says where the plan has no change of its own to make
@@ -47,7 +48,10 @@ ADVICE = {
                     "or memory.low for the serving cgroup",
     "io_wait": "blocking I/O on the serving thread: read ahead, or move the I/O off the request's path",
     "cfs_throttling": "a CPU limit throttles the serving group: raise its cgroup's cpu.max (or the pod's limit)",
+    "self_contention": "the serving group's own busy threads outnumber its CPUs: give it more, or run fewer",
 }
+#: causes that name nothing to change
+NOTHING_TO_DO = frozenset({"none", "unexplained"})
 
 
 @dataclass(frozen=True)
@@ -74,15 +78,19 @@ class Process:
     cpus_allowed: tuple[int, ...]
     serving_group: int = 0
     container_id: str = ""
+    cmdline: str = "x"  # "" for a kernel thread
 
 
 @dataclass(frozen=True)
 class Live:
-    """What this host says now of a process: its CPUs and its start time
-    (a reused pid has another), read when the plan is made."""
+    """What this host says now of a process: its CPUs, its start time (a
+    reused pid has another), and every CPU one of its threads may use (a
+    server that pins its serving thread leaves its span exporter, holding
+    the GIL at times, on the others), read when the plan is made."""
 
     cpus_allowed: tuple[int, ...]
     start_ticks: int
+    thread_cpus: tuple[int, ...] = ()
 
 
 @dataclass
@@ -90,16 +98,25 @@ class Action:
     key: str  # stable: what --apply names
     cause: str
     target: str  # who or what it changes
-    change: str  # from what to what ("" for advice)
-    command: str = ""  # "" for advice
-    undo: str = ""
+    change: str = ""  # from what to what ("" for advice)
     advice: str = ""  # what to do by hand, where jitterscope makes no change
     gain_p99_ms: float = 0.0
     gain_p999_ms: float = 0.0
     requests: int = 0  # requests it explains part of
-    pid: int = 0
-    start_ticks: int = 0
+    #: a move: the processes (every one of the command's that held the serving CPUs), as they were when
+    #: planned (pid -> (start time, CPUs)), and the CPUs they get
+    moves: dict[int, tuple[int, tuple[int, ...]]] = field(default_factory=dict)
+    to_cpus: tuple[int, ...] = ()
     removed: dict[int, float] = field(default_factory=dict, repr=False)  # request index -> ns it takes off
+
+    @property
+    def command(self) -> str:
+        """The change as a shell command ("" for advice)."""
+        return "; ".join(f"taskset -apc {cpu_list(list(self.to_cpus))} {pid}" for pid in sorted(self.moves))
+
+    @property
+    def undo(self) -> str:
+        return "; ".join(f"taskset -apc {cpu_list(list(cpus))} {pid}" for pid, (_, cpus) in sorted(self.moves.items()))
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -112,57 +129,62 @@ def percentile(values: list[float], q: float) -> float:
 
 def plan(requests: list[Request], processes: dict[int, Process], host_cpus: Iterable[int],
          live: Callable[[int], Live | None]) -> tuple[list[Action], list[str]]:
-    """(actions ranked by P99 gain then P999 gain, lines on what was not offered and why)."""
+    """(actions that take something off the P99 or P999, ranked by those
+    gains, and lines on what was not offered and why). A neighbour is its
+    command: every process of that name that held a serving CPU moves at once
+    (one of five hogs moved leaves the other four in the way)."""
     serving = {pid for pid, p in processes.items() if p.serving_group} | {r.pid for r in requests}
-    serving_cpus = {c for pid in serving if pid in processes for c in processes[pid].cpus_allowed}
-    others = sorted(set(host_cpus) - serving_cpus)
+    serving_cpus = {c for pid in serving for c in _cpus_of(pid, processes, live)}
+    others = tuple(sorted(set(host_cpus) - serving_cpus))
     actions: dict[str, Action] = {}
-    not_offered: dict[str, str] = {}
+    not_offered: dict[int, str] = {}
+    move_of: dict[int, Action] = {}  # a neighbour's pid -> its command's move
     for i, request in enumerate(requests):
         for cause, _share in request.causes or ((request.cause, 1.0),):
             explained = request.explained_ns(cause)
-            if explained <= 0 or cause == "none":
+            if explained <= 0 or cause in NOTHING_TO_DO:
                 continue
             if cause == "runq_starvation" and request.suspects:
                 total = sum(ns for _, _, ns in request.suspects) or 1
                 for pid, comm, ns in request.suspects:
-                    action = _neighbour(pid, comm, processes, serving, serving_cpus, others, live, actions,
-                                        not_offered)
-                    if action:
-                        action.removed[i] = action.removed.get(i, 0.0) + explained * ns / total
+                    if pid not in move_of and pid not in not_offered:  # decided once per process
+                        why = _why_not_move(pid, comm, processes, serving, others)
+                        if why or (why := _identify(pid, comm, others, live, actions, move_of)):
+                            not_offered[pid] = f"{comm} (pid {pid}): not moved: {why}"
+                    if pid in move_of:
+                        removed = move_of[pid].removed
+                        removed[i] = removed.get(i, 0.0) + explained * ns / total
                 continue
             key = f"advice:{cause}:{request.culprit}" if request.culprit else f"advice:{cause}"
-            action = actions.setdefault(key, Action(key, cause, request.culprit or "-", "",
-                                                    advice=ADVICE.get(cause, "")))
+            action = actions.setdefault(key, Action(key, cause, request.culprit or "-", advice=ADVICE.get(cause, "")))
             action.removed[i] = action.removed.get(i, 0.0) + explained
     durations = [float(r.duration_ns) for r in requests]
     ranked = [_gain(a, durations) for a in actions.values()]
     ranked.sort(key=lambda a: (-a.gain_p99_ms, -a.gain_p999_ms, a.key))
-    return [a for a in ranked if a.requests], sorted(not_offered.values())
+    return [a for a in ranked if a.gain_p99_ms > 0 or a.gain_p999_ms > 0], sorted(not_offered.values())
 
 
-def _neighbour(pid: int, comm: str, processes: dict[int, Process], serving: set[int], serving_cpus: set[int],
-               others: list[int], live, actions: dict[str, Action], not_offered: dict[str, str]) -> Action | None:
-    """The action that moves neighbour ``pid`` off the serving CPUs, made once; None where none may be offered."""
-    key = f"move:{comm}:{pid}"
-    if key in actions:
-        return actions[key]
-    if key in not_offered:
-        return None
-    why = _why_not_move(pid, comm, processes, serving, others)
-    now = live(pid) if not why else None
-    if not why and now is None:
-        why = "it has exited"
-    if why:
-        not_offered[key] = f"{comm} (pid {pid}): not moved: {why}"
-        return None
-    actions[key] = Action(
-        key, "runq_starvation", f"{comm} (pid {pid})",
-        change=f"CPU affinity {cpu_list(list(now.cpus_allowed))} -> {cpu_list(others)} "
-               f"(off the serving CPUs {cpu_list(sorted(serving_cpus))})",
-        command=f"taskset -apc {cpu_list(others)} {pid}", undo=f"taskset -apc {cpu_list(list(now.cpus_allowed))} {pid}",
-        pid=pid, start_ticks=now.start_ticks)
-    return actions[key]
+def _cpus_of(pid: int, processes: dict[int, Process], live) -> tuple[int, ...]:
+    """Every CPU a serving process's threads may use now; its record's, once it has exited."""
+    now = live(pid)
+    if now is not None:
+        return now.thread_cpus or now.cpus_allowed
+    return processes[pid].cpus_allowed if pid in processes else ()
+
+
+def _identify(pid: int, comm: str, others: tuple[int, ...], live, actions: dict[str, Action],
+              move_of: dict[int, Action]) -> str:
+    """Add ``pid`` to its command's move as it is now; why not, where it has exited."""
+    now = live(pid)
+    if now is None:
+        return "it has exited"
+    action = move_of[pid] = actions.setdefault(f"move:{comm}", Action(f"move:{comm}", "runq_starvation", comm,
+                                                                       to_cpus=others))
+    action.moves[pid] = (now.start_ticks, now.cpus_allowed)
+    before = sorted({cpu_list(list(cpus)) for _, cpus in action.moves.values()})
+    action.target = f"{comm} (pid {', '.join(map(str, sorted(action.moves)))})"
+    action.change = f"CPU affinity {' / '.join(before)} -> {cpu_list(list(others))} (off the serving CPUs)"
+    return ""
 
 
 def _why_not_move(pid: int, comm: str, processes: dict[int, Process], serving: set[int], others: list[int]) -> str:
@@ -174,8 +196,8 @@ def _why_not_move(pid: int, comm: str, processes: dict[int, Process], serving: s
         return "it is jitterscope's own (the cost of watching: see own_cpus)"
     if pid == 0:
         return "the kernel (interrupts, idle): see the irq advice"
-    if record is None:
-        return "no process record (a kernel thread, or it came and went)"
+    if record is None or not record.cmdline:
+        return "a kernel thread, or no process record (it came and went)"
     if record.container_id:
         return "it runs in another container (move it through its orchestrator)"
     if not others:
@@ -200,21 +222,37 @@ def read_live(pid: int, proc: Path = Path("/proc")) -> Live | None:
         stat = (proc / str(pid) / "stat").read_text()
     except OSError:
         return None
-    cpus = next((line.split(":", 1)[1].strip() for line in status.splitlines()
-                 if line.startswith("Cpus_allowed_list:")), "")
+    threads = set()
+    for task in (proc / str(pid) / "task").glob("*"):
+        try:
+            threads.update(_allowed((task / "status").read_text()))
+        except OSError:
+            continue  # it ended meanwhile
     # field 22 of stat, counted after the command's closing parenthesis (a name may hold spaces)
-    return Live(tuple(parse_cpu_list(cpus)), int(stat.rsplit(")", 1)[1].split()[19]))
+    return Live(_allowed(status), int(stat.rsplit(")", 1)[1].split()[19]), tuple(sorted(threads)))
+
+
+def _allowed(status: str) -> tuple[int, ...]:
+    """The CPUs a /proc status text allows."""
+    return tuple(parse_cpu_list(next((line.split(":", 1)[1].strip() for line in status.splitlines()
+                                      if line.startswith("Cpus_allowed_list:")), "")))
+
+
+def _fields(item) -> tuple:
+    """A named tuple's fields in order, whether the store sent it as an object or an array."""
+    return tuple(item.values()) if isinstance(item, dict) else tuple(item)
 
 
 def requests_of(rows: list) -> list[Request]:
     return [Request(int(pid), int(duration), int(excess), cause, culprit,
-                    tuple((c, float(s)) for c, s in causes), tuple((int(p), comm, int(ns)) for p, comm, ns in suspects))
+                    tuple((c, float(s)) for c, s in map(_fields, causes)),
+                    tuple((int(p), comm, int(ns)) for p, comm, ns in map(_fields, suspects)))
             for pid, duration, excess, cause, culprit, causes, suspects in rows]
 
 
 def processes_of(rows: list) -> dict[int, Process]:
-    return {int(pid): Process(int(pid), comm, tuple(int(c) for c in cpus), int(group), container)
-            for pid, comm, cpus, group, container in rows}
+    return {int(pid): Process(int(pid), comm, tuple(int(c) for c in cpus), int(group), container, cmdline)
+            for pid, comm, cpus, group, container, cmdline in rows}
 
 
 def format_plan(actions: list[Action], not_offered: list[str], host: str, since: str, requests: int) -> list[str]:

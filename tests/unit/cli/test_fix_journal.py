@@ -37,8 +37,9 @@ def cpus_of_threads(pid: int) -> set[tuple[int, ...]]:
 
 
 def move(pid: int, to: int = 1) -> Action:
-    return Action(f"move:neighbour:{pid}", "runq_starvation", f"neighbour (pid {pid})", "", command=f"taskset -apc {to} {pid}",
-                  undo=f"taskset -apc 0 {pid}", pid=pid, start_ticks=read_live(pid).start_ticks)
+    now = read_live(pid)
+    return Action("move:neighbour", "runq_starvation", f"neighbour (pid {pid})",
+                  moves={pid: (now.start_ticks, now.cpus_allowed)}, to_cpus=(to,))
 
 
 def test_apply_journals_then_moves_every_thread_and_undo_restores(neighbour, tmp_path):
@@ -58,9 +59,9 @@ def test_apply_journals_then_moves_every_thread_and_undo_restores(neighbour, tmp
 
 def test_refused_before_any_change(neighbour, tmp_path):
     journal, action = Journal(tmp_path), move(neighbour.pid)
-    advice = Action("advice:gil_contention", "gil_contention", "holder", "", advice="the GIL")
-    reused = Action(action.key + "x", action.cause, action.target, "", command=action.command, pid=neighbour.pid,
-                    start_ticks=action.start_ticks + 1)
+    advice = Action("advice:gil_contention", "gil_contention", "holder", advice="the GIL")
+    reused = Action("move:reused", action.cause, action.target, to_cpus=(1,),
+                    moves={neighbour.pid: (action.moves[neighbour.pid][0] + 1, (0,))})
     for actions, key, why in (([action], "move:other:1", "not in this plan"), ([action, advice], advice.key, "is advice"),
                               ([action, reused], reused.key, "not the process the plan named")):
         with pytest.raises(errors.BadConfig, match=why):

@@ -21,7 +21,7 @@ PROCESSES = {
 
 
 def live(pid: int) -> Live | None:
-    return Live((0, 1), 1000 + pid) if pid in PROCESSES else None
+    return Live(PROCESSES[pid].cpus_allowed, 1000 + pid) if pid in PROCESSES else None
 
 
 def request(ms: float, cause="runq_starvation", suspects=((HOG, "jshog", 10 * MS),), causes=None, culprit="jshog"):
@@ -33,19 +33,31 @@ def test_a_neighbour_is_one_action_whose_gain_is_the_tail_it_explains():
     quiet = [request(10, cause="none", suspects=(), causes=(("none", 0.0),)) for _ in range(900)]
     starved = [request(110) for _ in range(100)]  # 100 ms of excess each, all behind jshog
     actions, not_offered = plan(quiet + starved, PROCESSES, [0, 1], live)
-    assert [a.key for a in actions] == [f"move:jshog:{HOG}"], "a hundred requests, one action"
+    assert [a.key for a in actions] == ["move:jshog"], "a hundred requests, one action"
     [move] = actions
     assert move.requests == 100 and move.gain_p99_ms == 100.0 and move.gain_p999_ms == 100.0
     assert move.command == f"taskset -apc 0 {HOG}" and move.undo == f"taskset -apc 0-1 {HOG}"
-    assert "0-1 -> 0" in move.change and move.start_ticks == 1000 + HOG
+    assert "0-1 -> 0" in move.change and move.moves == {HOG: (1000 + HOG, (0, 1))}
     assert not_offered == []
+
+
+def test_every_process_of_a_command_moves_together():
+    """One of five hogs moved leaves four in the way: the command is the neighbour."""
+    hogs = {pid: Process(pid, "jshog", (1,)) for pid in range(500, 505)}
+    suspects = tuple((pid, "jshog", 10 * MS) for pid in hogs)
+    actions, _ = plan([request(10, cause="none", suspects=(), causes=(("none", 0),)) for _ in range(90)]
+                      + [request(60, suspects=suspects) for _ in range(10)], {**PROCESSES, **hogs}, [0, 1],
+                      lambda pid: Live((1,), pid))
+    [move] = actions
+    assert sorted(move.moves) == sorted(hogs) and move.gain_p99_ms == 50.0
+    assert move.command.count("taskset -apc 0 ") == 5 and "jshog (pid 500, 501, 502, 503, 504)" == move.target
 
 
 def test_the_wait_is_split_between_suspects_and_ranked_by_what_it_takes_off():
     both = ((HOG, "jshog", 30 * MS), (OTHER_HOG, "backup", 10 * MS))
     actions, _ = plan([request(10, cause="none", suspects=(), causes=(("none", 0),)) for _ in range(90)]
                       + [request(90, suspects=both) for _ in range(10)], PROCESSES, [0, 1], live)
-    assert [a.key for a in actions] == [f"move:jshog:{HOG}", f"move:backup:{OTHER_HOG}"]
+    assert [a.key for a in actions] == ["move:jshog", "move:backup"]
     assert actions[0].gain_p99_ms == 60.0 and actions[1].gain_p99_ms == 20.0  # 80 ms of excess, 3:1
 
 
@@ -55,13 +67,21 @@ def test_the_serving_group_jitterscope_the_kernel_and_containers_are_never_moved
     actions, not_offered = plan([request(50, suspects=suspects)], PROCESSES, [0, 1], live)
     assert actions == []
     reasons = " ".join(not_offered)
-    for why in ("serving group", "jitterscope's own", "the kernel", "another container", "no process record"):
+    for why in ("serving group", "jitterscope's own", "the kernel", "another container", "a kernel thread"):
         assert why in reasons, not_offered
 
 
 def test_a_move_the_host_cannot_make_is_not_offered():
     everywhere = {**PROCESSES, SERVER: Process(SERVER, "jsinfer", (0, 1), serving_group=SERVER)}
-    actions, not_offered = plan([request(50)], everywhere, [0, 1], live)
+    actions, not_offered = plan([request(50)], everywhere, [0, 1], lambda pid: None if pid == SERVER else live(pid))
+    assert actions == [] and "nowhere to move it" in not_offered[0]
+
+
+def test_a_serving_thread_pinned_alone_still_leaves_its_other_threads_cpus_serving():
+    """The serving thread pinned to CPU 1, its exporter (which holds the GIL at times) on 0-1: moving
+    the hogs to CPU 0 starves the exporter, and the serving thread then waits for the GIL."""
+    pinned_alone = lambda pid: Live((1,), pid, (0, 1)) if pid == SERVER else live(pid)  # noqa: E731
+    actions, not_offered = plan([request(50)], PROCESSES, [0, 1], pinned_alone)
     assert actions == [] and "nowhere to move it" in not_offered[0]
 
 
@@ -95,4 +115,5 @@ def test_percentile_is_nearest_rank():
 def test_read_live_reads_this_process():
     now = read_live(os.getpid())
     assert now is not None and set(now.cpus_allowed) == os.sched_getaffinity(0) and now.start_ticks > 0
+    assert set(now.thread_cpus) >= set(now.cpus_allowed)
     assert read_live(2**22 + 1) is None
