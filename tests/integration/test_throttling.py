@@ -13,6 +13,7 @@ processes in every hierarchy: a process record's cgroup is its v2 path."""
 from __future__ import annotations
 
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -213,7 +214,7 @@ def test_requests_of_a_standin_are_attributed_to_cfs_throttling_once_it_has_a_qu
                                    "WHERE request_id = {id:String}", id=lines[-1][0])[0][0], 60,
                "the last request attributed", worker)
     rows = {r[0]: r[1:] for r in stack.query(
-        "SELECT request_id, cause, excess_ns, throttled_ns FROM jitterscope.request_attribution FINAL "
+        "SELECT request_id, cause, excess_ns, throttled_ns, explained FROM jitterscope.request_attribution FINAL "
         "WHERE startsWith(request_id, 'thr-')")}
     before = [rows[rid] for rid, _, end in lines if int(end) < limited_at]
     # from the next samples of the cgroup on (cfs_interval_s, and a rescan)
@@ -222,7 +223,8 @@ def test_requests_of_a_standin_are_attributed_to_cfs_throttling_once_it_has_a_qu
     throttled = [r for r in slow if r[0] == "cfs_throttling" and r[2] > 0]
     print(f"\n[measured] stand-in with a quota: {len(throttled)}/{len(slow)} slow requests cfs_throttling "
           f"(other causes {sorted({r[0] for r in slow} - {'cfs_throttling'})}); unlimited: "
-          f"{sum(r[0] == 'cfs_throttling' for r in before)}/{len(before)} cfs_throttling")
+          f"{sum(r[0] == 'cfs_throttling' for r in before)}/{len(before)} cfs_throttling; explained >= 0.9 for "
+          f"{sum(r[3] >= 0.9 for r in slow)} of the slow (median {statistics.median(r[3] for r in slow or [(0,) * 4]):.2f})")
     assert len(before) >= 100
     # the first throttled interval began before the quota did, and its time is
     # spread over all of it: only requests in that interval may be charged (and,
