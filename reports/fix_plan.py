@@ -12,8 +12,9 @@ and P999 are taken again. The difference is the gain.
 Only what jitterscope names is offered, and never at the serving group's
 expense: a serving process is what the plan protects, never what it moves;
 jitterscope's own processes, kernel threads and other containers' processes
-are not moved; and a move the host cannot make (no CPU outside the serving
-group's) is not offered. Causes without a change jitterscope can make here
+are not moved; a move the host cannot make (no CPU outside the serving
+group's) is not offered; and a serving group in a pod gets the pod-level
+advice (the kubelet's CPU manager), not a taskset of its neighbours. Causes without a change jitterscope can make here
 (the GIL, steal, a device) come as advice, with their gain all the same.
 
 Pure but for ``read_live`` (this host's /proc), so tests drive the rest.
@@ -49,6 +50,9 @@ ADVICE = {
     "io_wait": "blocking I/O on the serving thread: read ahead, or move the I/O off the request's path",
     "cfs_throttling": "a CPU limit throttles the serving group: raise its cgroup's cpu.max (or the pod's limit)",
     "self_contention": "the serving group's own busy threads outnumber its CPUs: give it more, or run fewer",
+    # a pod's CPUs are the kubelet's to give: a taskset beside it would be undone, or fight it
+    "pod_cpus": "the serving group runs in a pod: give it CPUs of its own (kubelet --cpu-manager-policy=static, a "
+                "Guaranteed pod with integer CPU requests, --topology-manager-policy=single-numa-node)",
 }
 #: causes that name nothing to change
 NOTHING_TO_DO = frozenset({"none", "unexplained"})
@@ -136,6 +140,7 @@ def plan(requests: list[Request], processes: dict[int, Process], host_cpus: Iter
     serving = {pid for pid, p in processes.items() if p.serving_group} | {r.pid for r in requests}
     serving_cpus = {c for pid in serving for c in _cpus_of(pid, processes, live)}
     others = tuple(sorted(set(host_cpus) - serving_cpus))
+    in_pod = any(processes[pid].container_id for pid in serving if pid in processes)
     actions: dict[str, Action] = {}
     not_offered: dict[int, str] = {}
     move_of: dict[int, Action] = {}  # a neighbour's pid -> its command's move
@@ -144,7 +149,7 @@ def plan(requests: list[Request], processes: dict[int, Process], host_cpus: Iter
             explained = request.explained_ns(cause)
             if explained <= 0 or cause in NOTHING_TO_DO:
                 continue
-            if cause == "runq_starvation" and request.suspects:
+            if cause == "runq_starvation" and request.suspects and not in_pod:
                 total = sum(ns for _, _, ns in request.suspects) or 1
                 for pid, comm, ns in request.suspects:
                     if pid not in move_of and pid not in not_offered:  # decided once per process
@@ -156,7 +161,8 @@ def plan(requests: list[Request], processes: dict[int, Process], host_cpus: Iter
                         removed[i] = removed.get(i, 0.0) + explained * ns / total
                 continue
             key = f"advice:{cause}:{request.culprit}" if request.culprit else f"advice:{cause}"
-            action = actions.setdefault(key, Action(key, cause, request.culprit or "-", advice=ADVICE.get(cause, "")))
+            advice = ADVICE.get("pod_cpus" if in_pod and cause == "runq_starvation" else cause, "")
+            action = actions.setdefault(key, Action(key, cause, request.culprit or "-", advice=advice))
             action.removed[i] = action.removed.get(i, 0.0) + explained
     durations = [float(r.duration_ns) for r in requests]
     ranked = [_gain(a, durations) for a in actions.values()]

@@ -117,3 +117,10 @@ def test_read_live_reads_this_process():
     assert now is not None and set(now.cpus_allowed) == os.sched_getaffinity(0) and now.start_ticks > 0
     assert set(now.thread_cpus) >= set(now.cpus_allowed)
     assert read_live(2**22 + 1) is None
+
+
+def test_a_serving_group_in_a_pod_gets_the_kubelets_advice_not_a_taskset():
+    in_pod = {**PROCESSES, SERVER: Process(SERVER, "vllm", (1,), serving_group=SERVER, container_id="c0ffee")}
+    actions, _ = plan([request(60)], in_pod, [0, 1], live)
+    [advice] = actions
+    assert advice.key == "advice:runq_starvation:jshog" and not advice.moves and "cpu-manager-policy=static" in advice.advice
