@@ -60,7 +60,7 @@ def fix(
     requests = fix_plan.requests_of(run_query(s, fix_plan.REQUESTS_SQL, params)[1])
     processes = fix_plan.processes_of(run_query(s, fix_plan.PROCESSES_SQL, params)[1])
     host_cpus = parse_cpu_list(open("/sys/devices/system/cpu/online").read())
-    actions, not_offered = fix_plan.plan(requests, processes, host_cpus, fix_plan.read_live)
+    actions, not_offered = fix_plan.plan(requests, processes, host_cpus, fix_plan.read_live, _describe)
     if keys:
         for line in Journal(s.data_dir).apply(actions, keys, diff=diff):
             print(line)
@@ -95,3 +95,15 @@ def _verify(s, journal, since_s: int) -> None:
         sorted({c.key for c in changes})) + ")"
     for line in fix_verify.format_verdicts(found, shares, when):
         print(line)
+
+
+def _describe(pid: int):
+    """A process as this host describes it now (its record not stored yet); None when it has exited."""
+    from jitterscope.collector import hostinfo
+    from jitterscope.reports.fix_plan import Process
+
+    try:
+        info = hostinfo.process_info(pid)
+    except (hostinfo.ProcessGone, OSError):
+        return None
+    return Process(info["pid"], info["comm"], tuple(info["cpus_allowed"]), 0, info["container_id"], info["cmdline"])

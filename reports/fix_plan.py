@@ -132,11 +132,15 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def plan(requests: list[Request], processes: dict[int, Process], host_cpus: Iterable[int],
-         live: Callable[[int], Live | None]) -> tuple[list[Action], list[str]]:
+         live: Callable[[int], Live | None],
+         describe: Callable[[int], Process | None] = lambda pid: None) -> tuple[list[Action], list[str]]:
     """(actions that take something off the P99 or P999, ranked by those
     gains, and lines on what was not offered and why). A neighbour is its
     command: every process of that name that held a serving CPU moves at once
-    (one of five hogs moved leaves the other four in the way)."""
+    (one of five hogs moved leaves the other four in the way). ``describe``:
+    a process as this host sees it now, for one whose record is not stored
+    (yet: a busy collector describes new processes a little later)."""
+    processes = dict(processes)  # described ones are added: the caller's stays as it was
     serving = {pid for pid, p in processes.items() if p.serving_group} | {r.pid for r in requests}
     serving_cpus = {c for pid in serving for c in _cpus_of(pid, processes, live)}
     others = tuple(sorted(set(host_cpus) - serving_cpus))
@@ -153,6 +157,8 @@ def plan(requests: list[Request], processes: dict[int, Process], host_cpus: Iter
                 total = sum(ns for _, _, ns in request.suspects) or 1
                 for pid, comm, ns in request.suspects:
                     if pid not in move_of and pid not in not_offered:  # decided once per process
+                        if pid not in processes and (now := describe(pid)) is not None:
+                            processes[pid] = now
                         why = _why_not_move(pid, comm, processes, serving, others)
                         if why or (why := _identify(pid, comm, others, live, actions, move_of)):
                             not_offered[pid] = f"{comm} (pid {pid}): not moved: {why}"

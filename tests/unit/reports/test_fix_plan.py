@@ -124,3 +124,15 @@ def test_a_serving_group_in_a_pod_gets_the_kubelets_advice_not_a_taskset():
     actions, _ = plan([request(60)], in_pod, [0, 1], live)
     [advice] = actions
     assert advice.key == "advice:runq_starvation:jshog" and not advice.moves and "cpu-manager-policy=static" in advice.advice
+
+
+def test_a_neighbour_not_yet_described_in_the_store_is_described_by_the_host():
+    """A busy collector describes new processes a little later: the plan asks this host."""
+    late = Process(600, "jshog", (1,))
+    actions, not_offered = plan([request(60, suspects=((600, "jshog", 10 * MS),))], dict(PROCESSES), [0, 1],
+                                lambda pid: Live((1,), pid), lambda pid: late if pid == 600 else None)
+    assert [sorted(a.moves) for a in actions] == [[600]] and not_offered == []
+    kernel = Process(601, "kworker/1:2", (1,), cmdline="")
+    _, not_offered = plan([request(60, suspects=((601, "kworker/1:2", 10 * MS),))], dict(PROCESSES), [0, 1],
+                          lambda pid: Live((1,), pid), lambda pid: kernel)
+    assert "a kernel thread" in not_offered[0]
