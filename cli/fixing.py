@@ -106,4 +106,4 @@ def _describe(pid: int):
         info = hostinfo.process_info(pid)
     except (hostinfo.ProcessGone, OSError):
         return None
-    return Process(info["pid"], info["comm"], tuple(info["cpus_allowed"]), 0, info["container_id"], info["cmdline"])
+    return Process(info["pid"], info["comm"], tuple(info["cpus_allowed"]), 0, info["container_id"])

@@ -35,8 +35,7 @@ REQUESTS_SQL = """
     FROM jitterscope.request_attribution FINAL
     WHERE host = {host:String} AND ts > now64(9) - toIntervalSecond({since:UInt32})"""
 PROCESSES_SQL = """
-    SELECT pid, argMax(comm, ts), argMax(cpus_allowed, ts), argMax(serving_group, ts), argMax(container_id, ts),
-           argMax(cmdline, ts)
+    SELECT pid, argMax(comm, ts), argMax(cpus_allowed, ts), argMax(serving_group, ts), argMax(container_id, ts)
     FROM jitterscope.processes WHERE host = {host:String} GROUP BY pid"""
 
 #: what each cause's advice says where the plan has no change of its own to make
@@ -54,6 +53,7 @@ ADVICE = {
     "pod_cpus": "the serving group runs in a pod: give it CPUs of its own (kubelet --cpu-manager-policy=static, a "
                 "Guaranteed pod with integer CPU requests, --topology-manager-policy=single-numa-node)",
 }
+PF_KTHREAD = 0x00200000  # include/linux/sched.h
 #: causes that name nothing to change
 NOTHING_TO_DO = frozenset({"none", "unexplained"})
 
@@ -82,7 +82,6 @@ class Process:
     cpus_allowed: tuple[int, ...]
     serving_group: int = 0
     container_id: str = ""
-    cmdline: str = "x"  # "" for a kernel thread
 
 
 @dataclass(frozen=True)
@@ -95,6 +94,9 @@ class Live:
     cpus_allowed: tuple[int, ...]
     start_ticks: int
     thread_cpus: tuple[int, ...] = ()
+    # a kernel thread (PF_KTHREAD), told by the kernel: a stored record's empty command line is no proof
+    # (a process described in the middle of its exec has one too)
+    kernel: bool = False
 
 
 @dataclass
@@ -190,6 +192,8 @@ def _identify(pid: int, comm: str, others: tuple[int, ...], live, actions: dict[
     now = live(pid)
     if now is None:
         return "it has exited"
+    if now.kernel:
+        return "a kernel thread"
     action = move_of[pid] = actions.setdefault(f"move:{comm}", Action(f"move:{comm}", "runq_starvation", comm,
                                                                        to_cpus=others))
     action.moves[pid] = (now.start_ticks, now.cpus_allowed)
@@ -208,8 +212,8 @@ def _why_not_move(pid: int, comm: str, processes: dict[int, Process], serving: s
         return "it is jitterscope's own (the cost of watching: see own_cpus)"
     if pid == 0:
         return "the kernel (interrupts, idle): see the irq advice"
-    if record is None or not record.cmdline:
-        return "a kernel thread, or no process record (it came and went)"
+    if record is None:
+        return "no process record (it came and went)"
     if record.container_id:
         return "it runs in another container (move it through its orchestrator)"
     if not others:
@@ -240,8 +244,10 @@ def read_live(pid: int, proc: Path = Path("/proc")) -> Live | None:
             threads.update(_allowed((task / "status").read_text()))
         except OSError:
             continue  # it ended meanwhile
-    # field 22 of stat, counted after the command's closing parenthesis (a name may hold spaces)
-    return Live(_allowed(status), int(stat.rsplit(")", 1)[1].split()[19]), tuple(sorted(threads)))
+    # fields 22 (start time) and 9 (flags) of stat, counted after the command's closing parenthesis (a
+    # name may hold spaces)
+    fields = stat.rsplit(")", 1)[1].split()
+    return Live(_allowed(status), int(fields[19]), tuple(sorted(threads)), bool(int(fields[6]) & PF_KTHREAD))
 
 
 def _allowed(status: str) -> tuple[int, ...]:
@@ -263,8 +269,8 @@ def requests_of(rows: list) -> list[Request]:
 
 
 def processes_of(rows: list) -> dict[int, Process]:
-    return {int(pid): Process(int(pid), comm, tuple(int(c) for c in cpus), int(group), container, cmdline)
-            for pid, comm, cpus, group, container, cmdline in rows}
+    return {int(pid): Process(int(pid), comm, tuple(int(c) for c in cpus), int(group), container)
+            for pid, comm, cpus, group, container in rows}
 
 
 def format_plan(actions: list[Action], not_offered: list[str], host: str, since: str, requests: int) -> list[str]:

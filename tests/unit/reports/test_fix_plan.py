@@ -67,7 +67,7 @@ def test_the_serving_group_jitterscope_the_kernel_and_containers_are_never_moved
     actions, not_offered = plan([request(50, suspects=suspects)], PROCESSES, [0, 1], live)
     assert actions == []
     reasons = " ".join(not_offered)
-    for why in ("serving group", "jitterscope's own", "the kernel", "another container", "a kernel thread"):
+    for why in ("serving group", "jitterscope's own", "the kernel", "another container", "no process record"):
         assert why in reasons, not_offered
 
 
@@ -115,7 +115,9 @@ def test_percentile_is_nearest_rank():
 def test_read_live_reads_this_process():
     now = read_live(os.getpid())
     assert now is not None and set(now.cpus_allowed) == os.sched_getaffinity(0) and now.start_ticks > 0
-    assert set(now.thread_cpus) >= set(now.cpus_allowed)
+    assert set(now.thread_cpus) >= set(now.cpus_allowed) and not now.kernel
+    kthreadd = read_live(2)  # the kernel's thread that starts the others
+    assert kthreadd is None or kthreadd.kernel
     assert read_live(2**22 + 1) is None
 
 
@@ -132,7 +134,8 @@ def test_a_neighbour_not_yet_described_in_the_store_is_described_by_the_host():
     actions, not_offered = plan([request(60, suspects=((600, "jshog", 10 * MS),))], dict(PROCESSES), [0, 1],
                                 lambda pid: Live((1,), pid), lambda pid: late if pid == 600 else None)
     assert [sorted(a.moves) for a in actions] == [[600]] and not_offered == []
-    kernel = Process(601, "kworker/1:2", (1,), cmdline="")
+    # a kernel thread is told by the kernel's flag, not by a record's empty command line
+    kernel = Process(601, "kworker/1:2", (1,))
     _, not_offered = plan([request(60, suspects=((601, "kworker/1:2", 10 * MS),))], dict(PROCESSES), [0, 1],
-                          lambda pid: Live((1,), pid), lambda pid: kernel)
+                          lambda pid: Live((1,), pid, kernel=True), lambda pid: kernel)
     assert "a kernel thread" in not_offered[0]
