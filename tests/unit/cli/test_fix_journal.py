@@ -17,8 +17,6 @@ from jitterscope.common import errors
 from jitterscope.fix_journal import JOURNAL, Journal
 from jitterscope.reports.fix_plan import Action, read_live
 
-pytestmark = pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="a move needs two CPUs")
-
 THREADED = "import threading, time; threading.Thread(target=time.sleep, args=(60,)).start(); time.sleep(60)"
 
 
