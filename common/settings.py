@@ -16,6 +16,8 @@ flat, so a field's name is its TOML key, its variable and its --set NAME:
   probes and their event thresholds, batching, spool, /metrics, OTLP receiver.
 - ``StreamsSettings``: the streams worker (streams/): alert thresholds of the
   rules, request attribution, web port, ClickHouse sink.
+- ``ExportSettings`` (common/export_settings.py): what goes out to other
+  tools: alert notifications, attribution spans over OTLP.
 - ``UpSettings``: the front door's ``up`` (embedded broker port, drain on stop).
 """
 
@@ -33,6 +35,7 @@ from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validat
 from pydantic_settings import BaseSettings, SettingsError, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
 from jitterscope.common import errors
+from jitterscope.common.export_settings import ExportSettings
 
 # the probe names are the signal catalogue's (settings may read schemas: records and facts, no I/O)
 from jitterscope.schemas.signals import HARDWARE_PROBES, PROBE_ALIASES
@@ -278,7 +281,7 @@ class CollectorSettings(BaseModel):
 
 
 class StreamsSettings(BaseModel):
-    """The streams worker (streams/): rules, request attribution, web port, ClickHouse sink, alert notifications."""
+    """The streams worker (streams/): rules, request attribution, web port, ClickHouse sink, alert grouping."""
 
     runq_alert_ms: float = Field(10.0, gt=0, description="run-queue wait that raises an alert")
     gpu_ioctl_alert_ms: float = Field(50.0, gt=0, description="GPU driver call latency that raises an alert")
@@ -338,25 +341,6 @@ class StreamsSettings(BaseModel):
                     "stored, marked quiet (default: `jitterscope demo`'s victim; [\"*\"]: every process's)")
     alert_groups_max: int = Field(
         10_000, ge=1, description="open alert groups at most (beyond it the longest quiet is resolved early)")
-    alertmanager_url: str | None = Field(
-        None, description="Alertmanager base URL (http://host:9093): alerts are POSTed to <url>/api/v2/alerts")
-    alertmanager_generator_url: str | None = Field(
-        None, description="link sent as the alerts' generatorURL (a dashboard, say)")
-    webhook_url: str | None = Field(None, description="URL that gets every alert as a plain JSON POST")
-    webhook_token_file: Path | None = Field(
-        None, description="file holding the bearer token sent to webhook_url (kept out of the config and logs)")
-    notify_queue_max: int = Field(
-        1000, ge=1, description="alerts waiting per notification target at most (beyond it they are dropped "
-                                "and counted; the stream never waits)")
-    notify_timeout_s: float = Field(5.0, gt=0, description="HTTP timeout of one notification attempt")
-    notify_retries: int = Field(5, ge=0, description="retries of a failed notification (exponential backoff)")
-
-    @field_validator("alertmanager_url", "webhook_url", "alertmanager_generator_url")
-    @classmethod
-    def _http_url(cls, value: str | None) -> str | None:
-        if value and not value.startswith(("http://", "https://")):
-            raise ValueError(f"{value!r} is not an http:// or https:// URL")
-        return value or None
 
 
 class UpSettings(BaseModel):
@@ -371,13 +355,15 @@ class UpSettings(BaseModel):
 
 
 #: the sections, in the order their fields appear in ``Settings``
-SECTIONS: tuple[type[BaseModel], ...] = (KafkaSettings, StoreSettings, CollectorSettings, StreamsSettings, UpSettings)
+SECTIONS: tuple[type[BaseModel], ...] = (KafkaSettings, StoreSettings, CollectorSettings, StreamsSettings, ExportSettings,
+                                         UpSettings)
 
 
 # The front door's model: all sections in one flat model, so every field keeps
 # its own name as TOML key, JITTERSCOPE_<NAME> variable and --set NAME=VALUE.
 # Pydantic lists the fields of the last base first, hence the reversed order.
-class Settings(UpSettings, StreamsSettings, CollectorSettings, StoreSettings, KafkaSettings, BaseSettings):
+class Settings(UpSettings, ExportSettings, StreamsSettings, CollectorSettings, StoreSettings, KafkaSettings,
+               BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="JITTERSCOPE_", extra="forbid")
 

@@ -478,13 +478,13 @@ class RequestAttribution(Record, frozen=True):
     io_wait_ns: U64 = 0
     sleep_ns: U64 = 0
     on_cpu_ns: U64 = 0
-    # who is behind the cause: the top neighbour, "comm[tid]" of the GIL
-    # holder, of the waker of the memory or I/O stall; "" for none
+    # who is behind the cause: the top neighbour, "comm[tid]" of the GIL holder, the memory or I/O stall's waker
     culprit: str = ""
     gpu_xid: U16 = 0  # an Xid its GPU logged during it (the first; 0 for none): GpuXid
     gpu_throttle: list[str] = []  # the slowdowns NVML saw on its GPU during it (GpuTelemetry.throttle)
     causes: list[CauseShare] = []
     chain: list[ChainHop] = []
+    span_id: str = ""  # the request's own span (hex): the parent of its OTLP attribution span (streams/otlp_export.py)
 
 
 class DeadLetter(msgspec.Struct, kw_only=True, frozen=True, gc=False):

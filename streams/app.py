@@ -46,6 +46,7 @@ from jitterscope.streams.attribution import Attributor
 from jitterscope.streams.attribution_stage import AttributionStage, HeldRequests
 from jitterscope.streams.attribution_tick import AttributionTick
 from jitterscope.streams.handlers import Handlers
+from jitterscope.streams.otlp_export import AttributionExport
 from jitterscope.streams.outbox import Outbox
 from jitterscope.streams.host_state import HostState
 from jitterscope.streams.rules.base import Thresholds
@@ -145,6 +146,7 @@ class StreamsWorker(StorePath, AttributionTick, AttributionStage):
         signal_metrics.limit_comms(settings.metrics_comms_max)
         self.alert_groups = AlertGroups.from_settings(settings)
         self.notifier = notify.Notifier.from_settings(settings)
+        self.exporter = AttributionExport.from_settings(settings)  # answers into the user's traces (OTLP)
         self.outbox = Outbox()
         self.app = self._build_app(bootstrap_servers)
 
@@ -485,6 +487,7 @@ class StreamsWorker(StorePath, AttributionTick, AttributionStage):
             worker.execute_from_commandline()
         finally:
             self.notifier.close()
+            self.exporter.close()
             if self.stage in STAGE_FINAL_FILES:  # stopped, its producer flushed: what it published is final
                 (self.settings.data_dir / STAGE_FINAL_FILES[self.stage]).write_text(json.dumps(
                     {"alert_rows": self.alert_rows_sent, "attributions": self.attributions_sent}))

@@ -299,7 +299,7 @@ class Attributor:
         return RequestAttribution(
             host=span.host, boot_id=span.boot_id, seq=span.seq, ts_ns=span.end_ns, request_id=span.request_id,
             trace_id=span.trace_id, name=span.name, pid=span.pid, start_ns=span.start_ns, end_ns=span.end_ns,
-            duration_ns=duration, baseline_ns=baseline,
+            span_id=span.span_id, duration_ns=duration, baseline_ns=baseline,
             excess_ns=excess, status=span.status, runq_wait_ns=runq[0], runq_wait_max_ns=runq[1],
             runq_waits=runq[2], suspects=charged.suspects, cause=cause, explained=round(explained, 4),
             slo_ns=slo, slo_breached=bool(slo) and duration > slo,

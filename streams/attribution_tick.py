@@ -21,6 +21,7 @@ from jitterscope.schemas import topics
 from jitterscope.streams.alert_metrics import count_raised
 from jitterscope.streams.attribution import Attributor
 from jitterscope.streams.host_state import HostState
+from jitterscope.streams.otlp_export import AttributionExport
 from jitterscope.streams.rules.requests import request_slo
 from jitterscope.streams.store_path import Decoded
 
@@ -38,6 +39,7 @@ class AttributionTick:
     attributor: Attributor
     state: HostState
     attribution_topic: Any  # a Faust topic
+    exporter: AttributionExport
     stage: str
     held_requests: Any  # streams/attribution_stage.py's HeldRequests
     _late_counted: int  # the attributor's late evidence already counted in LATE_EVIDENCE
@@ -66,6 +68,7 @@ class AttributionTick:
                 alerts.append(alert)
         count_raised(alerts)
         await self.publish(self.attribution_topic, done)
+        self.exporter.offer(done)  # only queues (streams/otlp_export.py)
         self.attributions_sent += len(done)
         alerts = await self.announce_alerts(alerts)
         if self.stage in ("all", "attribute-store"):  # its own store (the attribution stage publishes them)

@@ -52,11 +52,12 @@ from jitterscope.streams.alert_groups import RESOLVED, suspect_of
 
 log = logging.getLogger("jitterscope.streams.notify")
 
-SENT = Counter("jitterscope_streams_notifications_sent_total", "alerts a notification target accepted", ["target"])
+# target="otlp" counts attribution spans (streams/otlp_export.py), the others alerts
+SENT = Counter("jitterscope_streams_notifications_sent_total", "alerts (spans) a target accepted", ["target"])
 FAILED = Counter("jitterscope_streams_notifications_failed_total",
-                 "alerts a notification target did not accept after every retry", ["target"])
+                 "alerts (spans) a target did not accept after every retry", ["target"])
 DROPPED = Counter("jitterscope_streams_notifications_dropped_total",
-                  "alerts not queued for a notification target because its queue was full", ["target"])
+                  "alerts (spans) not queued for a target because its queue was full", ["target"])
 
 BATCH_MAX = 64  # alerts per POST at most
 
@@ -202,16 +203,19 @@ def backoff_s(attempt: int, base_s: float, cap_s: float, rand: Callable[[], floa
 # -- sending -------------------------------------------------------------------
 
 class Target:
-    """One destination: a bounded queue drained by a daemon thread."""
+    """One destination: a bounded queue drained by a daemon thread. What it
+    carries is the caller's (alerts here; attribution spans for OTLP):
+    ``encode`` turns a batch of them into a POST body."""
 
-    def __init__(self, name: str, url: str, encode: Callable[[list[Alert]], bytes], *,
+    def __init__(self, name: str, url: str, encode: Callable[[list], bytes], *,
                  headers: dict[str, str] | None = None, queue_max: int = 1000, timeout_s: float = 5.0,
-                 retries: int = 5, backoff_base_s: float = 0.5, backoff_cap_s: float = 30.0):
-        self.name, self.url, self.encode = name, url, encode
+                 retries: int = 5, backoff_base_s: float = 0.5, backoff_cap_s: float = 30.0,
+                 batch_max: int = BATCH_MAX):
+        self.name, self.url, self.encode, self.batch_max = name, url, encode, batch_max
         self.headers = {"Content-Type": "application/json", **(headers or {})}
         self.timeout_s, self.retries = timeout_s, retries
         self.backoff_base_s, self.backoff_cap_s = backoff_base_s, backoff_cap_s
-        self.queue: queue.Queue[Alert] = queue.Queue(maxsize=queue_max)
+        self.queue: queue.Queue = queue.Queue(maxsize=queue_max)
         # a 3xx is refused, never followed: the Authorization header would go
         # wherever it points; the environment's proxies apply except to loopback
         self._opener = outbound.opener()
@@ -219,24 +223,25 @@ class Target:
         self._thread = threading.Thread(target=self._run, name=f"notify-{name}", daemon=True)
         self._thread.start()
 
-    def offer(self, alerts: Iterable[Alert]) -> None:
-        for alert in alerts:
+    def offer(self, items: Iterable) -> None:
+        for item in items:
             try:
-                self.queue.put_nowait(alert)
+                self.queue.put_nowait(item)
             except queue.Full:
                 DROPPED.labels(self.name).inc()
 
     def close(self, timeout_s: float = 2.0) -> None:
+        """Send what is queued (one attempt each, no retries), for ``timeout_s`` at most."""
         self._stop.set()
         self._thread.join(timeout_s)
 
     def _run(self) -> None:
-        while not self._stop.is_set():
+        while not (self._stop.is_set() and self.queue.empty()):
             try:
                 batch = [self.queue.get(timeout=0.5)]
             except queue.Empty:
                 continue
-            while len(batch) < BATCH_MAX:
+            while len(batch) < self.batch_max:
                 try:
                     batch.append(self.queue.get_nowait())
                 except queue.Empty:
@@ -261,11 +266,11 @@ class Target:
             except urllib.error.HTTPError as exc:
                 # a receiver that refuses the payload (or redirects it) will do so again
                 if 300 <= exc.code < 400:
-                    log.warning("%s answered HTTP %d (a redirect) to %d bytes of alerts: not followed, counted as "
+                    log.warning("%s answered HTTP %d (a redirect) to %d bytes: not followed, counted as "
                                 "failed; point the setting at the final URL", self.name, exc.code, len(body))
                     return False
                 if 400 <= exc.code < 500 and exc.code not in (408, 429):
-                    log.warning("%s refused %d bytes of alerts: HTTP %d", self.name, len(body), exc.code)
+                    log.warning("%s refused %d bytes: HTTP %d", self.name, len(body), exc.code)
                     return False
                 why = f"HTTP {exc.code}"
             except (OSError, ValueError) as exc:  # refused, reset, timed out, bad URL
@@ -273,7 +278,7 @@ class Target:
             # the URL may carry credentials: name the target, not the URL
             log.debug("%s: attempt %d failed (%s)", self.name, attempt + 1, why)
         # one line per batch given up (retries take seconds): an outage is not a flood
-        log.warning("%s: %d bytes of alerts not delivered after %d attempts (%s); counted in "
+        log.warning("%s: %d bytes not delivered after %d attempts (%s); counted in "
                     "jitterscope_streams_notifications_failed_total", self.name, len(body), self.retries + 1, why)
         return False
 

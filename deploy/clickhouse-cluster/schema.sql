@@ -744,3 +744,7 @@ ALTER TABLE jitterscope.request_attribution_local ON CLUSTER '{cluster}' ADD COL
 ALTER TABLE jitterscope.request_attribution ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS
     chain Array(Tuple(tid UInt32, comm String, waited_ns UInt64, kind LowCardinality(String), ns UInt64,
                       culprit String)) DEFAULT [];
+
+ALTER TABLE jitterscope.request_attribution_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS span_id String DEFAULT '' AFTER trace_id;
+
+ALTER TABLE jitterscope.request_attribution ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS span_id String DEFAULT '' AFTER trace_id;

@@ -14,9 +14,12 @@ import time
 from pathlib import Path
 
 import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from jitterscope.streams.otlp_export import SPAN_NAME
 from jitterscope.workload import HOG_COMM, cpu_hogs, last_cpu
 from tests.conftest import RunDelay, span_pipeline, wait_until
+from tests.integration.test_notify import Receiver
 
 pytestmark = [pytest.mark.bpf, pytest.mark.integration]
 
@@ -36,8 +39,17 @@ def _own_cpu(own_cpu):
 
 
 @pytest.fixture(scope="module")
-def pipeline(stack):
-    yield span_pipeline(stack, {"JITTERSCOPE_REQUEST_SLO_MS": str(SLO_MS)})
+def receiver():
+    """The user's own OTLP endpoint (a trace backend), which gets each request's attribution span."""
+    receiver = Receiver()
+    yield receiver
+    receiver.close()
+
+
+@pytest.fixture(scope="module")
+def pipeline(stack, receiver):
+    yield span_pipeline(stack, {"JITTERSCOPE_REQUEST_SLO_MS": str(SLO_MS),
+                                "JITTERSCOPE_OTLP_EXPORT_ENDPOINT": receiver.url})
 
 
 def run_standin(otlp_port: int, *args: str) -> subprocess.Popen:
@@ -139,3 +151,57 @@ def test_span_without_pid_is_resolved_from_the_connection(pipeline):
         "SELECT DISTINCT pid FROM jitterscope.requests WHERE startsWith(request_id, 'nopid-')"), 30,
         "requests of the --no-pid stand-in", worker)
     assert rows == [[standin.pid]]
+
+
+def exported_spans(receiver) -> dict[str, list]:
+    """The attribution spans the endpoint got, by request id: (resource's host, span, its attributes)."""
+    out: dict[str, list] = {}
+    for body in receiver.bodies("/v1/traces"):
+        request = ExportTraceServiceRequest()
+        request.ParseFromString(body)
+        for resource in request.resource_spans:
+            host = {kv.key: kv.value.string_value for kv in resource.resource.attributes}["host.name"]
+            for span in (span for scope in resource.scope_spans for span in scope.spans):
+                attrs = {kv.key: getattr(kv.value, kv.value.WhichOneof("value")) for kv in span.attributes}
+                out.setdefault(attrs["jitterscope.request_id"], []).append((host, span, attrs))
+    return out
+
+
+def test_each_answer_reaches_the_users_trace_as_a_child_of_its_request_span(pipeline, receiver):
+    """Issue 37, item 1: with otlp_export_endpoint set, every attributed
+    request's answer comes back into its own trace: one child span of the
+    request's span (the ids as the collector received them), carrying the
+    stored cause, culprit and parts."""
+    stack, worker, collector, otlp_port = pipeline
+    standin = run_standin(otlp_port, "--requests", "120", "--cpu-ms", "5", "--gap-ms", "10", "--id-prefix", "otlp-")
+    first = standin.stdout.readline()  # serving
+    time.sleep(0.5)
+    with cpu_hogs(seconds=1.0, count=3):  # some requests with a cause and a culprit
+        time.sleep(1.0)
+    out, _ = standin.communicate(timeout=60)
+    assert standin.returncode == 0
+    sent = set(parse(first + out))
+    assert len(sent) == 120
+
+    def stored():
+        rows = stack.query(
+            "SELECT a.request_id, a.cause, a.culprit, a.explained, a.host, r.trace_id, r.span_id "
+            "FROM jitterscope.request_attribution AS a FINAL JOIN jitterscope.requests AS r FINAL "
+            "ON a.request_id = r.request_id AND a.host = r.host WHERE startsWith(a.request_id, 'otlp-')")
+        return {row[0]: row[1:] for row in rows} if len(rows) == len(sent) else None
+
+    rows = wait_until(stored, 90, "every request attributed", worker)
+    spans = wait_until(lambda: (got := exported_spans(receiver)) and sent <= set(got) and got, 60,
+                       "every attribution span at the endpoint", worker)
+    assert {rid: len(spans[rid]) for rid in sent if len(spans[rid]) != 1} == {}  # one each, none twice
+    for rid in sent:
+        cause, culprit, explained, host, trace_id, span_id = rows[rid]
+        (got_host, span, attrs), = spans[rid]
+        assert (span.trace_id.hex(), span.parent_span_id.hex(), span.name) == (trace_id, span_id, SPAN_NAME), rid
+        assert (attrs["jitterscope.cause"], attrs["jitterscope.culprit"], got_host) == (cause, culprit, host), rid
+        assert abs(attrs["jitterscope.explained"] - explained) < 1e-3, rid
+        assert span.span_id != span.parent_span_id and span.end_time_unix_nano > span.start_time_unix_nano
+    starved = [rid for rid in sent if spans[rid][0][2]["jitterscope.cause"] == "runq_starvation"]
+    assert any(HOG_COMM in spans[rid][0][2]["jitterscope.culprit"] for rid in starved), starved
+    print(f"\n[measured] {len(sent)} requests, {len(sent)} attribution spans at the endpoint, each under its "
+          f"request's span; {len(starved)} of them runq_starvation")

@@ -39,8 +39,8 @@ POSTABLE_KEYS = {"labels", "annotations", "startsAt", "endsAt"}  # Alertmanager 
 
 
 class Receiver:
-    """Records every POST (path, headers, JSON body, time received), and
-    its raw bytes (``raw``: path, body as sent)."""
+    """Records every POST (path, headers, JSON body or None for another
+    type, time received), and its raw bytes (``raw``: path, body as sent)."""
 
     def __init__(self):
         self.posts: list[tuple[str, dict, object, float]] = []
@@ -53,7 +53,8 @@ class Receiver:
                 sent = self.rfile.read(int(self.headers["Content-Length"]))
                 with lock:
                     raw.append((self.path, sent))
-                    posts.append((self.path, dict(self.headers), json.loads(sent), time.time()))
+                    body = json.loads(sent) if "json" in self.headers.get("Content-Type", "") else None
+                    posts.append((self.path, dict(self.headers), body, time.time()))
                 self.send_response(200)
                 self.end_headers()
 

@@ -31,6 +31,8 @@ import pytest
 
 from jitterscope.broker import free_port
 from tests.conftest import remove_cgroup, wait_until
+from tests.integration.test_attribution import exported_spans
+from tests.integration.test_notify import Receiver
 
 # vLLM's first start on a fresh machine takes minutes; the requests, a few more
 pytestmark = [pytest.mark.vllm, pytest.mark.bpf, pytest.mark.integration, pytest.mark.timeout(1800)]
@@ -66,10 +68,18 @@ def vllm_cgroup(own_cpu):
 
 
 @pytest.fixture(scope="module")
-def served(stack, vllm_cgroup, tmp_path_factory):
+def receiver():
+    """The user's trace backend: it gets each request's attribution span (otlp_export_endpoint)."""
+    receiver = Receiver()
+    yield receiver
+    receiver.close()
+
+
+@pytest.fixture(scope="module")
+def served(stack, vllm_cgroup, receiver, tmp_path_factory):
     """The pipeline, and vLLM serving with its spans sent to the collector."""
     otlp_port, api_port = free_port(), free_port()
-    worker = stack.start_worker_with(JITTERSCOPE_ATTRIBUTION_GRACE_S="5")
+    worker = stack.start_worker_with(JITTERSCOPE_ATTRIBUTION_GRACE_S="5", JITTERSCOPE_OTLP_EXPORT_ENDPOINT=receiver.url)
     collector = stack.start_collector(
         JITTERSCOPE_TARGET_COMMS='["no-such-process"]', JITTERSCOPE_TARGET_RESCAN_S="1",
         JITTERSCOPE_OTLP_PORT=str(otlp_port))
@@ -239,3 +249,22 @@ def test_a_real_vllm_is_grouped_and_its_injected_causes_are_found(served, vllm_c
     assert {got[r]["cause"] for r in slow_hogged} <= {"gil_contention", "self_contention", "unexplained"}, summary
     assert len(by_hog) >= 0.5 * len(gil), summary
     assert len(named) <= 0.1 * len(quiet), summary
+
+
+def test_every_vllm_request_gets_its_answer_in_its_own_trace(served, receiver):
+    """Issue 37, item 1, on the real server: each attributed request of vLLM
+    (every request this module served) has one `jitterscope.attribution`
+    span at the OTLP endpoint, a child of vLLM's own span for it, in its trace."""
+    stack, worker, collector, server, port, trigger = served
+    serve_phase(port, "otlp-", 10)
+    wait_until(lambda: len(attributions(stack, "otlp-")) == 10, 180, "the requests attributed", worker)
+    ids = {row[0]: (row[1], row[2]) for row in stack.query(
+        "SELECT request_id, trace_id, span_id FROM jitterscope.requests FINAL WHERE startsWith(request_id, 'cmpl-') "
+        "AND request_id IN (SELECT request_id FROM jitterscope.request_attribution FINAL)")}
+    spans = wait_until(lambda: (got := exported_spans(receiver)) and set(ids) <= set(got) and got, 60,
+                       "an attribution span for every attributed request", worker)
+    assert {r: len(spans[r]) for r in ids if len(spans[r]) != 1} == {}
+    wrong = {r: (spans[r][0][1].trace_id.hex(), spans[r][0][1].parent_span_id.hex()) for r in ids
+             if (spans[r][0][1].trace_id.hex(), spans[r][0][1].parent_span_id.hex()) != ids[r]}
+    assert wrong == {}, wrong
+    print(f"\n[measured] real vLLM: {len(ids)} attributed requests, {len(ids)} attribution spans under their spans")

@@ -192,7 +192,8 @@ def test_section_names_are_the_documented_ones():
     from jitterscope.common import settings as settings_mod
 
     names = [section.__name__ for section in settings_mod.SECTIONS]
-    assert names == ["KafkaSettings", "StoreSettings", "CollectorSettings", "StreamsSettings", "UpSettings"]
+    assert names == ["KafkaSettings", "StoreSettings", "CollectorSettings", "StreamsSettings", "ExportSettings",
+                     "UpSettings"]
     assert re.findall(r"^- ``(\w+Settings)``", settings_mod.__doc__, re.M) == names
     readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
     assert all(f"`{name}`" in readme for name in names)
