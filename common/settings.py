@@ -308,6 +308,13 @@ class StreamsSettings(BaseModel):
     request_slo_ms: float | None = Field(
         None, gt=0, description="request latency objective; unset = request_slo_factor x the rolling median")
     request_slo_factor: float = Field(5.0, gt=1, description="SLO as a multiple of the host's rolling median")
+    ttft_slo_ms: dict[str, float] = Field(
+        default_factory=dict, description="time-to-first-token objective per model name (its span's "
+                                          "gen_ai.response.model; shell patterns, \"*\" for any): a request over "
+                                          "it raises request_slo, its phases say what took the time")
+    itl_slo_ms: dict[str, float] = Field(
+        default_factory=dict, description="objective for the mean time between output tokens (decode time over the "
+                                          "tokens after the first), per model name like ttft_slo_ms")
     baseline_min_samples: int = Field(20, ge=1, description="requests seen before the rolling median is trusted")
     streams_web_port: int = Field(6066, ge=0, description="streams worker web port: /metrics, /query")
     streams_web_bind: str = Field(

@@ -4,9 +4,8 @@ and SVG, no scripts, nothing fetched) built from the fleet store.
 
     jitterscope report --since 7d --out report.html [--remediation-date 2026-11-29T12:00]
 
-Host class is the host name without its trailing number (``h100-017`` ->
-``h100``). Every string from the store (hosts, process names, devices) is
-escaped: process names are chosen by whoever runs a process.
+Host class is the host name without its trailing number (``h100-017`` -> ``h100``). Every string
+from the store (hosts, process names, devices) is escaped: whoever runs a process chooses its name.
 """
 
 from __future__ import annotations
@@ -187,9 +186,12 @@ def _neighbours(ctx: Context, limit: int, by: str = "starvations") -> list:
 def causes(ctx: Context) -> str:
     rows = _cause_rows(ctx)
     total = sum(r[1] for r in rows) or 1
+    phases = _rows(ctx, SAVED["phase-causes"].sql, limit=30)  # where the spans carried vLLM's phases
     return (charts.bar_chart([(r[0], r[1]) for r in rows], unit="s", x_label="seconds of excess request latency")
             + _table(["cause", "excess latency s", "requests", "share", "explained (median)"],
-                     [(c, s, n, f"{s / total:.0%}", f"{e:.0%}") for c, s, n, e in rows]))
+                     [(c, s, n, f"{s / total:.0%}", f"{e:.0%}") for c, s, n, e in rows])
+            + ("<h3>By phase of the request</h3>" + _table(["phase", "cause", "requests", "taken s", "of the phase",
+                                                            "top culprit"], phases) if phases else ""))
 
 
 def behind(ctx: Context) -> str:

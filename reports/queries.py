@@ -74,6 +74,17 @@ ORDER BY requests DESC, cause
 LIMIT {{limit:UInt32}}""",
     ),
     SavedQuery(
+        "phase-causes",
+        "Which cause took each phase of slow requests (vLLM's queue, prefill, decode), and how much of it?",
+        f"""SELECT p.phase AS phase, p.cause AS cause, count() AS requests, round(sum(p.cause_ns) / 1e9, 2) AS taken_s,
+       round(sum(p.cause_ns) / sum(p.ns), 2) AS share_of_phase, topK(1)(p.culprit)[1] AS top_culprit
+FROM {DB}.request_attribution FINAL ARRAY JOIN phases AS p
+WHERE p.cause != '' AND {SINCE}
+GROUP BY phase, cause
+ORDER BY indexOf(['queue', 'prefill', 'decode'], phase), taken_s DESC, cause
+LIMIT {{limit:UInt32}}""",
+    ),
+    SavedQuery(
         "noisy-neighbours",
         "Which commands most often held a CPU that an inference thread was starving for?",
         f"""SELECT suspect_comm AS command, sum(waits) AS starvations, uniqExact(host) AS hosts,

@@ -120,7 +120,7 @@ def _attribution_statement(hosts: int, span: int) -> str:
     """Request attributions: most fine; breaches by cause in a known order."""
     return f"""INSERT INTO {DB}.request_attribution (host, boot_id, seq, ts, request_id, trace_id, name, pid, start_ns,
        end_ns, duration_ns, baseline_ns, excess_ns, status, runq_wait_ns, runq_wait_max_ns, runq_waits, suspects,
-       cause, explained, slo_ns, slo_breached, gpu_ioctl_ns, gpu_ioctl_max_ns, gpu_ioctls)
+       cause, explained, slo_ns, slo_breached, gpu_ioctl_ns, gpu_ioctl_max_ns, gpu_ioctls, phases)
 SELECT {_host(_hashed('number'), hosts)} AS host, 'boot-1', number,
        toDateTime64(now64(9) - toIntervalSecond(if(r < 4500, {span // 2} + number % {span // 2}, number % {span})), 9),
        concat('req-', toString(number)), hex(cityHash64(number)), 'llm_request', 1000, 0, 0,
@@ -129,7 +129,11 @@ SELECT {_host(_hashed('number'), hosts)} AS host, 'boot-1', number,
        if(r < 3000, 800000000, 0), if(r < 3000, 40000000, 0), if(r < 3000, 30, 0),
        if(r < 3000, [(30000, {{noisy:String}}, 600000000)], []),
        multiIf(r < 3000, 'runq_starvation', r < 4200, 'gpu_ioctl_stall', r < 4500, 'unexplained', 'none'),
-       if(r < 4500, 0.9, 0), 375000000, r < 4500, if(r >= 3000 AND r < 4200, 300000000, 0), 0, 0
+       if(r < 4500, 0.9, 0), 375000000, r < 4500, if(r >= 3000 AND r < 4200, 300000000, 0), 0, 0,
+       -- vLLM's phases: the neighbour took the queue, the GPU driver the decode
+       multiIf(r < 3000, [('queue', 600000000, 'runq_starvation', 500000000, {{noisy:String}}, 500000000, 0, 0, 0),
+                          ('decode', 250000000, '', 0, '', 0, 0, 0, 0)],
+               r < 4200, [('decode', 350000000, 'gpu_ioctl_stall', 300000000, 'UVM_MAP', 0, 0, 0, 0)], [])
 FROM (SELECT number, cityHash64(number, 9) % 200000 AS r FROM numbers(200000))"""
 
 

@@ -14,27 +14,15 @@ timestamps are epoch nanoseconds.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Literal
 
 import msgspec
 
-SCHEMA_VERSION = 1
+# the integer ranges of the ClickHouse columns, and the parts of a request's attribution: re-exported
+from jitterscope.schemas.ranges import EpochNs, I16, I32, I64, MAX_EPOCH_NS, U8, U16, U32, U64  # noqa: F401
+from jitterscope.schemas.request_parts import CauseShare, ChainHop, PhasePart, Suspect  # noqa: F401
 
-# Integer ranges of the ClickHouse columns the fields land in. A value that
-# does not fit fails decoding here, per record, with a reason -- instead of
-# failing a whole ClickHouse insert later (one poisoned record must never stop
-# a topic).
-U8 = Annotated[int, msgspec.Meta(ge=0, le=2**8 - 1)]
-U16 = Annotated[int, msgspec.Meta(ge=0, le=2**16 - 1)]
-U32 = Annotated[int, msgspec.Meta(ge=0, le=2**32 - 1)]
-# msgspec bounds stop at int64; no field of ours comes near 2^63 legitimately
-U64 = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
-I16 = Annotated[int, msgspec.Meta(ge=-(2**15), le=2**15 - 1)]
-I32 = Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31 - 1)]
-I64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
-#: epoch ns that DateTime64(9) holds: 1970 up to 2262-04-11
-MAX_EPOCH_NS = 2**63 - 1
-EpochNs = Annotated[int, msgspec.Meta(ge=0, le=MAX_EPOCH_NS)]
+SCHEMA_VERSION = 1
 
 
 # gc=False (inherited): records are immutable, hold only scalars, lists of them and other records: never in a
@@ -395,29 +383,8 @@ class RequestSpan(Record, frozen=True):
     # that carried the request, whose time budget the attribution gives; 0 =
     # not sent (the group's most-delayed thread is taken)
     tid: U32 = 0
-
-
-class Suspect(msgspec.Struct, frozen=True, gc=False):
-    pid: U32
-    comm: str
-    wait_ns: U64  # run-queue wait of the request's threads while this task held the CPU
-
-
-class CauseShare(msgspec.Struct, frozen=True, gc=False):
-    cause: str
-    share: float  # of the request's excess, 0..1
-
-
-class ChainHop(msgspec.Struct, frozen=True, gc=False):
-    """One hop of a wait-for chain (streams/wait_chain.py): the thread that
-    woke the one before it, and what kept it from doing so sooner."""
-
-    tid: U32
-    comm: str
-    waited_ns: U64  # how long the thread before it slept until this one woke it
-    kind: str  # what took most of this thread's time meanwhile: runq, gil, memory, io, sleep (the next hop), cpu
-    ns: U64
-    culprit: str  # the neighbour that held its CPU, the GIL's holder, the device, the next hop's waker
+    model: str = ""  # gen_ai.response.model (or .request.model): whose token objectives apply
+    output_tokens: U32 = 0  # gen_ai.usage.completion_tokens (or .output_tokens): 0 = not sent
 
 
 class RequestAttribution(Record, frozen=True):
@@ -484,6 +451,14 @@ class RequestAttribution(Record, frozen=True):
     gpu_throttle: list[str] = []  # the slowdowns NVML saw on its GPU during it (GpuTelemetry.throttle)
     causes: list[CauseShare] = []
     chain: list[ChainHop] = []
+    # each phase its span gave (queue, prefill, decode), with the cause that took the most of it; [] for none
+    phases: list[PhasePart] = []
+    # the span's model, its time to first token, its mean time between output tokens (decode over the tokens
+    # after the first), and which token objectives (ttft_slo_ms, itl_slo_ms) it broke: "ttft", "itl"
+    model: str = ""
+    ttft_ns: U64 = 0
+    itl_ns: U64 = 0
+    token_slo_breached: list[str] = []
     span_id: str = ""  # the request's own span (hex): the parent of its OTLP attribution span (streams/otlp_export.py)
 
 

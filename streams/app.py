@@ -53,6 +53,7 @@ from jitterscope.streams.rules.base import Thresholds
 from jitterscope.streams.sink import ClickHouseSink
 from jitterscope.streams.store_path import Decoded, StorePath
 from jitterscope.streams.store_queue import StoreQueue
+from jitterscope.streams.token_slo import TokenObjectives
 from jitterscope.streams.worker_state import state_file
 
 log = logging.getLogger("jitterscope.streams")
@@ -147,6 +148,7 @@ class StreamsWorker(StorePath, AttributionTick, AttributionStage):
         self.alert_groups = AlertGroups.from_settings(settings)
         self.notifier = notify.Notifier.from_settings(settings)
         self.exporter = AttributionExport.from_settings(settings)  # answers into the user's traces (OTLP)
+        self.token_objectives = TokenObjectives.from_settings(settings)
         self.outbox = Outbox()
         self.app = self._build_app(bootstrap_servers)
 

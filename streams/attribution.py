@@ -8,11 +8,9 @@ Evidence is matched at process level: a run-queue wait counts for a request
 when it happened on a thread of the request's serving group (the span's
 process and the processes the collector found serving with it, e.g. vLLM's
 EngineCore: ProcessInfo.serving_group; any thread of the host when the
-process is not known) and overlapped the request's time window; only the
-overlapping part counts, and a thread's time is counted once (a redelivered
-or re-primed event does not double it). Requests served together
-(continuous batching) overlap the same waits and each is charged with them:
-they really were all delayed by them.
+process is not known) and overlapped the request's time window; only the overlapping part counts,
+and a thread's time is counted once (a redelivered or re-primed event does not double it). Requests
+served together (continuous batching) overlap the same waits, and each is charged with them.
 
 A wait is then split by what kept the CPU from the thread:
 - ``cfs_throttling``: the part that overlaps intervals in which the cgroup of
@@ -40,13 +38,16 @@ A wait is then split by what kept the CPU from the thread:
 Cost: due() indexes each serving group's run-queue waits once per batch, in numpy columns
 (streams/wait_columns.py; ties and overlapping waits: streams/wait_index.py and the walk).
 Beside it: evidence.py (the evidence), thread_budget.py (the carrying thread's time), wait_chain.py
-(whom it slept on), causes.py (the causes the charges name) and culprits.py (whom to name).
+(whom it slept on), causes.py (the causes the charges name), culprits.py (whom to name), phases.py (per phase).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import fields
+from functools import partial
+
+from msgspec.structs import replace
 
 from jitterscope.schemas.events import (CauseShare, CgroupThrottle, GpuIoctl, GpuTelemetry, GpuXid, IrqTime,
                                         ProcessInfo, RequestAttribution, RequestSpan, RunqEvent)
@@ -57,6 +58,7 @@ from jitterscope.streams.culprits import Culprits, evictor, latest_throttle, sha
 from jitterscope.streams.evidence_clock import EvidenceClock
 from jitterscope.streams.gpu_events import GpuEvents, culprit as gpu_culprit
 from jitterscope.streams.host_state import ProcessBook
+from jitterscope.streams.phases import inter_token_ns, phase_parts
 from jitterscope.streams.evidence import (MAX_WAITS_PER_PROCESS, Evidence, HostEvidence, SortedEvidence, add_calls,
                                           duration_ns, index_of, kth_smallest, overlap_ns, thread_parts, union_ns)
 from jitterscope.streams.thread_budget import (STALLS, ThreadBudget, behind_own_ns, carried_parts, kind_of,
@@ -80,11 +82,8 @@ class Attributor:
                  slo_ns: int | None = None, slo_factor: float = 5.0, min_samples: int = 20,
                  baseline_window: int = 500, max_events_per_host: int = 200_000,
                  max_pending: int = 100_000, processes: ProcessBook | None = None):
-        self.grace_ns = grace_ns
-        self.horizon_ns = horizon_ns
-        self.slo_ns = slo_ns
-        self.slo_factor = slo_factor
-        self.min_samples = min_samples
+        self.grace_ns, self.horizon_ns = grace_ns, horizon_ns
+        self.slo_ns, self.slo_factor, self.min_samples = slo_ns, slo_factor, min_samples
         self.processes = processes  # serving groups and cgroups; None = each process alone, no cgroups
         self._culprits: dict[tuple[str, str, int], Culprits] = {}  # of the last due() batch
         self._splits = SplitCache()  # whole waits' split_wait(), kept while nothing they depend on changes
@@ -274,11 +273,9 @@ class Attributor:
         group = self._group(span)
         evidence = self._evidence.get(span.host, {})
         charged, budget, waited, routine = self._charges(evidence, span, group, duration - baseline)
-        # one thread cannot wait twice at once, so its waits are a lower bound
-        # of the delay; other threads' waits may be off the request's path. Its
-        # waits behind its own group stay in: routine where the group has more
-        # busy threads than CPUs (a real vLLM on 2), learning them away named
-        # quiet requests self_contention.
+        # one thread cannot wait twice at once, so its waits are a lower bound of the delay; other threads'
+        # waits may be off the request's path. Its waits behind its own group stay in: routine where the group
+        # has more busy threads than CPUs (a real vLLM on 2), learning them away named quiet requests self_contention.
         service = duration - min(duration, max(0, budget.delay_ns - routine))
         self._durations[(span.host, span.name)].append(service)
         if not baseline:
@@ -296,10 +293,12 @@ class Attributor:
             cause, culprit = "gpu_xid" if xid else "gpu_throttle", gpu_culprit(xid, throttle, gpu)
         info = self._record(span.host, span.pid)
         runq, ioctl, longest_call = charged.runq, charged.ioctl, charged.longest_call
+        phases = [] if cause == "none" else phase_parts(span, lambda lo, hi: self._charges(evidence, replace(
+            span, start_ns=lo, end_ns=hi), group, hi - lo)[:3], partial(self._culprit, evidence, span, group))
         return RequestAttribution(
             host=span.host, boot_id=span.boot_id, seq=span.seq, ts_ns=span.end_ns, request_id=span.request_id,
             trace_id=span.trace_id, name=span.name, pid=span.pid, start_ns=span.start_ns, end_ns=span.end_ns,
-            span_id=span.span_id, duration_ns=duration, baseline_ns=baseline,
+            span_id=span.span_id, duration_ns=duration, baseline_ns=baseline, model=span.model, ttft_ns=span.ttft_ns,
             excess_ns=excess, status=span.status, runq_wait_ns=runq[0], runq_wait_max_ns=runq[1],
             runq_waits=runq[2], suspects=charged.suspects, cause=cause, explained=round(explained, 4),
             slo_ns=slo, slo_breached=bool(slo) and duration > slo,
@@ -307,13 +306,13 @@ class Attributor:
             throttled_ns=charged.throttled, irq_ns=charged.irq, pids=sorted(charged.contributed),
             pod=info.pod if info else "", namespace=info.namespace if info else "",
             container=info.container if info else "", self_wait_ns=charged.own_ns,
-            self_threads=len(charged.own_threads),
+            self_threads=len(charged.own_threads), itl_ns=inter_token_ns(span),
             service_ns=service, gpu_ioctl_call=ioctl_name(longest_call.request) if longest_call else "",
             thread_tid=budget.tid, gil_wait_ns=budget.blocked.get("gil", 0),
             memory_wait_ns=budget.blocked.get("memory", 0), io_wait_ns=budget.blocked.get("io", 0),
             sleep_ns=budget.blocked.get("sleep", 0), on_cpu_ns=budget.on_cpu_ns(duration), culprit=culprit,
             gpu_xid=xid.xid if xid else 0, gpu_throttle=throttle, chain=chain if cause != "none" else [],
-            causes=[CauseShare(cause=name, share=round(share, 4)) for name, share in causes])
+            causes=[CauseShare(cause=name, share=round(share, 4)) for name, share in causes], phases=phases)
 
     def _group(self, span: RequestSpan) -> set[int] | None:
         """The processes whose evidence counts for the span (None: every process of the host)."""

@@ -12,6 +12,9 @@ then shows, under the slow ``llm_request`` span, why it was slow.
   (``jitterscope.runq_ms``, ``gil_ms``, ``memory_ms``, ``io_ms``,
   ``throttled_ms``, ``irq_ms``, ``gpu_ioctl_ms``, ``sleep_ms``,
   ``on_cpu_ms``).
+- **Per phase** (vLLM's queue, prefill, decode): ``jitterscope.queue_ms`` and
+  the cause that took the most of it, ``jitterscope.queue.cause``,
+  ``.cause_ms`` and ``.culprit`` (streams/phases.py).
 - **Events:** one ``jitterscope.wait_for`` per hop of its wait-for chain
   (streams/wait_chain.py): the thread it slept on, what kept that thread.
 - **Its own span id** is derived from the request's ids, so a request
@@ -100,6 +103,9 @@ def attribution_span(a: RequestAttribution) -> Span:
         "jitterscope.runq_ms": _ms(runq), **{f"jitterscope.{name}_ms": _ms(getattr(a, field)) for name, field in PARTS},
         "thread.id": a.thread_tid, "process.pid": a.pid,
     }
+    for p in a.phases:  # which cause took the queue, which the decode (streams/phases.py)
+        attributes.update({f"jitterscope.{p.phase}_ms": _ms(p.ns), f"jitterscope.{p.phase}.cause": p.cause,
+                           f"jitterscope.{p.phase}.cause_ms": _ms(p.cause_ns), f"jitterscope.{p.phase}.culprit": p.culprit})
     hops = [Span.Event(time_unix_nano=a.end_ns, name=HOP_EVENT, attributes=_attributes({
         "jitterscope.hop": n, "thread.id": hop.tid, "jitterscope.comm": hop.comm,
         "jitterscope.waited_ms": _ms(hop.waited_ns), "jitterscope.kind": hop.kind, "jitterscope.ms": _ms(hop.ns),

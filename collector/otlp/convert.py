@@ -42,6 +42,10 @@ PHASE_ATTRIBUTES = {
     "ttft_ns": "gen_ai.latency.time_to_first_token",
 }
 
+# the model and how many tokens it wrote (gen_ai semantic conventions; vLLM's names first, then the newer ones)
+MODEL_ATTRIBUTES = ("gen_ai.response.model", "gen_ai.request.model")
+OUTPUT_TOKEN_ATTRIBUTES = ("gen_ai.usage.completion_tokens", "gen_ai.usage.output_tokens")
+
 _STATUS = {Status.STATUS_CODE_OK: "ok", Status.STATUS_CODE_ERROR: "error"}
 
 PID_RESOLVED = Counter(
@@ -249,6 +253,14 @@ def _span_to_request(span: Span, pid: int, request_id_attributes: tuple[str, ...
     }
     for field, key in PHASE_ATTRIBUTES.items():
         record[field] = _seconds_to_ns(_number(attributes[key])) if key in attributes else 0
+    model = next((v.string_value for v in map(attributes.get, MODEL_ATTRIBUTES)
+                  if v is not None and v.WhichOneof("value") == "string_value"), "")
+    tokens = next((v.int_value for v in map(attributes.get, OUTPUT_TOKEN_ATTRIBUTES)
+                   if v is not None and v.WhichOneof("value") == "int_value"), 0)
+    if model:  # only where sent, like tid: most spans are no model's
+        record["model"] = model[:MAX_STRING_CHARS]
+    if 0 < tokens < 2**32:
+        record["output_tokens"] = tokens
     thread = attributes.get("thread.id")
     if thread is not None and thread.WhichOneof("value") == "int_value" and 0 < thread.int_value < 2**31:
         record["tid"] = thread.int_value

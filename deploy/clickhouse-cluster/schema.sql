@@ -748,3 +748,37 @@ ALTER TABLE jitterscope.request_attribution ON CLUSTER '{cluster}' ADD COLUMN IF
 ALTER TABLE jitterscope.request_attribution_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS span_id String DEFAULT '' AFTER trace_id;
 
 ALTER TABLE jitterscope.request_attribution ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS span_id String DEFAULT '' AFTER trace_id;
+
+ALTER TABLE jitterscope.request_attribution_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS
+    phases Array(Tuple(phase LowCardinality(String), ns UInt64, cause LowCardinality(String), cause_ns UInt64,
+                       culprit String, runq_ns UInt64, gil_ns UInt64, memory_ns UInt64, io_ns UInt64)) DEFAULT [];
+
+ALTER TABLE jitterscope.request_attribution ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS
+    phases Array(Tuple(phase LowCardinality(String), ns UInt64, cause LowCardinality(String), cause_ns UInt64,
+                       culprit String, runq_ns UInt64, gil_ns UInt64, memory_ns UInt64, io_ns UInt64)) DEFAULT [];
+
+ALTER TABLE jitterscope.requests_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS model LowCardinality(String) DEFAULT '';
+
+ALTER TABLE jitterscope.requests ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS model LowCardinality(String) DEFAULT '';
+
+ALTER TABLE jitterscope.requests_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS output_tokens UInt32 DEFAULT 0;
+
+ALTER TABLE jitterscope.requests ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS output_tokens UInt32 DEFAULT 0;
+
+ALTER TABLE jitterscope.request_attribution_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS model LowCardinality(String) DEFAULT '';
+
+ALTER TABLE jitterscope.request_attribution ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS model LowCardinality(String) DEFAULT '';
+
+ALTER TABLE jitterscope.request_attribution_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS ttft_ns UInt64 DEFAULT 0;
+
+ALTER TABLE jitterscope.request_attribution ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS ttft_ns UInt64 DEFAULT 0;
+
+ALTER TABLE jitterscope.request_attribution_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS itl_ns UInt64 DEFAULT 0;
+
+ALTER TABLE jitterscope.request_attribution ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS itl_ns UInt64 DEFAULT 0;
+
+ALTER TABLE jitterscope.request_attribution_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS
+    token_slo_breached Array(LowCardinality(String)) DEFAULT [];
+
+ALTER TABLE jitterscope.request_attribution ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS
+    token_slo_breached Array(LowCardinality(String)) DEFAULT [];

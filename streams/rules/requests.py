@@ -60,6 +60,11 @@ def _summary(a: RequestAttribution, irq: IrqTime | None) -> str:
     share = a.causes[0].share if a.causes else a.explained  # the cause's own share
     summary = (f"request {a.request_id} ({a.name}) took {_ms(a.duration_ns)}, SLO {_ms(a.slo_ns)}, "
                f"normal {_ms(a.baseline_ns)}; ")
+    if a.token_slo_breached:  # its model's token objectives (streams/token_slo.py): what its user waited for
+        took = {"ttft": f"time to first token {_ms(a.ttft_ns)}", "itl": f"time between tokens {_ms(a.itl_ns)}"}
+        summary = (f"request {a.request_id} ({a.name}, model {a.model or '?'}): "
+                   + ", ".join(took[name] for name in a.token_slo_breached) + " over its objective; "
+                   + summary.split(") ", 1)[1])
     processes = f" across pids {','.join(map(str, a.pids))}" if len(a.pids) > 1 else ""
     if a.cause == "runq_starvation":
         summary += (f"its threads{processes} waited {_ms(a.runq_wait_ns)} for a CPU "
@@ -104,7 +109,7 @@ def _summary(a: RequestAttribution, irq: IrqTime | None) -> str:
 
 
 def _beside(a: RequestAttribution) -> str:
-    """The wait-for chain its thread slept on, and the causes stacked beside the first."""
+    """The wait-for chain its thread slept on, the causes stacked beside the first, and its phases."""
     text = ""
     if a.chain:
         text += "; it slept on " + ", which slept on ".join(
@@ -115,7 +120,12 @@ def _beside(a: RequestAttribution) -> str:
     rest = [c for c in a.causes if c.cause != a.cause]
     if rest:
         text += "; also " + ", ".join(f"{c.cause} {c.share:.0%}" for c in rest)
-    return text + (f"; {a.explained:.0%} of the excess explained" if rest else "")
+    text += f"; {a.explained:.0%} of the excess explained" if rest else ""
+    if a.phases:  # which cause took the queue, which the decode (streams/phases.py)
+        text += "; by phase: " + ", ".join(
+            f"{p.phase} {_ms(p.ns)}" + (f" ({_ms(p.cause_ns)} {p.cause}" + (f", {p.culprit}" if p.culprit else "")
+                                        + ")" if p.cause else "") for p in a.phases)
+    return text
 
 
 #: what a chain's hop was doing, in words
@@ -177,14 +187,14 @@ def request_slo(attribution: RequestAttribution, comm: str, cpus_allowed: list[i
     throttled interval of the cgroup charged), or the interrupt to move
     (``irq``: the source charged most)."""
     a = attribution
-    if not a.slo_breached:
+    if not (a.slo_breached or a.token_slo_breached):
         return None
     top = a.suspects[0] if a.suspects else None
     others = [c for c in (host_cpus or []) if c not in cpus_allowed] if cpus_allowed else []
     pids = ",".join(map(str, a.pids))
     return Alert(
         host=a.host, boot_id=a.boot_id, seq=a.seq, ts_ns=a.end_ns, raised_ns=now_ns, kind="request_slo",
-        severity="critical" if a.duration_ns >= 2 * a.slo_ns else "warning", pid=a.pid, tid=0, comm=comm,
+        severity="critical" if a.slo_breached and a.duration_ns >= 2 * a.slo_ns else "warning", pid=a.pid, tid=0, comm=comm,
         cpu=0, wait_ns=a.runq_wait_ns, suspect_pid=top.pid if top else 0, suspect_comm=top.comm if top else "",
         cpus_allowed=cpus_allowed, summary=_summary(a, irq), remedy=_remedy(a, cpus_allowed, others, throttle, irq),
         request_id=a.request_id, pod=a.pod, namespace=a.namespace, container=a.container,

@@ -53,6 +53,14 @@ def test_slo_breaches_by_cause(fleet):
     assert [r["cause"] for r in rows] == synthetic.SLO_CAUSES
 
 
+def test_the_cause_that_took_each_phase(fleet):
+    rows = saved(fleet, "phase-causes")
+    assert [(r["phase"], r["cause"], r["top_culprit"]) for r in rows] == [
+        ("queue", "runq_starvation", synthetic.NOISY_NEIGHBOUR), ("decode", "gpu_ioctl_stall", "UVM_MAP")]
+    assert rows[0]["requests"] > 2000 and rows[1]["requests"] > 800  # ~3,000 and ~1,200 of the 200,000
+    assert rows[0]["share_of_phase"] == 0.83 and rows[0]["taken_s"] == round(rows[0]["requests"] * 0.5, 2)
+
+
 def test_noisy_neighbours(fleet):
     rows = saved(fleet, "noisy-neighbours", "limit=10")
     assert rows[0]["command"] == synthetic.NOISY_NEIGHBOUR
@@ -113,7 +121,7 @@ def test_bad_saved_query_use_is_one_clear_line(fleet):
 
 
 def test_every_saved_query_is_tested():
-    tested = {"worst-hosts", "slo-by-cause", "noisy-neighbours", "off-node", "migration-storms", "pcie-contention",
+    tested = {"worst-hosts", "slo-by-cause", "phase-causes", "noisy-neighbours", "off-node", "migration-storms", "pcie-contention",
               "recurring-causes", "ledger"}  # ledger: tests/integration/test_ledger.py
     assert set(queries.SAVED) == tested
 

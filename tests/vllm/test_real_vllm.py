@@ -138,7 +138,7 @@ def serve_phase(port: int, prefix: str, count: int) -> dict[str, tuple[int, int]
 def attributions(stack, prefix: str) -> dict[str, dict]:
     names = ("request_id", "cause", "culprit", "duration_ns", "excess_ns", "throttled_ns", "gil_wait_ns",
              "runq_wait_ns", "pids", "thread_tid", "sleep_ns", "on_cpu_ns", "explained", "self_wait_ns",
-             "baseline_ns", "service_ns")
+             "baseline_ns", "service_ns", "phases")
     rows = stack.query(f"SELECT {', '.join(names)} FROM jitterscope.request_attribution FINAL "
                        "WHERE startsWith(request_id, {p:String})", p=f"cmpl-{prefix}")
     return {row[0]: dict(zip(names, row)) for row in rows}
@@ -249,6 +249,13 @@ def test_a_real_vllm_is_grouped_and_its_injected_causes_are_found(served, vllm_c
     assert {got[r]["cause"] for r in slow_hogged} <= {"gil_contention", "self_contention", "unexplained"}, summary
     assert len(by_hog) >= 0.5 * len(gil), summary
     assert len(named) <= 0.1 * len(quiet), summary
+    # each GIL-window request has its answer per phase (vLLM's queue, prefill and decode; streams/phases.py)
+    phased = [r for r in slow_hogged if {p["phase"] for p in got[r]["phases"]} >= {"prefill", "decode"}]
+    print("[measured] real vLLM, the GIL window by phase: " + "; ".join(
+        ", ".join(f"{p['phase']} {p['ns'] / MS:.0f} ms" + (f" ({p['cause_ns'] / MS:.0f} ms {p['cause']}, {p['culprit']})"
+                                                         if p["cause"] else "") for p in got[r]["phases"])
+        for r in slow_hogged[:3]))
+    assert len(phased) >= 0.8 * len(slow_hogged), [(r, got[r]["cause"], got[r]["phases"]) for r in slow_hogged]
 
 
 def test_every_vllm_request_gets_its_answer_in_its_own_trace(served, receiver):

@@ -100,6 +100,17 @@ def test_vllm_phases_in_seconds_become_ns():
         250_000_000, 1_000_000_000, 500_000, 1_300_000_000)
 
 
+def test_the_model_and_its_output_tokens_are_read_with_vllms_names_first():
+    (record,), _, _ = spans_to_requests(export(span(**{
+        "gen_ai__response__model": "llama-8b", "gen_ai__request__model": "asked", "gen_ai__usage__completion_tokens": 16})))
+    assert (record["model"], record["output_tokens"]) == ("llama-8b", 16)
+    (record,), _, _ = spans_to_requests(export(span(**{
+        "gen_ai__request__model": "x" * 300, "gen_ai__usage__output_tokens": -3})))
+    assert (record["model"], record.get("output_tokens")) == ("x" * 256, None)  # bounded; a negative count: none
+    (record,), _, _ = spans_to_requests(export(span()))
+    assert (record.get("model"), record.get("output_tokens")) == (None, None)
+
+
 @pytest.mark.parametrize("value", [-0.1, math.nan, math.inf, 1e12, "0.5", True])
 def test_implausible_phases_are_zero(value):
     (record,), _, _ = spans_to_requests(export(span(**{"gen_ai__latency__time_in_queue": value})))

@@ -75,6 +75,7 @@ def test_json_export_with_hex_ids(relay_receiver):
         "span_id": "eee19b7ec3c1b174", "name": "llm_request", "pid": 4242,
         "start_ns": 1718000000000000000, "end_ns": 1718000002400000000, "status": "ok",
         "queue_ns": 12_500_000, "prefill_ns": 2_050_000_000, "decode_ns": 300_000_000, "ttft_ns": 2_100_000_000,
+        "model": "meta-llama/Llama-3.1-8B",
     }
     # A root span of another resource, no request ID, no process.pid: the trace
     # ID names it; the test process sent it over loopback, so it is the pid.
