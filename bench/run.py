@@ -883,6 +883,7 @@ BENCHES = {"decode": bench_decode, "pipeline": bench_pipeline, "probe": bench_pr
            "store-path": lambda: __import__("store").bench_store_path(),
            "store-kafka": lambda: __import__("store").bench_store_kafka(),
            "attribution-mix": lambda: __import__("mix").bench_attribution_mix(),
+           "phase-cost": lambda: __import__("vllm_mix").bench_phase_cost(),
            "alert-delay": lambda: __import__("alert_delay").bench_alert_delay(),
            "alert-delay-worker": lambda: __import__("alert_delay").bench_alert_delay_worker(),
            "alert-delay-steady": lambda: __import__("alert_delay").bench_alert_delay_steady(),

@@ -47,8 +47,9 @@ def setup_records(host: str, now: int) -> list[tuple[str, list[events.Record]]]:
 class VllmMix:
     """The records one vLLM host sends, tick by tick (``tick_s`` each)."""
 
-    def __init__(self, host: str, tick_s: float = 0.05):
+    def __init__(self, host: str, tick_s: float = 0.05, phases: bool = False):
         self.host, self.tick_s = host, tick_s
+        self.phases = phases  # spans carry vLLM's gen_ai.latency phases, as a real vLLM's do
         self.seq = Counter()
         self.carry = 0.0
 
@@ -82,10 +83,13 @@ class VllmMix:
             s = self._next("spans")
             took = (1_500 if s % 97 == 0 else 20 + s * 7919 % 480) * MS + s * 104_729 % MS
             end = ts - s * 13 % 40 * MS - s % 1000 * 1000  # anywhere in the tick: no two windows alike
+            # vLLM's phases: a front end of 5%, queue 10%, prefill 20%, decode 60%, output the rest
+            phases = dict(queue_ns=took // 10, prefill_ns=took // 5, decode_ns=took * 3 // 5,
+                          ttft_ns=took * 7 // 20) if self.phases else {}
             out.append(events.RequestSpan(host=self.host, boot_id="vllm", seq=s, ts_ns=end, request_id=f"r{s}",
                                           trace_id="ab" * 16, span_id="cd" * 8, name="llm_request", pid=API,
                                           tid=API * 100 if s % 2 else 0, start_ns=end - took, end_ns=end,
-                                          status="ok"))
+                                          status="ok", **phases))
         return out
 
     def tick(self, tick: int, ts: int) -> list[tuple[str, list[events.Record]]]:
@@ -103,3 +107,32 @@ class VllmMix:
                 quota_us=200_000, period_us=100_000, nr_periods=2, nr_throttled=1, throttled_ns=3 * MS)
                 for cgroup in ("/kubepods/batch0", "/kubepods/serving/vllm")]))
         return out
+
+
+def bench_phase_cost(rounds: int = 3, seconds: float = 10.0) -> str:
+    """What per-phase answers cost attribution (streams/phases.py): the
+    vLLM shape with its spans carrying vLLM's phases, against the same spans
+    without them, this tree, alternating in one process; asserts that
+    phases change nothing but the phases."""
+    import statistics
+
+    from msgspec.structs import replace
+
+    import mix
+    from jitterscope.streams import attribution
+
+    took: dict[bool, list[float]] = {False: [], True: []}
+    got: dict[bool, list] = {}
+    for r in range(rounds):
+        for phased in ((False, True) if r % 2 == 0 else (True, False)):
+            spent, got[phased] = mix._attribute_mix(attribution, seconds, "vllm", phases=phased)
+            took[phased].append(spent)
+    plain, with_phases = got[False], sum(bool(a.phases) for a in got[True])
+    # what the phased spans add are the phases and the TTFT: every other field must agree
+    assert [replace(a, phases=[], ttft_ns=0) for a in got[True]] == plain, "phases changed more than the phases"
+    us = {k: [t / len(plain) * 1e6 for t in v] for k, v in took.items()}
+    ratio = statistics.median(took[True]) / statistics.median(took[False])
+    return (f"| attribute the vLLM-shaped host, its spans with vLLM's phases ({with_phases:,} of {len(plain):,} "
+            f"requests with a cause get per-phase answers): {seconds:.0f} s, median of {rounds} alternating rounds | "
+            f"{mix._spread(us[True], '{:,.0f}')} us a request | the same spans without phases: "
+            f"{mix._spread(us[False], '{:,.0f}')} us a request | {ratio:.2f}x the cost |")

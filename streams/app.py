@@ -148,7 +148,6 @@ class StreamsWorker(StorePath, AttributionTick, AttributionStage):
         self.alert_groups = AlertGroups.from_settings(settings)
         self.notifier = notify.Notifier.from_settings(settings)
         self.exporter = AttributionExport.from_settings(settings)  # answers into the user's traces (OTLP)
-        self.token_objectives = TokenObjectives.from_settings(settings)
         self.outbox = Outbox()
         self.app = self._build_app(bootstrap_servers)
 
@@ -174,7 +173,8 @@ class StreamsWorker(StorePath, AttributionTick, AttributionStage):
             slo_ns=int(settings.request_slo_ms * 1e6) if settings.request_slo_ms else None,
             slo_factor=settings.request_slo_factor, min_samples=settings.baseline_min_samples,
             max_events_per_host=settings.evidence_max_events, max_pending=settings.pending_requests_max,
-            processes=self.state)  # serving groups and cgroups, as the collectors describe them
+            processes=self.state,  # serving groups and cgroups, as the collectors describe them
+            tokens=TokenObjectives.from_settings(settings))
 
     def prime_attribution(self) -> None:
         """After a restart, pick up where the last worker left off: recent

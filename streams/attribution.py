@@ -32,8 +32,7 @@ A wait is then split by what kept the CPU from the thread:
   suspects. Waits behind its GIL's holders weigh for ``gil_contention``.
 - idle: of the rest, what the idle task held (suspect pid 0: an idle CPU
   waking; a VM's vCPU back from the hypervisor): run-queue time, no one's.
-- ``runq_starvation``: the rest; only this part is charged to the suspects
-  (the tasks outside the group that held the CPU).
+- ``runq_starvation``: the rest; only this part is charged to the suspects (the tasks outside the group).
 
 Cost: due() indexes each serving group's run-queue waits once per batch, in numpy columns
 (streams/wait_columns.py; ties and overlapping waits: streams/wait_index.py and the walk).
@@ -54,14 +53,14 @@ from jitterscope.schemas.events import (CauseShare, CgroupThrottle, GpuIoctl, Gp
 from jitterscope.schemas.nvidia import ioctl_name
 from jitterscope.streams.causes import (DOMINANT_SHARE, MIN_SHARE, USUAL_AFTER, USUAL_QUANTILE, Charges,
                                         self_contention_ns, weigh)
-from jitterscope.streams.culprits import Culprits, evictor, latest_throttle, shares_limit, split_wait
+from jitterscope.streams.culprits import Culprits, evictor, latest_throttle, split_wait
 from jitterscope.streams.evidence_clock import EvidenceClock
 from jitterscope.streams.gpu_events import GpuEvents, culprit as gpu_culprit
 from jitterscope.streams.host_state import ProcessBook
-from jitterscope.streams.phases import inter_token_ns, phase_parts
+from jitterscope.streams.phases import inter_token_ns, phase_parts, windows_wanted
 from jitterscope.streams.evidence import (MAX_WAITS_PER_PROCESS, Evidence, HostEvidence, SortedEvidence, add_calls,
-                                          duration_ns, index_of, kth_smallest, overlap_ns, thread_parts, union_ns)
-from jitterscope.streams.thread_budget import (STALLS, ThreadBudget, behind_own_ns, carried_parts, kind_of,
+                                          duration_ns, index_of, kth_smallest, thread_parts, union_ns)
+from jitterscope.streams.thread_budget import (ThreadBudget, behind_own_ns, carried_parts, kind_of,
                                                runq_per_thread, thread_budget)
 from jitterscope.streams.wait_columns import ColumnarIndex
 from jitterscope.streams.wait_index import TOP_SUSPECTS, SplitCache, Tie, WaitIndex, rank_suspects
@@ -69,10 +68,8 @@ from jitterscope.streams.rolling_median import RollingMedian
 from jitterscope.streams.span_keys import SpanKeys
 from jitterscope.streams.split_columns import split_many
 from jitterscope.streams.throttle_index import throttled_span
+from jitterscope.streams.token_slo import TokenObjectives
 from jitterscope.streams.wait_chain import chained_stalls, wait_chain
-
-# with the names importers took from here before the split into evidence, thread_budget and culprits
-__all__ = ["Attributor", "Culprits", "Evidence", "ProcessBook", "STALLS", "duration_ns", "kind_of", "overlap_ns", "shares_limit"]
 
 REMEMBERED_KEYS = 1_000_000  # attributed span keys kept, to skip redelivered spans
 
@@ -81,8 +78,9 @@ class Attributor:
     def __init__(self, grace_ns: int = 2_000_000_000, horizon_ns: int = 300_000_000_000,
                  slo_ns: int | None = None, slo_factor: float = 5.0, min_samples: int = 20,
                  baseline_window: int = 500, max_events_per_host: int = 200_000,
-                 max_pending: int = 100_000, processes: ProcessBook | None = None):
-        self.grace_ns, self.horizon_ns = grace_ns, horizon_ns
+                 max_pending: int = 100_000, processes: ProcessBook | None = None,
+                 tokens: TokenObjectives = TokenObjectives({}, {})):
+        self.grace_ns, self.horizon_ns, self.tokens = grace_ns, horizon_ns, tokens  # ttft/itl objectives
         self.slo_ns, self.slo_factor, self.min_samples = slo_ns, slo_factor, min_samples
         self.processes = processes  # serving groups and cgroups; None = each process alone, no cgroups
         self._culprits: dict[tuple[str, str, int], Culprits] = {}  # of the last due() batch
@@ -101,11 +99,9 @@ class Attributor:
         self._own_waits: dict[tuple[str, str], RollingMedian] = defaultdict(lambda: RollingMedian(baseline_window))
         self._attributed_until: dict[str, int] = {}
         self._events_per_host: dict[str, int] = defaultdict(int)
-        self.max_events_per_host = max_events_per_host
-        self.max_pending = max_pending
+        self.max_events_per_host, self.max_pending = max_events_per_host, max_pending
         self.attributed = SpanKeys(REMEMBERED_KEYS)
-        self.late_evidence = 0
-        self.columnar_failures = 0  # batches the columnar index failed on, answered row-wise (a bug)
+        self.late_evidence = self.columnar_failures = 0  # evidence after its requests; columnar failures (a bug)
         self.evidence_evicted = 0  # kept out of the window by the count bound, not by age
         self.gpu = GpuEvents(horizon_ns)  # Xid errors and NVML slowdowns, per GPU (streams/gpu_events.py)
         self.clock = EvidenceClock()
@@ -221,6 +217,8 @@ class Attributor:
             lo, hi = self._windows.get(key, (span.start_ns, span.end_ns))
             self._windows[key] = (min(lo, span.start_ns), max(hi, span.end_ns))
             self._batch[key].append((span.start_ns, span.end_ns))
+            baseline, trusted, _ = self.baseline_ns(span.host, span.name)  # its phases: answered with the batch
+            self._batch[key] += windows_wanted(span, self.slo_ns or int(self.slo_factor * baseline * trusted), self.tokens)
         try:
             for span in ready:
                 if span in self.attributed:  # the same span twice in the backlog
@@ -293,8 +291,10 @@ class Attributor:
             cause, culprit = "gpu_xid" if xid else "gpu_throttle", gpu_culprit(xid, throttle, gpu)
         info = self._record(span.host, span.pid)
         runq, ioctl, longest_call = charged.runq, charged.ioctl, charged.longest_call
-        phases = [] if cause == "none" else phase_parts(span, lambda lo, hi: self._charges(evidence, replace(
-            span, start_ns=lo, end_ns=hi), group, hi - lo)[:3], partial(self._culprit, evidence, span, group))
+        broken = self.tokens.broken(span.model, span.ttft_ns, itl := inter_token_ns(span))  # phases: only these
+        phases = [] if cause == "none" or not (broken or slo and duration > slo) else phase_parts(span, lambda lo, hi: (
+            self._charges(evidence, replace(span, start_ns=lo, end_ns=hi), group, hi - lo)[:3]), partial(
+            self._culprit, evidence, span, group))
         return RequestAttribution(
             host=span.host, boot_id=span.boot_id, seq=span.seq, ts_ns=span.end_ns, request_id=span.request_id,
             trace_id=span.trace_id, name=span.name, pid=span.pid, start_ns=span.start_ns, end_ns=span.end_ns,
@@ -306,7 +306,7 @@ class Attributor:
             throttled_ns=charged.throttled, irq_ns=charged.irq, pids=sorted(charged.contributed),
             pod=info.pod if info else "", namespace=info.namespace if info else "",
             container=info.container if info else "", self_wait_ns=charged.own_ns,
-            self_threads=len(charged.own_threads), itl_ns=inter_token_ns(span),
+            self_threads=len(charged.own_threads), itl_ns=itl, token_slo_breached=broken,
             service_ns=service, gpu_ioctl_call=ioctl_name(longest_call.request) if longest_call else "",
             thread_tid=budget.tid, gil_wait_ns=budget.blocked.get("gil", 0),
             memory_wait_ns=budget.blocked.get("memory", 0), io_wait_ns=budget.blocked.get("io", 0),

@@ -24,7 +24,6 @@ from jitterscope.streams.host_state import HostState
 from jitterscope.streams.otlp_export import AttributionExport
 from jitterscope.streams.rules.requests import request_slo
 from jitterscope.streams.store_path import Decoded
-from jitterscope.streams.token_slo import TokenObjectives
 
 ATTRIBUTIONS = Counter("jitterscope_streams_attributions_total", "requests attributed")
 PENDING_REQUESTS = Gauge("jitterscope_streams_pending_requests", "requests waiting for their grace period")
@@ -41,7 +40,6 @@ class AttributionTick:
     state: HostState
     attribution_topic: Any  # a Faust topic
     exporter: AttributionExport
-    token_objectives: TokenObjectives
     stage: str
     held_requests: Any  # streams/attribution_stage.py's HeldRequests
     _late_counted: int  # the attributor's late evidence already counted in LATE_EVIDENCE
@@ -60,7 +58,6 @@ class AttributionTick:
         if not done:
             return
         ATTRIBUTIONS.inc(len(done))
-        done = [self.token_objectives.judge(a) for a in done]  # ttft_slo_ms, itl_slo_ms (streams/token_slo.py)
         alerts = []
         for a in done:
             process = self.state.processes.get((a.host, a.pid))

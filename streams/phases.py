@@ -26,6 +26,7 @@ from typing import Callable
 from jitterscope.schemas.events import PhasePart, RequestSpan
 from jitterscope.streams.causes import Charges, weigh
 from jitterscope.streams.thread_budget import ThreadBudget
+from jitterscope.streams.token_slo import TokenObjectives
 
 #: (charges, the carrying thread's budget, union of the group's waits) over a window (lo, hi)
 ChargeWindow = Callable[[int, int], tuple[Charges, ThreadBudget, int]]
@@ -49,6 +50,17 @@ def windows(span: RequestSpan) -> list[tuple[str, int, int]]:
               ("output", last_token, end)]
     clipped = [(name, max(start, lo), min(end, hi)) for name, lo, hi in bounds]
     return [(name, lo, hi) for name, lo, hi in clipped if hi > lo]
+
+
+def windows_wanted(span: RequestSpan, slo_ns: int, tokens: TokenObjectives) -> list[tuple[int, int]]:
+    """The phase windows of a span that will get per-phase answers: one
+    over its SLO or its model's token objectives (a request's cause is only
+    known once attributed; a quick one over its SLO still costs nothing
+    but its windows). Attribution answers them with its batch's index."""
+    if not (slo_ns and span.end_ns - span.start_ns > slo_ns
+            or tokens.broken(span.model, span.ttft_ns, inter_token_ns(span))):
+        return []
+    return [(lo, hi) for _, lo, hi in windows(span)]
 
 
 def phase_parts(span: RequestSpan, charge: ChargeWindow, culprit: NameCulprit) -> list[PhasePart]:

@@ -8,15 +8,13 @@ for any; the exact name wins, then the first pattern that matches) to
 milliseconds. A request over either gets it in
 ``RequestAttribution.token_slo_breached`` ("ttft", "itl") and raises
 ``request_slo`` (streams/rules/requests.py), whose line then says which
-cause took which phase (streams/phases.py)."""
+cause took which phase (streams/phases.py): per-phase answers are given to
+the requests that broke an objective, whole or per token (each phase is
+attributed again: they cost several times a request's attribution)."""
 
 from __future__ import annotations
 
 from fnmatch import fnmatchcase
-
-from msgspec.structs import replace
-
-from jitterscope.schemas.events import RequestAttribution
 
 
 def objective_ns(objectives: dict[str, float], model: str) -> int:
@@ -27,7 +25,7 @@ def objective_ns(objectives: dict[str, float], model: str) -> int:
 
 
 class TokenObjectives:
-    """Judges each attributed request against its model's token objectives."""
+    """A model's token objectives, judged as each request is attributed (streams/attribution.py)."""
 
     def __init__(self, ttft_ms: dict[str, float], itl_ms: dict[str, float]):
         self.ttft_ms, self.itl_ms = dict(ttft_ms), dict(itl_ms)
@@ -45,11 +43,9 @@ class TokenObjectives:
             self._of[model] = (objective_ns(self.ttft_ms, model), objective_ns(self.itl_ms, model))
         return self._of[model]
 
-    def judge(self, a: RequestAttribution) -> RequestAttribution:
-        """``a`` with the token objectives it broke (the same record where it broke none)."""
+    def broken(self, model: str, ttft_ns: int, itl_ns: int) -> list[str]:
+        """The objectives a request of ``model`` broke: "ttft", "itl" ([] for none)."""
         if not (self.ttft_ms or self.itl_ms):
-            return a
-        ttft, itl = self.of(a.model)
-        broken = [name for name, took, limit in (("ttft", a.ttft_ns, ttft), ("itl", a.itl_ns, itl))
-                  if limit and took > limit]
-        return replace(a, token_slo_breached=broken) if broken else a
+            return []
+        ttft, itl = self.of(model)
+        return [name for name, took, limit in (("ttft", ttft_ns, ttft), ("itl", itl_ns, itl)) if limit and took > limit]

@@ -10,7 +10,8 @@ import msgspec
 import pytest
 
 from jitterscope.schemas.events import BlockedWait, PagePlacement, RequestSpan, RunqEvent
-from jitterscope.streams.attribution import Attributor, overlap_ns
+from jitterscope.streams.attribution import Attributor
+from jitterscope.streams.evidence import overlap_ns
 
 MS = 1_000_000
 T0 = 1_800_000_000_000_000_000  # epoch ns
