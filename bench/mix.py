@@ -55,12 +55,15 @@ OTHERS = list(range(2000, 2016))  # other watched processes (every victim is wat
 SUSPECTS = [(300 + i, f"job{i}") for i in range(5)]
 #: the worker's hot path before the judge ran ahead of the store (issue 13): the baseline's revision
 MIX_BEFORE = "15e4fbd"
-#: attribution as on main before it was columnar (issue 39; row-wise index of issue 18 part 3 since c65d1a8):
-#: the attribution-mix bench's same-run baseline
-ATTRIBUTION_BEFORE = "d485576"
+#: the attribution-mix bench's same-run baseline: attribution before per-phase answers and token objectives
+#: (columnar, with stacked causes and wait-for chains). Before it: d485576, before attribution was columnar
+#: (bench/RESULTS.md, 2026-12-04), whose attributions no longer compare field for field (causes, chains).
+ATTRIBUTION_BEFORE = "3034472"
 #: attribution's modules, each after those it imports: the baseline loads them all as at ATTRIBUTION_BEFORE
-ATTRIBUTION_MODULES = ["streams/evidence.py", "streams/culprits.py", "streams/gpu_events.py", "streams/thread_budget.py",
-                       "streams/wait_index.py", "streams/attribution.py"]
+ATTRIBUTION_MODULES = [f"streams/{name}.py" for name in (
+    "throttle_index", "evidence", "culprits", "gpu_events", "thread_budget", "wait_index", "split_columns",
+    "wait_charges", "wait_columns", "rolling_median", "causes", "wait_chain", "evidence_clock", "span_keys",
+    "attribution")]
 #: the worker's own hot-path files: the baseline runs them as committed at MIX_BEFORE
 HOT_PATH = ["streams/store_queue.py", "streams/app.py", "streams/sink.py", "streams/clickhouse.py", "streams/attribution.py",
             "streams/handlers.py", "streams/alert_groups.py", "streams/throttle_index.py",
@@ -483,7 +486,7 @@ def bench_attribution_mix(rounds: int = 3, shapes: str = os.environ.get("BENCH_S
                     expected = out
                 else:
                     result = out
-            # span ids came later: the baseline leaves them empty
+            # span ids came later: the baseline leaves them empty (the mix's spans carry no phases, no model)
             assert [replace(a, span_id="") for a in result] == expected, \
                 "the attribution differs from the modules as at " + ATTRIBUTION_BEFORE
         spans = len(result)
