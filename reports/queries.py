@@ -81,7 +81,7 @@ LIMIT {{limit:UInt32}}""",
 FROM {DB}.request_attribution FINAL ARRAY JOIN phases AS p
 WHERE p.cause != '' AND {SINCE}
 GROUP BY phase, cause
-ORDER BY indexOf(['queue', 'prefill', 'decode'], phase), taken_s DESC, cause
+ORDER BY indexOf(['front', 'queue', 'prefill', 'decode', 'output'], phase), taken_s DESC, cause
 LIMIT {{limit:UInt32}}""",
     ),
     SavedQuery(

@@ -298,3 +298,22 @@ def test_the_per_request_example_shows_its_answer_and_little_else(stores):
     announced = {(int(r["pid"]), r["comm"]) for r in json.loads(out.stdout)}
     assert announced and not {(p, c) for p, c in announced if p in run.own or p == run.demo_pid or c == HOG_COMM}, \
         announced
+
+
+def test_every_grafana_panel_answers_from_a_real_up_run(stores):
+    """Issue 37, item 4: the shipped dashboard's SQL, macros expanded as the
+    ClickHouse data source expands them, returns rows from the store a real
+    `up` run filled (the README's per-request lines: the demo's hogs beside
+    the stand-in, whose spans carry vLLM's phases)."""
+    from tests.grafana import panel_sql, panels
+
+    env, empty = cli_env(stores["live"]), []
+    # what a CPU-only host without a GPU, NUMA nodes or a PCIe switch cannot fill
+    no_gpu = {"GPU driver call P99 by host (ms)", "Placement findings (NUMA, migrations, PCIe)"}
+    for panel in panels():
+        out = subprocess.run([*CLI, "query", "-f", "json", panel_sql(panel)], env=env, capture_output=True, text=True,
+                             timeout=120)
+        assert out.returncode == 0, (panel["title"], out.stderr[-2000:])
+        if not json.loads(out.stdout) and panel["title"] not in no_gpu:
+            empty.append(panel["title"])
+    assert empty == [], empty
