@@ -202,6 +202,11 @@ class CollectorSettings(BaseModel):
     nvml_interval_s: float = Field(
         1.0, gt=0, description="how often each GPU's NVML telemetry (clocks, throttle reasons, temperature, power, "
                                "PCIe, NVLink errors) is read, where nvidia-ml-py and a driver are present")
+    serving_metrics_urls: list[str] = Field(
+        default_factory=list, description="the serving engines' Prometheus endpoints on this host (vLLM: "
+                                          "http://127.0.0.1:8000/metrics), read for their queue, KV cache, TTFT and "
+                                          "inter-token latency beside the causes (none: not read)")
+    serving_metrics_interval_s: float = Field(15.0, gt=0, description="how often serving_metrics_urls are read")
     topology_interval_s: float = Field(60.0, gt=0, description="how often the topology is re-published")
     target_rescan_s: float = Field(2.0, gt=0, description="how often target_comms are matched against /proc")
     collector_metrics_port: int = Field(9464, ge=0, description="Prometheus /metrics of the collector (0 = off)")

@@ -85,6 +85,21 @@ ORDER BY indexOf(['front', 'queue', 'prefill', 'decode', 'output'], phase), take
 LIMIT {{limit:UInt32}}""",
     ),
     SavedQuery(
+        "serving-vs-causes",
+        "When was the serving engine's own P99 TTFT worst (vLLM's /metrics), and what did the kernel do then?",
+        f"""SELECT m.minute AS minute, m.host AS host, m.model AS model, m.ttft_p99_ms AS ttft_p99_ms,
+       m.itl_p99_ms AS itl_p99_ms, m.waiting AS requests_waiting, c.slow AS slow_requests, c.top_cause AS top_cause
+FROM (SELECT toStartOfMinute(ts) AS minute, host, model, round(max(ttft_p99_ns) / 1e6, 1) AS ttft_p99_ms,
+             round(max(itl_p99_ns) / 1e6, 1) AS itl_p99_ms, max(requests_waiting) AS waiting
+      FROM {DB}.serving_metrics FINAL WHERE {SINCE} GROUP BY minute, host, model) AS m
+LEFT JOIN (SELECT toStartOfMinute(ts) AS minute, host, countIf(slo_breached OR notEmpty(token_slo_breached)) AS slow,
+                  topKIf(1)(cause, cause NOT IN ('none', 'unexplained'))[1] AS top_cause
+           FROM {DB}.request_attribution FINAL WHERE {SINCE} GROUP BY minute, host) AS c
+ON m.minute = c.minute AND m.host = c.host
+ORDER BY ttft_p99_ms DESC, minute DESC, host
+LIMIT {{limit:UInt32}}""",
+    ),
+    SavedQuery(
         "noisy-neighbours",
         "Which commands most often held a CPU that an inference thread was starving for?",
         f"""SELECT suspect_comm AS command, sum(waits) AS starvations, uniqExact(host) AS hosts,

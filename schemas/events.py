@@ -204,6 +204,25 @@ class GpuTelemetry(Record, frozen=True):
     nvlink_errors: U64 = 0  # replay, recovery and CRC errors over every active link, in the interval
 
 
+class ServingMetrics(Record, frozen=True):
+    """The serving engine's own readings (vLLM's /metrics, collector/serving_metrics.py) for one model over
+    ``interval_ns`` ending at ``ts_ns``: requests running and waiting and KV-cache use as last read, and its
+    TTFT and inter-token latency histograms' P50/P99 over the requests that finished in the interval."""
+
+    endpoint: str  # the URL read
+    model: str
+    interval_ns: U64
+    requests_running: float = 0.0
+    requests_waiting: float = 0.0
+    kv_cache_usage: float = 0.0  # 0..1
+    ttft_count: U32 = 0
+    ttft_p50_ns: U64 = 0
+    ttft_p99_ns: U64 = 0
+    itl_count: U32 = 0  # tokens
+    itl_p50_ns: U64 = 0
+    itl_p99_ns: U64 = 0
+
+
 #: what held a blocked thread (BlockedWait.kind): the interpreter lock, memory
 #: (a page-cache fault or reclaim), uninterruptible I/O, any other sleep
 BLOCKED_KINDS = ("gil", "memory", "io", "sleep")

@@ -782,3 +782,26 @@ ALTER TABLE jitterscope.request_attribution_local ON CLUSTER '{cluster}' ADD COL
 
 ALTER TABLE jitterscope.request_attribution ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS
     token_slo_breached Array(LowCardinality(String)) DEFAULT [];
+
+CREATE TABLE IF NOT EXISTS jitterscope.serving_metrics_local ON CLUSTER '{cluster}' (
+    host LowCardinality(String),
+    boot_id LowCardinality(String),
+    seq UInt64,
+    ts DateTime64(9) CODEC(Delta, ZSTD(1)),
+    endpoint LowCardinality(String),
+    model LowCardinality(String),
+    interval_ns UInt64,
+    requests_running Float64,
+    requests_waiting Float64,
+    kv_cache_usage Float64,
+    ttft_count UInt32,
+    ttft_p50_ns UInt64,
+    ttft_p99_ns UInt64,
+    itl_count UInt32,
+    itl_p50_ns UInt64,
+    itl_p99_ns UInt64
+) ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/jitterscope/serving_metrics', '{replica}')
+PARTITION BY toDate(ts)
+ORDER BY (host, ts, boot_id, seq);
+
+CREATE TABLE IF NOT EXISTS jitterscope.serving_metrics ON CLUSTER '{cluster}' AS jitterscope.serving_metrics_local ENGINE = Distributed('{cluster}', 'jitterscope', 'serving_metrics_local', cityHash64(host));

@@ -61,6 +61,12 @@ def test_the_cause_that_took_each_phase(fleet):
     assert rows[0]["share_of_phase"] == 0.83 and rows[0]["taken_s"] == round(rows[0]["requests"] * 0.5, 2)
 
 
+def test_the_serving_engines_worst_minutes_beside_the_causes(fleet):
+    rows = saved(fleet, "serving-vs-causes", "limit=5")
+    assert [(r["host"], r["ttft_p99_ms"], r["model"]) for r in rows] == [(synthetic.WORST_RUNQ_HOST, 2000.0, "llama-8b")] * 5
+    assert all(r["requests_waiting"] == 40 for r in rows)
+
+
 def test_noisy_neighbours(fleet):
     rows = saved(fleet, "noisy-neighbours", "limit=10")
     assert rows[0]["command"] == synthetic.NOISY_NEIGHBOUR
@@ -121,7 +127,7 @@ def test_bad_saved_query_use_is_one_clear_line(fleet):
 
 
 def test_every_saved_query_is_tested():
-    tested = {"worst-hosts", "slo-by-cause", "phase-causes", "noisy-neighbours", "off-node", "migration-storms", "pcie-contention",
+    tested = {"worst-hosts", "slo-by-cause", "phase-causes", "serving-vs-causes", "noisy-neighbours", "off-node", "migration-storms", "pcie-contention",
               "recurring-causes", "ledger"}  # ledger: tests/integration/test_ledger.py
     assert set(queries.SAVED) == tested
 

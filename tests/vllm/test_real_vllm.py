@@ -85,7 +85,10 @@ def served(stack, vllm_cgroup, receiver, tmp_path_factory):
                                      JITTERSCOPE_TTFT_SLO_MS=json.dumps({"*": TTFT_SLO_MS}))
     collector = stack.start_collector(
         JITTERSCOPE_TARGET_COMMS='["no-such-process"]', JITTERSCOPE_TARGET_RESCAN_S="1",
-        JITTERSCOPE_OTLP_PORT=str(otlp_port))
+        JITTERSCOPE_OTLP_PORT=str(otlp_port),
+        # vLLM's own metrics, read beside the causes (collector/probes/serving.py)
+        JITTERSCOPE_SERVING_METRICS_URLS=json.dumps([f"http://127.0.0.1:{api_port}/metrics"]),
+        JITTERSCOPE_SERVING_METRICS_INTERVAL_S="2")
     trigger = tmp_path_factory.mktemp("vllm") / "hog"
     argv, env = serve_command(VENV, MODEL, api_port, f"http://127.0.0.1:{otlp_port}/v1/traces")
     env.update(PYTHONPATH=str(SITE), JITTERSCOPE_GIL_HOG_FILE=str(trigger))
@@ -283,3 +286,27 @@ def test_every_vllm_request_gets_its_answer_in_its_own_trace(served, receiver):
              if (spans[r][0][1].trace_id.hex(), spans[r][0][1].parent_span_id.hex()) != ids[r]}
     assert wrong == {}, wrong
     print(f"\n[measured] real vLLM: {len(ids)} attributed requests, {len(ids)} attribution spans under their spans")
+
+
+def test_vllms_own_metrics_are_stored_beside_the_causes(served):
+    """Issue 37, item 3: the collector reads vLLM's /metrics (its queue, KV
+    cache, TTFT and inter-token histograms) every interval and stores them
+    per model; the saved query sets vLLM's P99 TTFT beside the causes."""
+    stack, worker, collector, server, port, trigger = served
+    serve_phase(port, "metrics-", 10)
+    rows = wait_until(lambda: stack.query(
+        "SELECT model, sum(ttft_count), max(ttft_p99_ns), sum(itl_count), max(itl_p99_ns), count() "
+        "FROM jitterscope.serving_metrics GROUP BY model HAVING sum(ttft_count) > 0"), 120,
+        "vLLM's metrics stored with first tokens counted", worker)
+    ((model, ttft_count, ttft_p99, itl_count, itl_p99, intervals),) = rows
+    assert model == str(MODEL) and ttft_p99 > 0 and itl_count > 0 and itl_p99 > 0, rows
+    env = {**stack.env, "JITTERSCOPE_DATA_DIR": str(stack.data_dir)}
+    out = subprocess.run([sys.executable, "-m", "jitterscope.cli", "query", "--saved", "serving-vs-causes", "-f",
+                          "json", "-p", "since=1h"], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    minutes = json.loads(out.stdout)
+    assert minutes and all(m["model"] == str(MODEL) for m in minutes), minutes
+    print(f"\n[measured] real vLLM's /metrics: {intervals} intervals stored, {ttft_count} first tokens, TTFT P99 up "
+          f"to {ttft_p99 / MS:.0f} ms, inter-token P99 up to {itl_p99 / MS:.1f} ms; worst minute "
+          f"{minutes[0]['ttft_p99_ms']} ms TTFT with {minutes[0]['slow_requests']} slow requests "
+          f"(top cause {minutes[0]['top_cause']!r})")
