@@ -168,5 +168,26 @@ def check_nvml() -> Check:
         pynvml.nvmlShutdown()
 
 
+def check_serving(s: Settings) -> list[Check]:
+    """Each serving engine's /metrics (serving_metrics_urls) answers with Prometheus text, and for which models."""
+    if "serving" not in s.hardware_probes or not s.serving_metrics_urls:
+        return []
+    from types import SimpleNamespace
+
+    from jitterscope.collector.probes.serving import ServingSignal
+
+    probe, checks = ServingSignal(), []
+    probe.open(SimpleNamespace(settings=s.model_copy(update={"serving_metrics_urls": []})))  # no sampler thread
+    for url in s.serving_metrics_urls:
+        models = probe.scrape(url)
+        if models is None:
+            checks.append(Check("serving", False, f"{url} did not answer with Prometheus text",
+                                "point serving_metrics_urls at the engine's /metrics (vLLM: its API port)"))
+        else:
+            checks.append(Check("serving", True, f"{url} answers: model(s) {', '.join(sorted(models)) or 'none yet'}"))
+    return checks
+
+
 def run_checks(s: Settings) -> list[Check]:
-    return [*preflight(), check_broker(s), check_clickhouse(s), *check_gpu_reports(s), check_self_cost(s)]
+    return [*preflight(), check_broker(s), check_clickhouse(s), *check_gpu_reports(s), *check_serving(s),
+            check_self_cost(s)]

@@ -118,3 +118,19 @@ def test_the_probe_scrapes_each_url_and_skips_what_does_not_answer():
         probe.close()
     finally:
         endpoint.server.shutdown()
+
+
+def test_doctor_says_which_endpoints_answer_and_how_to_fix_one_that_does_not(tmp_path):
+    from jitterscope.cli.doctor import check_serving
+    from jitterscope.common.settings import load
+
+    endpoint = _Endpoint()
+    try:
+        endpoint.text = page((0, 4, 8, 10, 10, 10), (0, 0, 0, 0, 0, 0))
+        good, bad = check_serving(load(data_dir=tmp_path, serving_metrics_urls=[endpoint.url,
+                                                                                "http://127.0.0.1:9/metrics"]))
+        assert good.ok and "model(s) tiny" in good.detail
+        assert not bad.ok and "serving_metrics_urls" in bad.fix
+        assert check_serving(load(data_dir=tmp_path)) == []  # none configured: nothing to check
+    finally:
+        endpoint.server.shutdown()
