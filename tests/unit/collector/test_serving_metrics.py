@@ -121,7 +121,7 @@ def test_the_probe_scrapes_each_url_and_skips_what_does_not_answer():
 
 
 def test_doctor_says_which_endpoints_answer_and_how_to_fix_one_that_does_not(tmp_path):
-    from jitterscope.cli.doctor import check_serving
+    from jitterscope.doctor import check_serving
     from jitterscope.common.settings import load
 
     endpoint = _Endpoint()
