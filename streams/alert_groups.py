@@ -42,6 +42,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
+from functools import lru_cache
 
 import msgspec
 
@@ -127,7 +128,12 @@ class Audience:
         if process is None:
             return False
         return bool(getattr(process, "serving_group", 0) or getattr(process, "gpus", None)
-                    or process.pid in self.pids or any(fnmatchcase(process.comm, p) for p in self.comms))
+                    or process.pid in self.pids or _named(self.comms, process.comm))
+
+
+@lru_cache(maxsize=4096)  # a storm's alert-worthy waits are the same few names over and over
+def _named(patterns: tuple[str, ...], comm: str) -> bool:
+    return any(fnmatchcase(comm, p) for p in patterns)
 
 
 def quieted(alert: Alert) -> Alert:
