@@ -41,6 +41,7 @@ from jitterscope.common.settings import FINAL_FILE, Settings
 log = logging.getLogger("jitterscope.collector")
 
 PROCESS_REFRESH_NS = 60_000_000_000  # re-publish a process's metadata at most this often
+MID_EXEC_RETRY_NS = 1_000_000_000  # a process read with no command line yet: described again after this
 
 
 class Stamp:
@@ -131,6 +132,8 @@ class Collector:
         except hostinfo.ProcessGone:
             self._sent_as.pop(pid, None)
             return
+        if not info["cmdline"] and info["ppid"] not in (0, 2):  # caught mid-exec (a kernel thread's parent is 2)
+            self._processes_sent[pid] = now - PROCESS_REFRESH_NS + MID_EXEC_RETRY_NS  # described again soon
         self._comms[pid] = info["comm"]
         self._sent_as[pid] = (info["cgroup"], info["comm"])
         gpus, cuda_visible = topology.process_gpus(pid, self.proc, self.topology)

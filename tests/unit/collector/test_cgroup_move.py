@@ -176,3 +176,24 @@ def test_the_cfs_sampler_sees_a_serving_process_move_on_its_own_clock(tmp_path):
         signal.close()
     assert [(r.cgroup, r.nr_periods, r.nr_throttled) for r in records] == [(QUOTA, 10, 8)]
     assert again == [pid]  # once per move
+
+
+def test_a_process_caught_mid_exec_is_described_again_soon_a_kernel_thread_is_not(tmp_path, proc, monkeypatch):
+    """A process read between fork and exec has no command line yet: its record
+    is published again after MID_EXEC_RETRY_NS, not PROCESS_REFRESH_NS later
+    (a stored record without one looked like a kernel thread to `fix`).
+    pid 2 (kthreadd, and every kernel thread's parent) has none for good."""
+    from jitterscope.collector import agent
+
+    (proc / "4321" / "cmdline").write_bytes(b"")  # mid-exec
+    monkeypatch.setattr(agent, "MID_EXEC_RETRY_NS", 0)
+    c = collector(tmp_path, proc)
+    for pid in (4321, 2):
+        c.describe_process(pid)
+    assert {r.pid: r.cmdline for r in described(c)} == {4321: "", 2: ""}
+    (proc / "4321" / "cmdline").write_bytes(b"log-archiver\0--daily\0")  # its exec done
+    for pid in (4321, 2):
+        c.describe_process(pid)
+    assert {r.pid: r.cmdline for r in described(c)} == {4321: "log-archiver --daily"}
+    c.describe_process(4321)
+    assert described(c) == []  # described whole: nothing until PROCESS_REFRESH_NS
