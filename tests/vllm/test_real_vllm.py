@@ -31,6 +31,7 @@ import pytest
 
 from jitterscope.broker import free_port
 from tests.conftest import remove_cgroup, wait_until
+from tests.grafana import panel_sql, panels
 from tests.integration.test_attribution import exported_spans
 from tests.integration.test_notify import Receiver
 
@@ -306,6 +307,12 @@ def test_vllms_own_metrics_are_stored_beside_the_causes(served):
     assert out.returncode == 0, out.stderr[-2000:]
     minutes = json.loads(out.stdout)
     assert minutes and all(m["model"] == str(MODEL) for m in minutes), minutes
+    # the Grafana panel that draws them beside the causes answers from this store (tests/grafana.py)
+    (panel,) = [p for p in panels() if p["title"].startswith("vLLM's own P99 TTFT")]
+    out = subprocess.run([sys.executable, "-m", "jitterscope.cli", "query", "-f", "json", panel_sql(panel)], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert any(row["series"].startswith("vLLM P99 TTFT ms") for row in json.loads(out.stdout)), out.stdout[:2000]
     print(f"\n[measured] real vLLM's /metrics: {intervals} intervals stored, {ttft_count} first tokens, TTFT P99 up "
           f"to {ttft_p99 / MS:.0f} ms, inter-token P99 up to {itl_p99 / MS:.1f} ms; worst minute "
           f"{minutes[0]['ttft_p99_ms']} ms TTFT with {minutes[0]['slow_requests']} slow requests "
