@@ -100,7 +100,7 @@ def test_the_chart_makes_the_kustomize_bases_objects():
     assert ours == theirs
 
 
-def test_kafka_sasl_and_tls_are_wired_as_the_production_overlay_wires_them(tmp_path):
+def test_kafka_sasl_and_tls_are_wired_as_the_production_overlay_wires_them(tmp_path, monkeypatch):
     chart = Chart(CHART).render(PRODUCTION)
     production = render("overlays/production")
     for kind in ("DaemonSet", "Deployment"):
@@ -117,7 +117,8 @@ def test_kafka_sasl_and_tls_are_wired_as_the_production_overlay_wires_them(tmp_p
     assert ours["clickhouse_cluster"] == "fleet" and one(chart, "Deployment")["spec"]["replicas"] == 4
     config = tmp_path / "jitterscope.toml"
     config.write_text(one(chart, "ConfigMap")["data"]["jitterscope.toml"])
-    settings = load(config_file=config)  # every key is a setting jitterscope accepts
+    monkeypatch.setenv("JITTERSCOPE_CONFIG", str(config))  # undone after the test (load(config_file) would not)
+    settings = load()  # every key is a setting jitterscope accepts
     assert (settings.kafka_security_protocol, settings.clickhouse_cluster) == ("SASL_SSL", "fleet")
 
 
