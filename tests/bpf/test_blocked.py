@@ -36,8 +36,11 @@ import json, os, sys, threading, time
 def schedstat():
     run, delay, _ = open("/proc/thread-self/schedstat").read().split()
     return int(run), int(delay)
-def say(**kw):
-    print(json.dumps(kw), flush=True)
+_said = threading.Lock()
+def say(**kw):  # one whole line at a time: print() writes the line and its newline apart, and threads interleave
+    with _said:
+        sys.stdout.write(json.dumps(kw) + "\n")
+        sys.stdout.flush()
 def ask():
     return sys.stdin.readline().strip()
 """
