@@ -479,6 +479,7 @@ class RequestAttribution(Record, frozen=True):
     itl_ns: U64 = 0
     token_slo_breached: list[str] = []
     span_id: str = ""  # the request's own span (hex): the parent of its OTLP attribution span (streams/otlp_export.py)
+    culprit_stack: U64 = 0  # StackTrace.stack_id: what the runq_starvation culprit ran while it held the CPU (0 = none)
 
 
 class DeadLetter(msgspec.Struct, kw_only=True, frozen=True, gc=False):

@@ -4,34 +4,28 @@
 Pure logic, no I/O: the worker feeds it evidence and request spans as they arrive (in any
 order) and asks, on a timer, for the requests whose evidence has come (or ``grace_ns`` passed).
 
-Evidence is matched at process level: a run-queue wait counts for a request
-when it happened on a thread of the request's serving group (the span's
-process and the processes the collector found serving with it, e.g. vLLM's
-EngineCore: ProcessInfo.serving_group; any thread of the host when the
-process is not known) and overlapped the request's time window; only the overlapping part counts,
-and a thread's time is counted once (a redelivered or re-primed event does not double it). Requests
-served together (continuous batching) overlap the same waits, and each is charged with them.
+Evidence is matched at process level: a run-queue wait counts for a request when it happened on a thread of the
+request's serving group (the span's process and the processes the collector found serving with it, e.g. vLLM's
+EngineCore: ProcessInfo.serving_group; any thread of the host when the process is not known) and overlapped the
+request's time window; only the overlapping part counts, and a thread's time is counted once (a redelivered or
+re-primed event does not double it). Requests served together (continuous batching) overlap the same waits, and
+each is charged with them.
 
 A wait is then split by what kept the CPU from the thread:
-- ``cfs_throttling``: the part that overlaps intervals in which the cgroup of
-  the thread's process (or an ancestor: a pod's limit throttles its
-  containers) was throttled. A CgroupThrottle record only says how long the
-  cgroup was throttled over its interval, not when, so the charge assumes it
-  was spread evenly: throttled_ns x overlap / interval_ns, at most the
-  overlap. Exception: when nothing else ran on the CPU during the wait (its
-  suspect is the idle task, pid 0), a runnable thread can only have been
-  held back by its quota, and the whole overlap is throttling -- with the
-  quota period before the interval (cpu.stat counts a throttled stretch
-  when it ends: streams/throttle_index.py, ``throttled_span``).
-- ``irq``: interrupt time on the wait's CPU during the wait: each
-  overlapping IrqTime interval's time_ns prorated by the overlap (again
-  assuming an even spread), at most what the wait has left after throttling.
-- ``self_contention``: of the rest, what the group's own threads held (the
-  CPU's holder is a process of the request's serving group): more runnable
-  threads than CPUs; never a neighbour's, and the group's threads are never
-  suspects. Waits behind its GIL's holders weigh for ``gil_contention``.
-- idle: of the rest, what the idle task held (suspect pid 0: an idle CPU
-  waking; a VM's vCPU back from the hypervisor): run-queue time, no one's.
+- ``cfs_throttling``: the part that overlaps intervals in which the cgroup of the thread's process (or an
+  ancestor: a pod's limit throttles its containers) was throttled. A CgroupThrottle record only says how long
+  the cgroup was throttled over its interval, not when, so the charge assumes it was spread evenly: throttled_ns
+  x overlap / interval_ns, at most the overlap. Exception: when nothing else ran on the CPU during the wait (its
+  suspect is the idle task, pid 0), a runnable thread can only have been held back by its quota, and the whole
+  overlap is throttling -- with the quota period before the interval (cpu.stat counts a throttled stretch when
+  it ends: streams/throttle_index.py, ``throttled_span``).
+- ``irq``: interrupt time on the wait's CPU during the wait: each overlapping IrqTime interval's time_ns
+  prorated by the overlap (again assuming an even spread), at most what the wait has left after throttling.
+- ``self_contention``: of the rest, what the group's own threads held (the CPU's holder is a process of the
+  request's serving group): more runnable threads than CPUs; never a neighbour's, and the group's threads are
+  never suspects. Waits behind its GIL's holders weigh for ``gil_contention``.
+- idle: of the rest, what the idle task held (suspect pid 0: an idle CPU waking; a VM's vCPU back from the
+  hypervisor): run-queue time, no one's.
 - ``runq_starvation``: the rest; only this part is charged to the suspects (the tasks outside the group).
 
 Cost: due() indexes each serving group's run-queue waits once per batch, in numpy columns
@@ -53,7 +47,7 @@ from jitterscope.schemas.events import (CauseShare, CgroupThrottle, GpuIoctl, Gp
 from jitterscope.schemas.nvidia import ioctl_name
 from jitterscope.streams.causes import (DOMINANT_SHARE, MIN_SHARE, USUAL_AFTER, USUAL_QUANTILE, Charges,
                                         self_contention_ns, weigh)
-from jitterscope.streams.culprits import Culprits, evictor, latest_throttle, split_wait
+from jitterscope.streams.culprits import Culprits, StackMemory, culprit_stack, evictor, latest_throttle, split_wait
 from jitterscope.streams.evidence_clock import EvidenceClock
 from jitterscope.streams.gpu_events import GpuEvents, culprit as gpu_culprit
 from jitterscope.streams.host_state import ProcessBook
@@ -105,6 +99,7 @@ class Attributor:
         self.evidence_evicted = 0  # kept out of the window by the count bound, not by age
         self.gpu = GpuEvents(horizon_ns)  # Xid errors and NVML slowdowns, per GPU (streams/gpu_events.py)
         self.clock = EvidenceClock()
+        self.stacks = StackMemory()  # the frames a culprit_stack names, for the OTLP export
 
     def add_evidence(self, event: Evidence | GpuXid | GpuTelemetry) -> None:
         if isinstance(event, (GpuXid, GpuTelemetry)):  # a GPU's own reports: named, not charged
@@ -217,8 +212,8 @@ class Attributor:
             lo, hi = self._windows.get(key, (span.start_ns, span.end_ns))
             self._windows[key] = (min(lo, span.start_ns), max(hi, span.end_ns))
             self._batch[key].append((span.start_ns, span.end_ns))
-            baseline, trusted, _ = self.baseline_ns(span.host, span.name)  # its phases: answered with the batch
-            self._batch[key] += windows_wanted(span, self.slo_ns or int(self.slo_factor * baseline * trusted), self.tokens)
+            self._batch[key] += windows_wanted(  # its phases: answered with the batch's index
+                span, lambda s: self._slo(*self.baseline_ns(s.host, s.name)[:2]), self.tokens)
         try:
             for span in ready:
                 if span in self.attributed:  # the same span twice in the backlog
@@ -246,6 +241,10 @@ class Attributor:
             return 0, False, 0
         median, trusted = int(samples.median()), len(samples) >= self.min_samples
         return median, trusted, max(0, samples.quantile(USUAL_QUANTILE) - median) if trusted else 0
+
+    def _slo(self, baseline: int, trusted: bool) -> int:
+        """A request's SLO: the configured one, else slo_factor times its baseline once trusted (0: none yet)."""
+        return self.slo_ns or (int(self.slo_factor * baseline) if trusted else 0)
 
     def _usual_own(self, span: RequestSpan, charged: Charges, waited: int) -> int:
         """The self-contention requests of this name that no one thread
@@ -279,7 +278,7 @@ class Attributor:
         if not baseline:
             baseline = service
         excess = max(0, duration - baseline)
-        slo = self.slo_ns or (int(self.slo_factor * baseline) if trusted else 0)
+        slo = self._slo(baseline, trusted)
         chain = wait_chain(evidence, group, (budget.pid, budget.tid), span.start_ns, span.end_ns) if (
             group and budget.tid and excess and budget.blocked.get("sleep", 0) >= MIN_SHARE * excess) else []
         cause, explained, causes = weigh(excess, baseline, waited, charged, budget, self._usual_own(span, charged, waited),
@@ -312,7 +311,8 @@ class Attributor:
             memory_wait_ns=budget.blocked.get("memory", 0), io_wait_ns=budget.blocked.get("io", 0),
             sleep_ns=budget.blocked.get("sleep", 0), on_cpu_ns=budget.on_cpu_ns(duration), culprit=culprit,
             gpu_xid=xid.xid if xid else 0, gpu_throttle=throttle, chain=chain if cause != "none" else [],
-            causes=[CauseShare(cause=name, share=round(share, 4)) for name, share in causes], phases=phases)
+            causes=[CauseShare(cause=name, share=round(share, 4)) for name, share in causes], phases=phases,
+            culprit_stack=culprit_stack(evidence, span, group, culprit) if cause == "runq_starvation" else 0)
 
     def _group(self, span: RequestSpan) -> set[int] | None:
         """The processes whose evidence counts for the span (None: every process of the host)."""

@@ -68,7 +68,7 @@ class AttributionTick:
                 alerts.append(alert)
         count_raised(alerts)
         await self.publish(self.attribution_topic, done)
-        self.exporter.offer(done)  # only queues (streams/otlp_export.py)
+        self.exporter.offer(done, self.attributor.stacks.get)  # only queues (streams/otlp_export.py)
         self.attributions_sent += len(done)
         alerts = await self.announce_alerts(alerts)
         if self.stage in ("all", "attribute-store"):  # its own store (the attribution stage publishes them)

@@ -9,19 +9,20 @@ asks, per request:
 - ``latest_throttle``: the throttled interval a remedy names (``Culprits``);
 - ``gil_taker``: the GIL holder behind a GIL wait that ended by its timeout;
 - ``evictor``: who filled memory before a memory stall, among the processes
-  under the stalled one's memory limit (``memory_limit``, ``shares_limit``).
+  under the stalled one's memory limit (``memory_limit``, ``shares_limit``);
+- ``culprit_stack``: what the top neighbour ran while it held the CPU.
 """
 
 from __future__ import annotations
 
 import functools
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from dataclasses import dataclass
 from typing import Callable
 
 from jitterscope.schemas.events import (BlockedWait, CgroupThrottle, IrqTime, PagePlacement, ProcessInfo, RequestSpan,
-                                        RunqEvent)
-from jitterscope.streams.evidence import HOST_PAGES, HostEvidence, overlap_ns
+                                        RunqEvent, StackTrace)
+from jitterscope.streams.evidence import HOST_PAGES, HostEvidence, overlap_ns, sources_of
 from jitterscope.streams.throttle_index import throttled_span
 
 #: how far before a memory stall to look for who filled memory: an archiver
@@ -200,3 +201,37 @@ def evictor(evidence: HostEvidence, span: RequestSpan, group: set[int] | None,
         return ""
     pid = max(totals, key=totals.get)
     return f"{names[pid]} (pid {pid})"
+
+
+def culprit_stack(evidence: HostEvidence, span: RequestSpan, group: set[int] | None, comm: str) -> int:
+    """The stack (StackTrace.stack_id) a neighbour named ``comm`` ran while it
+    held the CPU of the request's longest wait behind it; 0 where none was
+    captured (the probe takes stacks only for waits worth an alert)."""
+    longest, stack = 0, 0
+    for found in sources_of(evidence, RunqEvent, group):
+        for event in found.overlapping(span.start_ns, span.end_ns):
+            if event.suspect_stack and event.suspect_comm == comm and (
+                    part := overlap_ns(event, span.start_ns, span.end_ns)) > longest:
+                longest, stack = part, event.suspect_stack
+    return stack
+
+
+class StackMemory:
+    """The stacks the collectors sent (each once, before the first wait that
+    names it; an id is a hash of the frames, the same on every host), the
+    last ``size`` sent kept: what an attribution's culprit_stack
+    resolves to when it is exported (streams/otlp_export.py)."""
+
+    def __init__(self, size: int = 4096):
+        self.size = size
+        self._stacks: OrderedDict[int, StackTrace] = OrderedDict()
+
+    def add(self, records: list[StackTrace]) -> None:
+        for record in records:
+            self._stacks[record.stack_id] = record
+            self._stacks.move_to_end(record.stack_id)
+        while len(self._stacks) > self.size:
+            self._stacks.popitem(last=False)
+
+    def get(self, stack_id: int) -> StackTrace | None:
+        return self._stacks.get(stack_id) if stack_id else None

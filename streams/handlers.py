@@ -154,6 +154,8 @@ class Handlers:
                 self.attributor.add_request(span)
         elif topic in EVIDENCE:
             self.attributor.add_evidence_many(records)
+        elif topic == topics.STACKS:  # the frames an attribution's culprit_stack names (its OTLP span)
+            self.attributor.stacks.add(records)
 
     @staticmethod
     def _with_interval(topic: str, records: list) -> list:

@@ -16,7 +16,10 @@ then shows, under the slow ``llm_request`` span, why it was slow.
   the cause that took the most of it, ``jitterscope.queue.cause``,
   ``.cause_ms`` and ``.culprit`` (streams/phases.py).
 - **Events:** one ``jitterscope.wait_for`` per hop of its wait-for chain
-  (streams/wait_chain.py): the thread it slept on, what kept that thread.
+  (streams/wait_chain.py): the thread it slept on, what kept that thread;
+  and, where the probe captured it, ``jitterscope.culprit_stack``: what the
+  neighbour named by a ``runq_starvation`` request ran while it held the CPU
+  (``jitterscope.stack.user`` and ``.kernel`` frames, innermost first).
 - **Its own span id** is derived from the request's ids, so a request
   attributed again (a restarted stage) is the same span, not a second one.
 
@@ -30,7 +33,7 @@ shows them as text.
 from __future__ import annotations
 
 import hashlib
-from typing import Iterable
+from typing import Callable, Iterable
 from urllib.parse import urlsplit
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -38,11 +41,12 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, Instr
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
-from jitterscope.schemas.events import RequestAttribution
+from jitterscope.schemas.events import RequestAttribution, StackTrace
 from jitterscope.streams.notify import Target
 
 SPAN_NAME = "jitterscope.attribution"
 HOP_EVENT = "jitterscope.wait_for"
+STACK_EVENT = "jitterscope.culprit_stack"
 BATCH_MAX = 512  # spans per POST: the OpenTelemetry SDK's batch processor's default
 #: the parts of a request's time, as attribute names (``jitterscope.<name>_ms``) and the record's field
 PARTS = (("throttled", "throttled_ns"), ("irq", "irq_ns"), ("gpu_ioctl", "gpu_ioctl_ns"), ("gil", "gil_wait_ns"),
@@ -89,8 +93,8 @@ def _ms(ns: int) -> float:
     return round(ns / 1e6, 3)
 
 
-def attribution_span(a: RequestAttribution) -> Span:
-    """The child span that carries ``a``'s answer."""
+def attribution_span(a: RequestAttribution, stack: StackTrace | None = None) -> Span:
+    """The child span that carries ``a``'s answer; ``stack``: the frames its culprit_stack names."""
     # the carrying thread's own run-queue wait: what its budget leaves once its stalls and CPU time are
     # counted; without a known thread, the serving group's
     blocked = a.gil_wait_ns + a.memory_wait_ns + a.io_wait_ns + a.sleep_ns + a.on_cpu_ns
@@ -110,16 +114,21 @@ def attribution_span(a: RequestAttribution) -> Span:
         "jitterscope.hop": n, "thread.id": hop.tid, "jitterscope.comm": hop.comm,
         "jitterscope.waited_ms": _ms(hop.waited_ns), "jitterscope.kind": hop.kind, "jitterscope.ms": _ms(hop.ns),
         "jitterscope.culprit": hop.culprit})) for n, hop in enumerate(a.chain, 1)]
+    if stack is not None:
+        hops.append(Span.Event(time_unix_nano=a.end_ns, name=STACK_EVENT, attributes=_attributes({
+            "jitterscope.culprit": a.culprit, "jitterscope.stack.id": f"{stack.stack_id:016x}",
+            "jitterscope.stack.comm": stack.comm, "jitterscope.stack.user": stack.user,
+            "jitterscope.stack.kernel": stack.kernel})))
     return Span(trace_id=bytes.fromhex(a.trace_id), span_id=child_span_id(a), parent_span_id=bytes.fromhex(a.span_id),
                 name=SPAN_NAME, kind=Span.SPAN_KIND_INTERNAL, start_time_unix_nano=a.start_ns,
                 end_time_unix_nano=a.end_ns, attributes=_attributes(attributes), events=hops)
 
 
-def export_body(batch: Iterable[RequestAttribution]) -> bytes:
-    """One ExportTraceServiceRequest (protobuf), a resource per host."""
+def export_body(batch: Iterable[tuple[RequestAttribution, StackTrace | None]]) -> bytes:
+    """One ExportTraceServiceRequest (protobuf) of (attribution, its culprit's stack) pairs, a resource per host."""
     by_host: dict[str, list[Span]] = {}
-    for a in batch:
-        by_host.setdefault(a.host, []).append(attribution_span(a))
+    for a, stack in batch:
+        by_host.setdefault(a.host, []).append(attribution_span(a, stack))
     scope = InstrumentationScope(name="jitterscope")
     return ExportTraceServiceRequest(resource_spans=[ResourceSpans(
         resource=Resource(attributes=_attributes({"service.name": "jitterscope", "host.name": host})),
@@ -140,9 +149,12 @@ class AttributionExport:
                           headers={"Content-Type": "application/x-protobuf"}, queue_max=s.otlp_export_queue_max,
                           timeout_s=s.notify_timeout_s, retries=s.notify_retries, batch_max=BATCH_MAX))
 
-    def offer(self, done: Iterable[RequestAttribution]) -> None:
+    def offer(self, done: Iterable[RequestAttribution],
+              stack_of: Callable[[int], StackTrace | None] = lambda _id: None) -> None:
+        """Queue the exportable ones, each with the frames its culprit_stack
+        names (``stack_of``: looked up here, on the stream's loop)."""
         if self.target:
-            self.target.offer(a for a in done if exportable(a))
+            self.target.offer((a, stack_of(a.culprit_stack)) for a in done if exportable(a))
 
     def close(self) -> None:
         if self.target:

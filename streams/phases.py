@@ -52,15 +52,18 @@ def windows(span: RequestSpan) -> list[tuple[str, int, int]]:
     return [(name, lo, hi) for name, lo, hi in clipped if hi > lo]
 
 
-def windows_wanted(span: RequestSpan, slo_ns: int, tokens: TokenObjectives) -> list[tuple[int, int]]:
+def windows_wanted(span: RequestSpan, slo_of: Callable[[RequestSpan], int],
+                   tokens: TokenObjectives) -> list[tuple[int, int]]:
     """The phase windows of a span that will get per-phase answers: one
-    over its SLO or its model's token objectives (a request's cause is only
-    known once attributed; a quick one over its SLO still costs nothing
-    but its windows). Attribution answers them with its batch's index."""
-    if not (slo_ns and span.end_ns - span.start_ns > slo_ns
-            or tokens.broken(span.model, span.ttft_ns, inter_token_ns(span))):
+    over its SLO (``slo_of``: asked only of a span with phases) or its
+    model's token objectives (a request's cause is only known once
+    attributed; a quick one over its SLO still costs nothing but its
+    windows). Attribution answers them with its batch's index."""
+    found = windows(span)
+    if not found or not (tokens.broken(span.model, span.ttft_ns, inter_token_ns(span))
+                         or (slo := slo_of(span)) and span.end_ns - span.start_ns > slo):
         return []
-    return [(lo, hi) for _, lo, hi in windows(span)]
+    return [(lo, hi) for _, lo, hi in found]
 
 
 def phase_parts(span: RequestSpan, charge: ChargeWindow, culprit: NameCulprit) -> list[PhasePart]:

@@ -84,8 +84,9 @@ LOOP_LAG = Histogram(
 
 #: input topics with a handler that judges nothing: their records only wait for attribution (the store stage's)
 ATTRIBUTION_ONLY = frozenset({topics.REQUESTS, topics.BLOCKED})
-#: what the attribution stage reads besides the learned topics: the spans and the kernel evidence they are joined with
-ATTRIBUTED = frozenset({topics.REQUESTS, *EVIDENCE})
+#: what the attribution stage reads besides the learned topics: the spans, the kernel evidence they are joined
+#: with, and the stacks that evidence names
+ATTRIBUTED = frozenset({topics.REQUESTS, topics.STACKS, *EVIDENCE})
 
 
 def judge_topics(handled: Iterable[str]) -> list[str]:

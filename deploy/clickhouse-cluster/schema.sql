@@ -805,3 +805,7 @@ PARTITION BY toDate(ts)
 ORDER BY (host, ts, boot_id, seq);
 
 CREATE TABLE IF NOT EXISTS jitterscope.serving_metrics ON CLUSTER '{cluster}' AS jitterscope.serving_metrics_local ENGINE = Distributed('{cluster}', 'jitterscope', 'serving_metrics_local', cityHash64(host));
+
+ALTER TABLE jitterscope.request_attribution_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS culprit_stack UInt64 DEFAULT 0;
+
+ALTER TABLE jitterscope.request_attribution ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS culprit_stack UInt64 DEFAULT 0;

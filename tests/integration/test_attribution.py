@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from jitterscope.streams.otlp_export import SPAN_NAME
+from jitterscope.streams.otlp_export import SPAN_NAME, STACK_EVENT
 from jitterscope.workload import HOG_COMM, cpu_hogs, last_cpu
 from tests.conftest import RunDelay, span_pipeline, wait_until
 from tests.integration.test_notify import Receiver
@@ -48,8 +48,10 @@ def receiver():
 
 @pytest.fixture(scope="module")
 def pipeline(stack, receiver):
+    # the collector takes stacks of waits of 2 ms or more (its alert level), not only of 10: behind 3 hogs
+    # the stand-in waits ~3-12 ms, so the culprits' stacks are caught, not left to chance
     yield span_pipeline(stack, {"JITTERSCOPE_REQUEST_SLO_MS": str(SLO_MS),
-                                "JITTERSCOPE_OTLP_EXPORT_ENDPOINT": receiver.url})
+                                "JITTERSCOPE_OTLP_EXPORT_ENDPOINT": receiver.url}, JITTERSCOPE_RUNQ_ALERT_MS="2")
 
 
 def run_standin(otlp_port: int, *args: str) -> subprocess.Popen:
@@ -171,7 +173,8 @@ def test_each_answer_reaches_the_users_trace_as_a_child_of_its_request_span(pipe
     """Issue 37, item 1: with otlp_export_endpoint set, every attributed
     request's answer comes back into its own trace: one child span of the
     request's span (the ids as the collector received them), carrying the
-    stored cause, culprit and parts."""
+    stored cause, culprit and parts, and the culprit's stack where one was
+    captured (the stored culprit_stack's frames)."""
     stack, worker, collector, otlp_port = pipeline
     standin = run_standin(otlp_port, "--requests", "120", "--cpu-ms", "5", "--gap-ms", "10", "--id-prefix", "otlp-")
     first = standin.stdout.readline()  # serving
@@ -185,7 +188,7 @@ def test_each_answer_reaches_the_users_trace_as_a_child_of_its_request_span(pipe
 
     def stored():
         rows = stack.query(
-            "SELECT a.request_id, a.cause, a.culprit, a.explained, a.host, r.trace_id, r.span_id "
+            "SELECT a.request_id, a.cause, a.culprit, a.explained, a.host, r.trace_id, r.span_id, a.culprit_stack "
             "FROM jitterscope.request_attribution AS a FINAL JOIN jitterscope.requests AS r FINAL "
             "ON a.request_id = r.request_id AND a.host = r.host WHERE startsWith(a.request_id, 'otlp-')")
         return {row[0]: row[1:] for row in rows} if len(rows) == len(sent) else None
@@ -194,14 +197,25 @@ def test_each_answer_reaches_the_users_trace_as_a_child_of_its_request_span(pipe
     spans = wait_until(lambda: (got := exported_spans(receiver)) and sent <= set(got) and got, 60,
                        "every attribution span at the endpoint", worker)
     assert {rid: len(spans[rid]) for rid in sent if len(spans[rid]) != 1} == {}  # one each, none twice
+    stacks: dict[str, dict] = {}  # request id -> its culprit_stack event's attributes
     for rid in sent:
-        cause, culprit, explained, host, trace_id, span_id = rows[rid]
+        cause, culprit, explained, host, trace_id, span_id, culprit_stack = rows[rid]
         (got_host, span, attrs), = spans[rid]
         assert (span.trace_id.hex(), span.parent_span_id.hex(), span.name) == (trace_id, span_id, SPAN_NAME), rid
         assert (attrs["jitterscope.cause"], attrs["jitterscope.culprit"], got_host) == (cause, culprit, host), rid
         assert abs(attrs["jitterscope.explained"] - explained) < 1e-3, rid
         assert span.span_id != span.parent_span_id and span.end_time_unix_nano > span.start_time_unix_nano
+        stack_events = [e for e in span.events if e.name == STACK_EVENT]
+        assert len(stack_events) <= 1 and (not stack_events or culprit_stack), rid  # only a stored stack is sent
+        if stack_events:
+            stacks[rid] = {kv.key: kv.value for kv in stack_events[0].attributes}
+            assert stacks[rid]["jitterscope.stack.id"].string_value == f"{culprit_stack:016x}", rid
     starved = [rid for rid in sent if spans[rid][0][2]["jitterscope.cause"] == "runq_starvation"]
     assert any(HOG_COMM in spans[rid][0][2]["jitterscope.culprit"] for rid in starved), starved
+    # the hogs' stacks, as the collector symbolized them: frames of the hog's own process
+    hogs = [rid for rid, e in stacks.items() if e["jitterscope.stack.comm"].string_value == HOG_COMM]
+    assert hogs and all(rows[rid][0] == "runq_starvation" and HOG_COMM in rows[rid][1] for rid in hogs), stacks
+    assert all(stacks[rid]["jitterscope.stack.kernel"].array_value.values
+               or stacks[rid]["jitterscope.stack.user"].array_value.values for rid in hogs)
     print(f"\n[measured] {len(sent)} requests, {len(sent)} attribution spans at the endpoint, each under its "
-          f"request's span; {len(starved)} of them runq_starvation")
+          f"request's span; {len(starved)} of them runq_starvation, {len(hogs)} with the hog's stack")

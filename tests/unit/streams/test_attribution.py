@@ -166,6 +166,23 @@ def test_suspects_are_grouped_by_command_name():
     assert (result.self_wait_ns, result.self_threads) == (20 * MS, 1)
 
 
+def test_the_culprits_stack_is_the_one_it_ran_in_the_longest_wait_behind_it():
+    """Stacks come only with waits worth an alert: the culprit's stack is
+    its own (never another suspect's) from the longest of those."""
+    from msgspec.structs import replace
+    a = Attributor(grace_ns=GRACE)
+    baseline(a)
+    a.add_request(span("r", 0, 100))
+    a.add_request(span("quiet", 200, 210))
+    a.add_evidence(replace(wait(30, 12, suspect=(901, "jshog")), suspect_stack=0xa))
+    a.add_evidence(replace(wait(60, 25, suspect=(902, "jshog")), suspect_stack=0xb))  # the longest with a stack
+    a.add_evidence(wait(99, 30, suspect=(902, "jshog")))  # longer, but no stack was taken
+    a.add_evidence(replace(wait(70, 8, suspect=(903, "tar")), suspect_stack=0xc))  # longer than its share, not the culprit
+    starved, quiet = due_after(a, 210)
+    assert (starved.cause, starved.culprit, starved.culprit_stack) == ("runq_starvation", "jshog", 0xb)
+    assert (quiet.cause, quiet.culprit_stack) == ("none", 0)
+
+
 def test_waits_behind_the_groups_own_threads_are_self_contention_not_a_neighbour():
     """vLLM's EngineCore with more busy threads than CPUs: the waits are the
     group's own doing, and nobody outside it is named."""

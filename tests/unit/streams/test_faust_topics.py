@@ -49,8 +49,9 @@ def test_each_stage_is_its_own_consumer_group_reading_its_own_topics(tmp_path):
     assert attribute.app.conf.id == "jitterscope-attribute" and attribute.attributor is not None
     assert not hasattr(attribute, "client") and not (tmp_path / "clickhouse").exists()
     read = {agent.channel.get_topic_name() for agent in attribute.app.agents.values()}
-    assert {topics.REQUESTS, topics.RUNQ, topics.BLOCKED, topics.CGROUP_THROTTLE, topics.PROCESSES} <= read
-    assert not read & {topics.STACKS, topics.ALERT_ROWS, topics.ATTRIBUTION, topics.HISTOGRAMS}
+    assert {topics.REQUESTS, topics.RUNQ, topics.BLOCKED, topics.CGROUP_THROTTLE, topics.PROCESSES,
+            topics.STACKS} <= read  # the stacks: the frames its OTLP spans name
+    assert not read & {topics.ALERT_ROWS, topics.ATTRIBUTION, topics.HISTOGRAMS}
 
     both = StreamsWorker.__new__(StreamsWorker)  # up's second process: attribution and the store
     both.settings, both.stage, both.handlers = s, "attribute-store", Handlers(HostState())

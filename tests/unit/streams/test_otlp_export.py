@@ -13,7 +13,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from prometheus_client import REGISTRY
 
 from jitterscope.common.settings import load
-from jitterscope.schemas.events import CauseShare, ChainHop
+from jitterscope.schemas.events import CauseShare, ChainHop, StackTrace
 from jitterscope.streams import otlp_export
 from tests.unit.streams.rules.test_rules import MS, attribution
 
@@ -41,7 +41,7 @@ def test_the_child_span_hangs_under_the_request_span_and_carries_the_answer():
                     causes=[CauseShare(cause="runq_starvation", share=0.8), CauseShare(cause="gil_contention", share=0.1)],
                     chain=[ChainHop(tid=77, comm="EngineCore", waited_ns=41 * MS, kind="runq", ns=31 * MS,
                                     culprit="jshog")])
-    (resource,) = decoded(otlp_export.export_body([a])).resource_spans
+    (resource,) = decoded(otlp_export.export_body([(a, None)])).resource_spans
     assert attributes(resource.resource.attributes) == {"service.name": "jitterscope", "host.name": "gpu-a1"}
     (span,) = resource.scope_spans[0].spans
     assert span.trace_id == bytes.fromhex("ab" * 16) and span.parent_span_id == bytes.fromhex(SPAN_ID)
@@ -63,12 +63,30 @@ def test_the_child_span_hangs_under_the_request_span_and_carries_the_answer():
         "jitterscope.kind": "runq", "jitterscope.ms": 31.0, "jitterscope.culprit": "jshog"}
 
 
+def test_the_culprits_stack_is_an_event_with_its_frames_where_one_was_captured():
+    a = attribution(span_id=SPAN_ID, culprit="jshog", culprit_stack=0xfeed)
+    stack = StackTrace(host="gpu-a1", boot_id="b", seq=9, ts_ns=1, stack_id=0xfeed, pid=4321, comm="jshog",
+                       kernel=["asm_sysvec_apic_timer_interrupt"], user=["spin", "main", "__libc_start_main"])
+    export = otlp_export.AttributionExport(target=None)
+    assert otlp_export.attribution_span(a).events == []  # none captured: no event
+    (event,) = otlp_export.attribution_span(a, stack).events
+    assert event.name == "jitterscope.culprit_stack" and event.time_unix_nano == a.end_ns
+    assert attributes(event.attributes) == {
+        "jitterscope.culprit": "jshog", "jitterscope.stack.id": "000000000000feed", "jitterscope.stack.comm": "jshog",
+        "jitterscope.stack.user": ["spin", "main", "__libc_start_main"],
+        "jitterscope.stack.kernel": ["asm_sysvec_apic_timer_interrupt"]}
+    queued = []
+    export.target = type("Queue", (), {"offer": lambda self, items: queued.extend(items)})()
+    export.offer([a, attribution(span_id=SPAN_ID, request_id="r2")], {0xfeed: stack}.get)
+    assert [(q.request_id, s) for q, s in queued] == [(a.request_id, stack), ("r2", None)]
+
+
 def test_the_same_request_is_the_same_span_and_hosts_are_resources_of_their_own():
     a, b = attribution(span_id=SPAN_ID), attribution(span_id=SPAN_ID, host="gpu-b2")
     assert otlp_export.child_span_id(a) == otlp_export.child_span_id(attribution(span_id=SPAN_ID, cause="none"))
     assert otlp_export.child_span_id(a) != otlp_export.child_span_id(b)
-    hosts = [attributes(r.resource.attributes)["host.name"] for r in decoded(otlp_export.export_body([a, b, a]))
-             .resource_spans]
+    body = otlp_export.export_body([(a, None), (b, None), (a, None)])
+    hosts = [attributes(r.resource.attributes)["host.name"] for r in decoded(body).resource_spans]
     assert hosts == ["gpu-a1", "gpu-b2"]
 
 

@@ -140,8 +140,9 @@ def attribution(**kw):
 def test_request_slo_names_the_request_the_wait_and_the_suspect():
     from jitterscope.streams.rules.requests import request_slo
 
-    alert = request_slo(attribution(), "python3", [2, 3], [0, 1, 2, 3, 4, 5], NOW)
+    alert = request_slo(attribution(culprit_stack=0xfeed), "python3", [2, 3], [0, 1, 2, 3, 4, 5], NOW)
     assert alert.kind == "request_slo" and alert.request_id == "req-42"
+    assert alert.suspect_stack == 0xfeed  # the culprit's stack, joinable with the stacks table
     assert "400 ms" in alert.summary and "SLO 375 ms" in alert.summary and "normal 75 ms" in alert.summary
     assert "waited 300 ms" in alert.summary and "logrotate (pid 4321)" in alert.summary
     assert alert.remedy == "move logrotate (pid 4321) off the CPUs of pid 1234: taskset -apc 0-1,4-5 4321"
