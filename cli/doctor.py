@@ -172,14 +172,12 @@ def check_serving(s: Settings) -> list[Check]:
     """Each serving engine's /metrics (serving_metrics_urls) answers with Prometheus text, and for which models."""
     if "serving" not in s.hardware_probes or not s.serving_metrics_urls:
         return []
-    from types import SimpleNamespace
+    from jitterscope.collector.probes.serving import scrape
+    from jitterscope.common import outbound
 
-    from jitterscope.collector.probes.serving import ServingSignal
-
-    probe, checks = ServingSignal(), []
-    probe.open(SimpleNamespace(settings=s.model_copy(update={"serving_metrics_urls": []})))  # no sampler thread
+    opener, checks = outbound.opener(), []  # the collector's: refuses redirects
     for url in s.serving_metrics_urls:
-        models = probe.scrape(url)
+        models = scrape(opener, url)
         if models is None:
             checks.append(Check("serving", False, f"{url} did not answer with Prometheus text",
                                 "point serving_metrics_urls at the engine's /metrics (vLLM: its API port)"))

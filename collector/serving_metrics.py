@@ -64,14 +64,21 @@ def parse(text: str) -> dict[str, Scrape]:
     return out
 
 
+def since(before: dict[float, float], now: dict[float, float], bounds: list[float]) -> list[float]:
+    """Each bucket's (``bounds``) count observed between two readings of a
+    histogram's cumulative buckets; a counter that went down (a restart)
+    counts from 0."""
+    reset = any(now[b] < before.get(b, 0.0) for b in bounds)
+    return [now[b] - (0.0 if reset else before.get(b, 0.0)) for b in bounds]
+
+
 def quantile(q: float, before: dict[float, float], now: dict[float, float]) -> float:
     """The q-quantile (seconds) of what was observed between two readings of
     a histogram's cumulative buckets, interpolated within its bucket as
     Prometheus does; 0 where nothing was observed, the largest finite bound
-    where it fell in +Inf. A counter that went down (a restart) counts from 0."""
+    where it fell in +Inf."""
     bounds = sorted(now)
-    reset = any(now[b] < before.get(b, 0.0) for b in bounds)
-    counts = [now[b] - (0.0 if reset else before.get(b, 0.0)) for b in bounds]
+    counts = since(before, now, bounds)
     total = counts[-1] if counts else 0.0
     if total <= 0:
         return 0.0
@@ -91,9 +98,7 @@ def interval(before: Scrape | None, now: Scrape) -> dict:
     fields = {key: float(now.gauges.get(key, 0.0)) for key in GAUGES}
     for key in HISTOGRAMS:
         counts, earlier = now.buckets.get(key, {}), (before.buckets.get(key, {}) if before else {})
-        inf = counts.get(math.inf, 0.0)
-        fields[f"{key}_count"] = max(0, round(inf - earlier.get(math.inf, 0.0))) if inf >= earlier.get(math.inf, 0.0) \
-            else round(inf)
+        fields[f"{key}_count"] = round(since(earlier, counts, [math.inf])[0]) if math.inf in counts else 0
         for q, name in ((0.5, "p50"), (0.99, "p99")):
             fields[f"{key}_{name}_ns"] = round(quantile(q, earlier, counts) * 1e9) if counts else 0
     return fields

@@ -253,10 +253,8 @@ def _span_to_request(span: Span, pid: int, request_id_attributes: tuple[str, ...
     }
     for field, key in PHASE_ATTRIBUTES.items():
         record[field] = _seconds_to_ns(_number(attributes[key])) if key in attributes else 0
-    model = next((v.string_value for v in map(attributes.get, MODEL_ATTRIBUTES)
-                  if v is not None and v.WhichOneof("value") == "string_value"), "")
-    tokens = next((v.int_value for v in map(attributes.get, OUTPUT_TOKEN_ATTRIBUTES)
-                   if v is not None and v.WhichOneof("value") == "int_value"), 0)
+    model = _first(attributes, MODEL_ATTRIBUTES, "string_value", "")
+    tokens = _first(attributes, OUTPUT_TOKEN_ATTRIBUTES, "int_value", 0)
     if model:  # only where sent, like tid: most spans are no model's
         record["model"] = model[:MAX_STRING_CHARS]
     if 0 < tokens < 2**32:
@@ -265,6 +263,15 @@ def _span_to_request(span: Span, pid: int, request_id_attributes: tuple[str, ...
     if thread is not None and thread.WhichOneof("value") == "int_value" and 0 < thread.int_value < 2**31:
         record["tid"] = thread.int_value
     return record
+
+
+def _first(attributes: dict[str, AnyValue], names: tuple[str, ...], kind: str, default):
+    """The value of the first of ``names`` the span carries as ``kind`` (an
+    AnyValue field: "string_value", "int_value"); ``default`` for none."""
+    for value in map(attributes.get, names):
+        if value is not None and value.WhichOneof("value") == kind:
+            return getattr(value, kind)
+    return default
 
 
 def _id_string(value: AnyValue | None) -> str | None:

@@ -30,6 +30,25 @@ FAILED = Counter("jitterscope_collector_serving_scrapes_failed_total",
                  "serving-engine metrics endpoints that did not answer, or not with Prometheus text", ["why"])
 
 
+def scrape(opener: urllib.request.OpenerDirector, url: str) -> dict[str, serving_metrics.Scrape] | None:
+    """One endpoint's models as read now (serving_metrics.parse); None, counted
+    in FAILED, where it did not answer or not with Prometheus text."""
+    request = urllib.request.Request(url, headers={"Accept": "text/plain"})
+    try:
+        with opener.open(request, timeout=SCRAPE_TIMEOUT_S) as response:
+            body = response.read(SCRAPE_MAX_BYTES + 1)
+    except (OSError, ValueError):  # refused, timed out, a redirect, a bad URL
+        FAILED.labels("unreachable").inc()
+        return None
+    try:
+        if len(body) > SCRAPE_MAX_BYTES:
+            raise ValueError("too large")
+        return serving_metrics.parse(body.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        FAILED.labels("not_prometheus").inc()
+        return None
+
+
 class ServingSignal(SampledSignal):
     """ServingMetrics per endpoint and model every ``serving_metrics_interval_s``."""
 
@@ -44,27 +63,11 @@ class ServingSignal(SampledSignal):
         if self.urls:
             self.start_clock(context, context.settings.serving_metrics_interval_s)
 
-    def scrape(self, url: str) -> dict[str, serving_metrics.Scrape] | None:
-        request = urllib.request.Request(url, headers={"Accept": "text/plain"})
-        try:
-            with self._opener.open(request, timeout=SCRAPE_TIMEOUT_S) as response:
-                body = response.read(SCRAPE_MAX_BYTES + 1)
-        except (OSError, ValueError):  # refused, timed out, a redirect, a bad URL
-            FAILED.labels("unreachable").inc()
-            return None
-        try:
-            if len(body) > SCRAPE_MAX_BYTES:
-                raise ValueError("too large")
-            return serving_metrics.parse(body.decode("utf-8"))
-        except (ValueError, UnicodeDecodeError):
-            FAILED.labels("not_prometheus").inc()
-            return None
-
     def read(self) -> list[dict]:
         """Each endpoint's models, as interval fields against their previous scrape."""
         out = []
         for url in self.urls:
-            models = self.scrape(url)
+            models = scrape(self._opener, url)
             for model, now in (models or {}).items():
                 out.append({"endpoint": url, "model": model,
                             **serving_metrics.interval(self._last.get((url, model)), now)})
