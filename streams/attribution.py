@@ -47,7 +47,7 @@ from jitterscope.schemas.events import (CauseShare, CgroupThrottle, GpuIoctl, Gp
 from jitterscope.schemas.nvidia import ioctl_name
 from jitterscope.streams.causes import (DOMINANT_SHARE, MIN_SHARE, USUAL_AFTER, USUAL_QUANTILE, Charges,
                                         self_contention_ns, weigh)
-from jitterscope.streams.culprits import Culprits, StackMemory, culprit_stack, evictor, latest_throttle, split_wait
+from jitterscope.streams.culprits import Culprits, CulpritStacks, evictor, latest_throttle, split_wait
 from jitterscope.streams.evidence_clock import EvidenceClock
 from jitterscope.streams.gpu_events import GpuEvents, culprit as gpu_culprit
 from jitterscope.streams.host_state import ProcessBook
@@ -99,7 +99,7 @@ class Attributor:
         self.evidence_evicted = 0  # kept out of the window by the count bound, not by age
         self.gpu = GpuEvents(horizon_ns)  # Xid errors and NVML slowdowns, per GPU (streams/gpu_events.py)
         self.clock = EvidenceClock()
-        self.stacks = StackMemory()  # the frames a culprit_stack names, for the OTLP export
+        self.stacks = CulpritStacks()  # the waits that carry a stack, and the frames (for the OTLP export)
 
     def add_evidence(self, event: Evidence | GpuXid | GpuTelemetry) -> None:
         if isinstance(event, (GpuXid, GpuTelemetry)):  # a GPU's own reports: named, not charged
@@ -117,6 +117,8 @@ class Attributor:
         if event.ts_ns - duration_ns(event) < self._attributed_until.get(event.host, 0):
             self.late_evidence += 1  # some request it overlapped may already be out
         self._evidence[event.host][(index_of(event), type(event))].add(event)
+        if type(event) is RunqEvent and event.suspect_stack:
+            self.stacks.saw(event)
         self._events_per_host[event.host] += 1
         if event.ts_ns > self._newest[event.host] + self.horizon_ns // 10:
             # expire in steps of a tenth of the horizon, not on every event
@@ -126,9 +128,8 @@ class Attributor:
             self._shed(event.host)
 
     def add_evidence_many(self, records: list[Evidence]) -> None:
-        """add_evidence of each record in turn, with the same result; a
-        message's run-queue events (the bulk: 100k+ a second per worker)
-        take an inlined loop with no per-event type dispatch."""
+        """add_evidence of each record in turn, with the same result; a message's run-queue events (the bulk: 100k+ a
+        second per worker) take an inlined loop with no per-event type dispatch."""
         if not records or type(records[0]) is not RunqEvent:
             for record in records:
                 self.add_evidence(record)
@@ -144,6 +145,8 @@ class Attributor:
             if ts - length < until.get(host, 0):
                 self.late_evidence += 1
             evidence[host][(event.pid, RunqEvent)].add(event, length)
+            if event.suspect_stack:
+                self.stacks.saw(event)
             counts[host] += 1
             if ts > newest[host] + step:
                 newest[host] = ts
@@ -170,9 +173,11 @@ class Attributor:
         for host in hosts:
             self._splits.forget(host)
             self.clock.forget(host)
+            self.stacks.forget(host)
 
     def _expire(self, host: str, before_ns: int) -> None:
         self._splits.forget(host)  # a split may have leant on expired throttling or interrupts
+        self.stacks.expire(host, before_ns)
         processes = self._evidence[host]
         for key, evidence in list(processes.items()):
             evidence.expire(before_ns)
@@ -181,8 +186,8 @@ class Attributor:
         self._events_per_host[host] = sum(len(e.events) for e in processes.values())
 
     def _shed(self, host: str) -> None:
-        """Over the count bound (a storm): drop the oldest tenth of the host's
-        evidence in one go, so memory stays bounded whatever the rate."""
+        """Over the count bound (a storm): drop the oldest tenth of the host's evidence in one go, so memory stays
+        bounded whatever the rate."""
         before = self._events_per_host[host]
         lists = [e.starts for e in self._evidence[host].values() if e.starts]
         self._expire(host, kth_smallest(lists, min(sum(map(len, lists)) - 1, before // 10)))
@@ -230,12 +235,10 @@ class Attributor:
         return out
 
     def baseline_ns(self, host: str, name: str) -> tuple[int, bool, int]:
-        """Rolling median of this host's requests of this name, each less its
-        carrying thread's waits but those behind its own group (``service_ns``:
-        what it would have taken with no one else in the way); whether enough
-        were seen to judge against it; and then their usual spread (causes.
-        USUAL_QUANTILE over the median). Learning plain durations during a
-        contention made the contention the normal: no excess left to explain."""
+        """Rolling median of this host's requests of this name, each less its carrying thread's waits but those behind
+        its own group (``service_ns``: what it would have taken with no one else in the way); whether enough were seen
+        to judge against it; and then their usual spread (causes.USUAL_QUANTILE over the median). Learning plain
+        durations during a contention made the contention the normal: no excess left to explain."""
         samples = self._durations.get((host, name))
         if not samples:
             return 0, False, 0
@@ -247,9 +250,8 @@ class Attributor:
         return self.slo_ns or (int(self.slo_factor * baseline) if trusted else 0)
 
     def _usual_own(self, span: RequestSpan, charged: Charges, waited: int) -> int:
-        """The self-contention requests of this name that no one thread
-        carried usually have (the median of the recent ones, before this
-        one; 0 for a carried request, or before USUAL_AFTER were seen)."""
+        """The self-contention requests of this name that no one thread carried usually have (the median of the recent
+        ones, before this one; 0 for a carried request, or before USUAL_AFTER were seen)."""
         if charged.carried:
             return 0
         seen = self._own_waits[(span.host, span.name)]
@@ -312,7 +314,7 @@ class Attributor:
             sleep_ns=budget.blocked.get("sleep", 0), on_cpu_ns=budget.on_cpu_ns(duration), culprit=culprit,
             gpu_xid=xid.xid if xid else 0, gpu_throttle=throttle, chain=chain if cause != "none" else [],
             causes=[CauseShare(cause=name, share=round(share, 4)) for name, share in causes], phases=phases,
-            culprit_stack=culprit_stack(evidence, span, group, culprit) if cause == "runq_starvation" else 0)
+            culprit_stack=self.stacks.culprit_stack(span, group, culprit) if cause == "runq_starvation" else 0)
 
     def _group(self, span: RequestSpan) -> set[int] | None:
         """The processes whose evidence counts for the span (None: every process of the host)."""
@@ -321,9 +323,8 @@ class Attributor:
 
     def _charges(self, evidence: HostEvidence, span: RequestSpan, group: set[int] | None,
                  excess: int) -> tuple[Charges, ThreadBudget, int, int]:
-        """A request's charges, its carrying thread's budget, how long any of
-        its group's threads waited, and how long its carrying thread waited
-        behind the group's own threads: from the due() batch's index
+        """A request's charges, its carrying thread's budget, how long any of its group's threads waited, and how long
+        its carrying thread waited behind the group's own threads: from the due() batch's index
         (streams/wait_index.py) where it answers, else by walking the parts."""
         index, fast = self._index(evidence, span, group), None
         while index is not None:
@@ -457,11 +458,9 @@ class Attributor:
 
     def _culprit(self, evidence: HostEvidence, span: RequestSpan, group: set[int] | None, cause: str,
                  charged: Charges, budget: ThreadBudget) -> str:
-        """Whom or what the cause names: the top suspect, the throttled
-        cgroup, the interrupt source, the longest GPU driver call, the
-        evictor, the device of its I/O, else who woke it from its stalls most.
-        Keeps the records behind the throttling and interrupt charges for
-        culprits()."""
+        """Whom or what the cause names: the top suspect, the throttled cgroup, the interrupt source, the longest GPU
+        driver call, the evictor, the device of its I/O, else who woke it from its stalls most. Keeps the records
+        behind the throttling and interrupt charges for culprits()."""
         if cause == "io_wait":  # the device: what woke it was whatever ran where the I/O completed
             return budget.device()
         key = (span.host, span.boot_id, span.seq)

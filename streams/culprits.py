@@ -10,7 +10,7 @@ asks, per request:
 - ``gil_taker``: the GIL holder behind a GIL wait that ended by its timeout;
 - ``evictor``: who filled memory before a memory stall, among the processes
   under the stalled one's memory limit (``memory_limit``, ``shares_limit``);
-- ``culprit_stack``: what the top neighbour ran while it held the CPU.
+- ``CulpritStacks``: what the top neighbour ran while it held the CPU.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Callable
 
 from jitterscope.schemas.events import (BlockedWait, CgroupThrottle, IrqTime, PagePlacement, ProcessInfo, RequestSpan,
                                         RunqEvent, StackTrace)
-from jitterscope.streams.evidence import HOST_PAGES, HostEvidence, overlap_ns, sources_of
+from jitterscope.streams.evidence import HOST_PAGES, HostEvidence, SortedEvidence, overlap_ns
 from jitterscope.streams.throttle_index import throttled_span
 
 #: how far before a memory stall to look for who filled memory: an archiver
@@ -203,28 +203,43 @@ def evictor(evidence: HostEvidence, span: RequestSpan, group: set[int] | None,
     return f"{names[pid]} (pid {pid})"
 
 
-def culprit_stack(evidence: HostEvidence, span: RequestSpan, group: set[int] | None, comm: str) -> int:
-    """The stack (StackTrace.stack_id) a neighbour named ``comm`` ran while it
-    held the CPU of the request's longest wait behind it; 0 where none was
-    captured (the probe takes stacks only for waits worth an alert)."""
-    longest, stack = 0, 0
-    for found in sources_of(evidence, RunqEvent, group):
-        for event in found.overlapping(span.start_ns, span.end_ns):
-            if event.suspect_stack and event.suspect_comm == comm and (
-                    part := overlap_ns(event, span.start_ns, span.end_ns)) > longest:
-                longest, stack = part, event.suspect_stack
-    return stack
-
-
-class StackMemory:
-    """The stacks the collectors sent (each once, before the first wait that
-    names it; an id is a hash of the frames, the same on every host), the
-    last ``size`` sent kept: what an attribution's culprit_stack
-    resolves to when it is exported (streams/otlp_export.py)."""
+class CulpritStacks:
+    """Where a culprit's stack comes from: the run-queue waits that carry one
+    (the probe takes stacks only for waits worth an alert: few), per host
+    and in the evidence's window, and the stacks the collectors sent (each
+    once, before the first wait that names it; an id is a hash of the
+    frames, the same on every host), the last ``size`` kept: what an
+    attribution's culprit_stack resolves to when it is exported
+    (streams/otlp_export.py). Kept apart from the evidence so that looking
+    one up never walks a request's every wait."""
 
     def __init__(self, size: int = 4096):
         self.size = size
+        self._waits: dict[str, SortedEvidence] = defaultdict(SortedEvidence)
         self._stacks: OrderedDict[int, StackTrace] = OrderedDict()
+
+    def saw(self, wait: RunqEvent) -> None:
+        """A run-queue wait with a suspect stack (the caller checks: the bulk has none)."""
+        self._waits[wait.host].add(wait, wait.wait_ns)
+
+    def expire(self, host: str, before_ns: int) -> None:
+        if host in self._waits:
+            self._waits[host].expire(before_ns)
+
+    def forget(self, host: str) -> None:
+        self._waits.pop(host, None)
+
+    def culprit_stack(self, span: RequestSpan, group: set[int] | None, comm: str) -> int:
+        """The stack (StackTrace.stack_id) a neighbour named ``comm`` ran while
+        it held the CPU of the request's longest wait behind it, among the
+        waits of its serving group (None: of the host); 0 where none was
+        captured."""
+        longest, stack = 0, 0
+        for event in self._waits[span.host].overlapping(span.start_ns, span.end_ns) if span.host in self._waits else ():
+            if event.suspect_comm == comm and (group is None or event.pid in group) and (
+                    part := overlap_ns(event, span.start_ns, span.end_ns)) > longest:
+                longest, stack = part, event.suspect_stack
+        return stack
 
     def add(self, records: list[StackTrace]) -> None:
         for record in records:

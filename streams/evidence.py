@@ -165,13 +165,6 @@ class SortedEvidence:
 HostEvidence = dict[tuple[int | str, type], SortedEvidence]
 
 
-def sources_of(evidence: HostEvidence, kind: type, group: set[int] | None) -> list[SortedEvidence]:
-    """The ``kind`` evidence of the processes of ``group`` (None: of every process of the host)."""
-    if group is None:
-        return [e for (_, k), e in evidence.items() if k is kind]
-    return [evidence[(pid, kind)] for pid in group if (pid, kind) in evidence]
-
-
 def thread_parts(evidence: HostEvidence, start_ns: int, end_ns: int, kind: type,
                  group: set[int] | None) -> list[tuple[Evidence, int, int, bool]]:
     """(event, start, end, whether that is the whole event) of each part
@@ -180,8 +173,12 @@ def thread_parts(evidence: HostEvidence, start_ns: int, end_ns: int, kind: type,
     thread's time counted once: one thread cannot wait twice at the same
     moment, so an overlap is a duplicate (a redelivered or re-primed
     event) and is dropped."""
+    if group is None:
+        sources = [e for (_, k), e in evidence.items() if k is kind]
+    else:
+        sources = [evidence[(pid, kind)] for pid in group if (pid, kind) in evidence]
     parts = []
-    for found in sources_of(evidence, kind, group):
+    for found in sources:
         first, last = found.overlapping_range(start_ns, end_ns)
         for begin, event in zip(found.starts[first:last], found.events[first:last]):
             finish = event.ts_ns

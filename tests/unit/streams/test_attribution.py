@@ -183,6 +183,25 @@ def test_the_culprits_stack_is_the_one_it_ran_in_the_longest_wait_behind_it():
     assert (quiet.cause, quiet.culprit_stack) == ("none", 0)
 
 
+def test_the_stacks_kept_for_the_export_are_the_last_sent_and_waits_with_stacks_expire():
+    from jitterscope.schemas.events import StackTrace
+    from jitterscope.streams.culprits import CulpritStacks
+    stacks = CulpritStacks(size=2)
+    stacks.add([StackTrace(host="h1", boot_id="b", seq=i, ts_ns=T0, stack_id=i, pid=9, comm="jshog", kernel=[], user=[])
+                for i in (1, 2, 3)])
+    assert (stacks.get(1), stacks.get(2).stack_id, stacks.get(3).stack_id, stacks.get(0)) == (None, 2, 3, None)
+    a = Attributor(grace_ns=GRACE, horizon_ns=1_000 * MS)
+    from msgspec.structs import replace
+    a.add_evidence(replace(wait(30, 12), suspect_stack=0xa))
+    assert a.stacks.culprit_stack(span("r", 0, 100), {100}, "jshog") == 0xa
+    assert a.stacks.culprit_stack(span("r", 0, 100), {101}, "jshog") == 0  # another group's wait
+    a.add_evidence(wait(3_000, 1))  # the horizon moves on past it
+    assert a.stacks.culprit_stack(span("r", 0, 100), {100}, "jshog") == 0
+    a.add_evidence(replace(wait(3_050, 12), suspect_stack=0xb))
+    a.forget_hosts({"h1"})
+    assert a.stacks.culprit_stack(span("r", 3_000, 3_100), None, "jshog") == 0
+
+
 def test_waits_behind_the_groups_own_threads_are_self_contention_not_a_neighbour():
     """vLLM's EngineCore with more busy threads than CPUs: the waits are the
     group's own doing, and nobody outside it is named."""
