@@ -46,7 +46,7 @@ def librdkafka_config(s) -> dict[str, str]:
     if s.kafka_security_protocol.startswith("SASL_"):
         config["sasl.mechanism"] = s.kafka_sasl_mechanism
         config["sasl.username"] = s.kafka_sasl_username
-        config["sasl.password"] = sasl_password(s)
+        config["sasl.password"] = sasl_password(s) or ""  # the settings' validator requires one for SASL
     if s.kafka_security_protocol.endswith("SSL"):
         if s.kafka_ssl_ca_file:
             config["ssl.ca.location"] = _readable(s.kafka_ssl_ca_file, "kafka_ssl_ca_file")

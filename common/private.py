@@ -36,7 +36,7 @@ class SymlinkRefused(OSError):
                                       "(remove it or choose another path)", str(path))
 
     def __str__(self) -> str:
-        return self.strerror
+        return str(self.strerror)
 
 
 def private_dir(path: Path | str) -> Path:

@@ -1,23 +1,20 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The one settings model. Every option is reachable by CLI flag (its own,
-or --set NAME=VALUE), by environment variable (JITTERSCOPE_<NAME>, lists and
-maps as JSON) and by a TOML config file (--config, or JITTERSCOPE_CONFIG).
+"""The one settings model. Every option is reachable by CLI flag (its own, or --set NAME=VALUE), by environment
+variable (JITTERSCOPE_<NAME>, lists and maps as JSON) and by a TOML config file (--config, or JITTERSCOPE_CONFIG).
 Precedence: flag > env > file > default.
 
-Each part has its own section, a plain model holding that part's fields, their
-descriptions and validators; ``Settings`` is assembled from them and stays
-flat, so a field's name is its TOML key, its variable and its --set NAME:
+Each part has its own section, a plain model holding that part's fields, their descriptions and validators;
+``Settings`` is assembled from them and stays flat, so a field's name is its TOML key, its variable and its --set
+NAME:
 
-- ``KafkaSettings``: how every part talks to Kafka (bootstrap servers, producer
-  and consumer options, message size).
-- ``StoreSettings``: ClickHouse (or embedded chDB), the data directory and
-  retention.
-- ``CollectorSettings``: the collector (collector/): host name, what to watch,
-  probes and their event thresholds, batching, spool, /metrics, OTLP receiver.
-- ``StreamsSettings``: the streams worker (streams/): alert thresholds of the
-  rules, request attribution, web port, ClickHouse sink.
-- ``ExportSettings`` (common/export_settings.py): what goes out to other
-  tools: alert notifications, attribution spans over OTLP.
+- ``KafkaSettings``: how every part talks to Kafka (bootstrap servers, producer and consumer options, message size).
+- ``StoreSettings``: ClickHouse (or embedded chDB), the data directory and retention.
+- ``CollectorSettings``: the collector (collector/): host name, what to watch, probes and their event thresholds,
+  batching, spool, /metrics, OTLP receiver.
+- ``StreamsSettings``: the streams worker (streams/): alert thresholds of the rules, request attribution, web port,
+  ClickHouse sink.
+- ``ExportSettings`` (common/export_settings.py): what goes out to other tools: alert notifications, attribution
+  spans over OTLP.
 - ``UpSettings``: the front door's ``up`` (embedded broker port, drain on stop).
 """
 
@@ -29,10 +26,11 @@ import os
 import socket
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Mapping
 
 from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsError, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
+from pydantic_settings import (BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError,
+                               TomlConfigSettingsSource)
 
 from jitterscope.common import errors
 from jitterscope.common.export_settings import ExportSettings
@@ -114,8 +112,9 @@ class StoreSettings(BaseModel):
         None, description="ClickHouse HTTP URL (http://user:pass@host:8123); unset = embedded chDB")
     data_dir: Path = Field(default_factory=default_data_dir, description="embedded ClickHouse and state")
     clickhouse_cluster: str | None = Field(
-        None, pattern=r"^[\w.{}-]+$", description="ClickHouse cluster name: the schema is the operator's (`jitterscope schema --cluster "
-                          "NAME`), the worker applies retention ON CLUSTER to the *_local tables")
+        None, pattern=r"^[\w.{}-]+$",
+        description="ClickHouse cluster name: the schema is the operator's (`jitterscope schema --cluster NAME`), "
+                    "the worker applies retention ON CLUSTER to the *_local tables")
     retention_days: dict[str, int] = Field(
         default_factory=dict,
         description='days each table keeps, e.g. {"runq_events": 30, "latency_minute": 400}; unset = forever')
@@ -298,18 +297,20 @@ class StreamsSettings(BaseModel):
     numa_remote_share: float = Field(
         0.5, gt=0, le=1, description="share of an inference process's new pages away from its GPU's node that alerts")
     numa_remote_min_mb: float = Field(
-        100.0, gt=0, description="new pages of one process per interval below which its placement is not judged (noise)")
+        100.0, gt=0, description="new pages of one process per interval below which its placement is not judged "
+                                 "(noise)")
     numa_filler_mb_per_s: float = Field(
         50.0, gt=0, description="page cache another process adds to a GPU's NUMA node that raises numa_node_filler")
     pcie_neighbour_mb_per_s: float = Field(
-        200.0, gt=0, description="NVMe/NIC traffic on a GPU's PCIe switch that, with a slow driver call, is pcie_contention")
+        200.0, gt=0,
+        description="NVMe/NIC traffic on a GPU's PCIe switch that, with a slow driver call, is pcie_contention")
     attribution_grace_s: float = Field(
         2.0, gt=0, description="wait this long after a request's span ends for late kernel evidence")
-    evidence_horizon_s: float = Field(300.0, gt=0, description="how much kernel evidence per host is kept for attribution")
+    evidence_horizon_s: float = Field(300.0, gt=0, description="how much kernel evidence per host attribution keeps")
     evidence_max_events: int = Field(
         200_000, ge=1000, description="kernel events per host kept for attribution at most (oldest go first)")
     pending_requests_max: int = Field(
-        100_000, ge=1000, description="requests waiting for attribution at most (beyond it the oldest are attributed early)")
+        100_000, ge=1000, description="requests waiting for attribution at most (past it the oldest go early)")
     request_slo_ms: float | None = Field(
         None, gt=0, description="request latency objective; unset = request_slo_factor x the rolling median")
     request_slo_factor: float = Field(5.0, gt=1, description="SLO as a multiple of the host's rolling median")
@@ -345,7 +346,7 @@ class StreamsSettings(BaseModel):
     alert_group_window_s: float = Field(
         60.0, gt=0, description="run-queue/throttling/IRQ alerts of one (host, victim, kind, suspect) group are "
                                 "announced at most once per this window; repeats are folded into the group")
-    alert_group_quiet_s: float = Field(120.0, gt=0, description="an alert group without a new alert for this long is resolved")
+    alert_group_quiet_s: float = Field(120.0, gt=0, description="a group with no new alert for this long is resolved")
     announce_comms: list[str] = Field(
         default_factory=lambda: ["jsvictim"],
         description="process-name patterns whose run-queue waits are announced (console, notifications) besides "
@@ -367,8 +368,8 @@ class UpSettings(BaseModel):
 
 
 #: the sections, in the order their fields appear in ``Settings``
-SECTIONS: tuple[type[BaseModel], ...] = (KafkaSettings, StoreSettings, CollectorSettings, StreamsSettings, ExportSettings,
-                                         UpSettings)
+SECTIONS: tuple[type[BaseModel], ...] = (KafkaSettings, StoreSettings, CollectorSettings, StreamsSettings,
+                                         ExportSettings, UpSettings)
 
 
 # The front door's model: all sections in one flat model, so every field keeps
@@ -428,7 +429,7 @@ def _check_config_file(path: Path, what: str) -> None:
         raise errors.BadConfig(f"{what} {path} is not valid TOML: {where}") from exc
 
 
-def _problem(error: dict) -> str:
+def _problem(error: Mapping[str, Any]) -> str:
     """One validation error as ``name: why``; list and map settings say
     how to write them on the command line and in the environment."""
     name = ".".join(str(p) for p in error["loc"])
@@ -463,7 +464,8 @@ def toml_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, dict):
-        return "{ " + ", ".join(f"{json.dumps(k)} = {toml_value(v)}" for k, v in value.items()) + " }" if value else "{}"
+        pairs = ", ".join(f"{json.dumps(k)} = {toml_value(v)}" for k, v in value.items())
+        return "{ " + pairs + " }" if value else "{}"
     if isinstance(value, list):
         return "[" + ", ".join(toml_value(v) for v in value) + "]"
     if isinstance(value, (int, float)):
@@ -483,7 +485,7 @@ def example_toml() -> str:
              "# Generated from common/settings.py by `jitterscope config --example`; do not edit by hand.",
              "# Uncomment what you change; a key left out keeps its default."]
     for section in SECTIONS:
-        lines += ["", f"# == {section.__name__}: {section.__doc__.strip().splitlines()[0]}"]
+        lines += ["", f"# == {section.__name__}: {(section.__doc__ or section.__name__).strip().splitlines()[0]}"]
         for name, field in section.model_fields.items():
             lines += [""] + textwrap.wrap(field.description or name, 100, initial_indent="# ",
                                           subsequent_indent="# ")

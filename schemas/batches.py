@@ -56,7 +56,7 @@ class BatchDecoder:
 
     def __init__(self, record_type: type[Record]):
         self.record_type = record_type
-        self._batch = msgspec.json.Decoder(list[record_type])
+        self._batch = msgspec.json.Decoder(list[record_type])  # type: ignore[valid-type]  # a type known at run time
         self._one = msgspec.json.Decoder(record_type)
 
     def decode(self, payload: bytes) -> tuple[list[Record], list[BadLine]]:

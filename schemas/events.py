@@ -14,7 +14,7 @@ timestamps are epoch nanoseconds.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Final, Literal
 
 import msgspec
 
@@ -22,7 +22,7 @@ import msgspec
 from jitterscope.schemas.ranges import EpochNs, I16, I32, I64, MAX_EPOCH_NS, U8, U16, U32, U64  # noqa: F401
 from jitterscope.schemas.request_parts import CauseShare, ChainHop, PhasePart, Suspect  # noqa: F401
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Final = 1
 
 
 # gc=False (inherited): records are immutable, hold only scalars, lists of them and other records: never in a

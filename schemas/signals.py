@@ -100,7 +100,8 @@ SIGNALS: tuple[Signal, ...] = (
     Signal("topology", "the host's CPUs, NUMA nodes, GPUs and PCIe tree", events.Topology, "jitterscope.topology",
            "topology", "001_init.sql", ("collector/topology.py",)),
     Signal("collector_stats", "losses: events dropped in the kernel, batches spooled or lost", events.CollectorStats,
-           "jitterscope.collector_stats", "collector_stats", "001_init.sql", ("collector/agent.py", "collector/spool.py"),
+           "jitterscope.collector_stats", "collector_stats", "001_init.sql",
+           ("collector/agent.py", "collector/spool.py"),
            kernel=("bpf/drops.bpf.inc",), rules=("streams/rules/losses.py",)),
 )
 

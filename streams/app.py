@@ -67,7 +67,8 @@ ATTRIBUTE_STAGE_TICK_S = 0.1
 PARKED_TICK_S = 0.05
 ALERT_GROUP_TICK_S = 0.5
 LEARNED = stages.LEARNED
-#: what the judge and attribution stages published (alert rows, attributions), written as each exits, read by `up` (its drain)
+#: what the judge and attribution stages published (alert rows, attributions), written as each exits, read by
+#: `up` (its drain)
 STAGE_FINAL_FILES = {"judge": "judge-final.json", "attribute": "attribute-final.json"}
 JUDGE_FINAL_FILE = STAGE_FINAL_FILES["judge"]
 #: records that may wait for the store per topic, in batches of sink_batch_rows (streams/store_queue.py)
@@ -128,7 +129,7 @@ class StreamsWorker(StorePath, AttributionTick, AttributionStage):
         self.bootstrap_servers = bootstrap_servers
         self.state = HostState()
         self.attributor = None
-        self.alert_rows_sent = self.attributions_sent = 0  # what the judge or attribution stage published (STAGE_FINAL_FILES)
+        self.alert_rows_sent = self.attributions_sent = 0  # what the judge or attribution stage published
         # set once the judge has re-learned the partitions it took: Faust resumes the streams before the
         # assignment hook ends, and a wait judged before then would be parked for a record already sent
         self.relearned = asyncio.Event()

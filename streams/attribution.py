@@ -283,7 +283,8 @@ class Attributor:
         slo = self._slo(baseline, trusted)
         chain = wait_chain(evidence, group, (budget.pid, budget.tid), span.start_ns, span.end_ns) if (
             group and budget.tid and excess and budget.blocked.get("sleep", 0) >= MIN_SHARE * excess) else []
-        cause, explained, causes = weigh(excess, baseline, waited, charged, budget, self._usual_own(span, charged, waited),
+        cause, explained, causes = weigh(excess, baseline, waited, charged, budget,
+                                         self._usual_own(span, charged, waited),
                                          spread if not slo or duration <= slo else 0, chained := chained_stalls(chain))
         culprit = self._culprit(evidence, span, group, cause, charged, budget) or (
             chain[-1].culprit if cause in chained else "")

@@ -20,7 +20,7 @@ import msgspec
 
 from jitterscope.common import errors
 from jitterscope.common.private import private_dir
-from jitterscope.schemas import events, signals
+from jitterscope.schemas import signals
 
 #: the database and each record type's table: the signal catalogue's (schemas/signals.py)
 DATABASE = signals.DATABASE
@@ -88,7 +88,7 @@ def migrations() -> list[tuple[int, str, str]]:
 
 
 def split_statements(sql: str) -> list[str]:
-    lines = [l for l in sql.splitlines() if not l.lstrip().startswith("--")]
+    lines = [line for line in sql.splitlines() if not line.lstrip().startswith("--")]
     return [s.strip() for s in "\n".join(lines).split(";") if s.strip()]
 
 

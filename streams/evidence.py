@@ -83,10 +83,10 @@ def kth_smallest(lists: list[list[int]], k: int) -> int:
     """The k-th smallest (from 0) of the values of sorted lists, as sorting
     them all would give, by bisecting the value range: O(log range x lists
     x log n), not O(n log n) -- a storm sheds every few thousand events."""
-    lo, hi = min(l[0] for l in lists), max(l[-1] for l in lists)
+    lo, hi = min(values[0] for values in lists), max(values[-1] for values in lists)
     while lo < hi:  # the smallest value with more than k values at or below it
         mid = (lo + hi) // 2
-        if sum(bisect.bisect_right(l, mid) for l in lists) > k:
+        if sum(bisect.bisect_right(values, mid) for values in lists) > k:
             hi = mid
         else:
             lo = mid + 1

@@ -108,8 +108,9 @@ def attribution_span(a: RequestAttribution, stack: StackTrace | None = None) -> 
         "thread.id": a.thread_tid, "process.pid": a.pid,
     }
     for p in a.phases:  # which cause took the queue, which the decode (streams/phases.py)
-        attributes.update({f"jitterscope.{p.phase}_ms": _ms(p.ns), f"jitterscope.{p.phase}.cause": p.cause,
-                           f"jitterscope.{p.phase}.cause_ms": _ms(p.cause_ns), f"jitterscope.{p.phase}.culprit": p.culprit})
+        prefix = f"jitterscope.{p.phase}"
+        attributes.update({f"{prefix}_ms": _ms(p.ns), f"{prefix}.cause": p.cause,
+                           f"{prefix}.cause_ms": _ms(p.cause_ns), f"{prefix}.culprit": p.culprit})
     hops = [Span.Event(time_unix_nano=a.end_ns, name=HOP_EVENT, attributes=_attributes({
         "jitterscope.hop": n, "thread.id": hop.tid, "jitterscope.comm": hop.comm,
         "jitterscope.waited_ms": _ms(hop.waited_ns), "jitterscope.kind": hop.kind, "jitterscope.ms": _ms(hop.ns),

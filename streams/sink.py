@@ -39,7 +39,8 @@ from jitterscope.streams import clickhouse
 log = logging.getLogger("jitterscope.streams.sink")
 
 ROWS_WRITTEN = Counter("jitterscope_streams_rows_written_total", "rows inserted into ClickHouse", ["table"])
-INSERT_FAILURES = Counter("jitterscope_streams_insert_failures_total", "ClickHouse inserts that failed and were retried", ["table"])
+INSERT_FAILURES = Counter("jitterscope_streams_insert_failures_total",
+                          "ClickHouse inserts that failed and were retried", ["table"])
 
 
 #: tables that feed materialized views (schemas/clickhouse/004_rollups.sql, 008_runq_rollup.sql); runq_events

@@ -121,27 +121,27 @@ def _throttled_many(evidence: HostEvidence, cgroups: list[str], owner: np.ndarra
         at = np.flatnonzero(owner == rank_of_owner)
         if not len(at):
             continue
-        l, h = lo[at], hi[at]
+        low, high = lo[at], hi[at]
         best, which = np.zeros(len(at), dtype=np.int64), np.full(len(at), -1)
         chain = cgroup_ancestors(cgroup)
         for rank, path in enumerate(chain):
             found = evidence.get((path, CgroupThrottle))
             if not found or not found.events:
                 continue
-            ns = _throttle_ns(found, l, h, idle[at])
+            ns = _throttle_ns(found, low, high, idle[at])
             better = ns > best
             best, which = np.where(better, ns, best), np.where(better, rank, which)
-        cut[at] = np.minimum(best, h - l)
+        cut[at] = np.minimum(best, high - low)
         codes = np.array([names.setdefault(path, len(names)) for path in chain] + [-1], dtype=np.int64)
         charged[at] = codes[which]  # which -1: the last, none
     return cut, charged, list(names)
 
 
-def _throttle_ns(found: SortedEvidence, l: np.ndarray, h: np.ndarray, idle: np.ndarray) -> np.ndarray:
+def _throttle_ns(found: SortedEvidence, low: np.ndarray, high: np.ndarray, idle: np.ndarray) -> np.ndarray:
     """Per part, the throttled ns one cgroup's records explain (culprits.throttled's inner loop)."""
     reach = np.where(idle, found.events[-1].period_us * 1000, 0)  # a span begins up to a period early
-    offset, records = _columns(found, int(l.min()), int((h + reach).max()))
-    ns = np.zeros(len(l), dtype=np.int64)
+    offset, records = _columns(found, int(low.min()), int((high + reach).max()))
+    ns = np.zeros(len(low), dtype=np.int64)
     if not records:
         return ns
     starts = np.array(found.starts[offset:offset + len(records)], dtype=np.int64)
@@ -149,17 +149,17 @@ def _throttle_ns(found: SortedEvidence, l: np.ndarray, h: np.ndarray, idle: np.n
     throttled = np.array([r.throttled_ns for r in records], dtype=np.int64)
     interval = np.array([r.interval_ns for r in records], dtype=np.int64)
     begins = np.array([throttled_span(r)[0] for r in records], dtype=np.int64)
-    if int(throttled.max(initial=0)) * int((h - l).max(initial=0)) >= _SAFE:
+    if int(throttled.max(initial=0)) * int((high - low).max(initial=0)) >= _SAFE:
         raise OverflowError
-    first = np.searchsorted(starts, l - found.longest_ns, "left")
-    last = np.searchsorted(starts, h + reach, "right")
+    first = np.searchsorted(starts, low - found.longest_ns, "left")
+    last = np.searchsorted(starts, high + reach, "right")
     for step in range(int((last - first).max(initial=0))):
         j = first + step
         valid = j < last
         j = np.where(valid, j, 0)
-        spread_over = np.maximum(0, np.minimum(h, ends[j]) - np.maximum(l, starts[j]))
+        spread_over = np.maximum(0, np.minimum(high, ends[j]) - np.maximum(low, starts[j]))
         spread = np.minimum(spread_over, throttled[j] * spread_over // interval[j])
-        whole = np.maximum(0, np.minimum(h, ends[j]) - np.maximum(l, begins[j]))
+        whole = np.maximum(0, np.minimum(high, ends[j]) - np.maximum(low, begins[j]))
         ns += np.where(valid, np.where(idle, whole, spread), 0)
     return ns
 
@@ -179,21 +179,21 @@ def _irq_many(evidence: HostEvidence, cpu: np.ndarray, lo: np.ndarray,
     rank_of, longest, keys, starts, records, span, base = table
     ranks = np.array([rank_of.get(c, -1) for c in cpus])[np.searchsorted(cpus, cpu)]
     mine = np.nonzero(ranks >= 0)[0]
-    l, h, ranks = lo[mine], hi[mine], ranks[mine]
-    first = np.searchsorted(keys, ranks * span + np.clip(l - longest[ranks] - base, 0, span - 1), "left")
-    last = np.searchsorted(keys, ranks * span + np.clip(h - base, 0, span - 1), "right")
+    low, high, ranks = lo[mine], hi[mine], ranks[mine]
+    first = np.searchsorted(keys, ranks * span + np.clip(low - longest[ranks] - base, 0, span - 1), "left")
+    last = np.searchsorted(keys, ranks * span + np.clip(high - base, 0, span - 1), "right")
     steps = int((last - first).max(initial=0))
     if not steps:
         return none
     ends = np.array([r.ts_ns for r in records], dtype=np.int64)
     time = np.array([r.time_ns for r in records], dtype=np.int64)
     interval = np.array([r.interval_ns for r in records], dtype=np.int64)
-    if int(time.max(initial=0)) * int((h - l).max(initial=0)) >= _SAFE:
+    if int(time.max(initial=0)) * int((high - low).max(initial=0)) >= _SAFE:
         raise OverflowError
     j = first[:, None] + np.arange(steps)[None, :]  # part x step: the record met at that step
     valid = j < last[:, None]
     j = np.where(valid, j, 0)
-    part = np.minimum(h[:, None], ends[j]) - np.maximum(l[:, None], starts[j])
+    part = np.minimum(high[:, None], ends[j]) - np.maximum(low[:, None], starts[j])
     valid &= part > 0
     rows, cols = np.nonzero(valid)  # row-major: each part's records in split_wait's order
     if not len(rows):  # records in reach, none overlapping a part by a nanosecond

@@ -79,7 +79,8 @@ class StorePath:
                     dead.extend(await self._store_isolating(topic, name, rows, refused=exc))
         if dead:
             await self.dead_letter(dead)
-        if topic in topics.INPUT_TOPICS or topic in (topics.ALERT_ROWS, topics.ATTRIBUTION):  # and the other stages' (streams/stages.py)
+        # the input topics and the other stages' (streams/stages.py)
+        if topic in topics.INPUT_TOPICS or topic in (topics.ALERT_ROWS, topics.ATTRIBUTION):
             RECORDS_ACCOUNTED.labels(topic).inc(sum(len(d.records) for d in batch))
 
     async def _store_isolating(self, topic: str, table: str, rows: list[tuple["Decoded", events.Record]],

@@ -135,7 +135,8 @@ def charged(keys: Keys, table: np.ndarray, runq: list[tuple[int, int, int]], pid
             continue
         out.append(Charged(runq=window, suspects=rank_suspects(by_suspect, TOP_SUSPECTS), throttled=cut,
                            throttles={cgroup_names[cgroup]: cut} if cut else {}, irq=stolen,
-                           sources=_sources(source_names, source, by_source) if stolen else {}, irq_records={}, own_ns=own,
+                           sources=_sources(source_names, source, by_source) if stolen else {}, irq_records={},
+                           own_ns=own,
                            own_threads={tid for tid, n in zip(thread_names, threads) if n > 0}, idle_ns=idle,
                            pids=found))
     return out, top_source

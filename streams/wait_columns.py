@@ -251,11 +251,11 @@ def _answers(keys: Keys, table: np.ndarray, waits: _Waits, ranges: dict, edges: 
                                comm_name, latest.first)
     records = latest.records(sources)
     out = []
-    for answer, totals, source, record in zip(answers, per_window, sources.tolist(), records):
+    for answer, window_totals, source, record in zip(answers, per_window, sources.tolist(), records):
         if answer is not Tie:
             if answer.irq:
                 answer.irq_records = {keys.blocks["irq"][1][source]: record}
-            answer = ({thread: total for thread, total in zip(threads, totals) if total}, answer)
+            answer = ({thread: total for thread, total in zip(threads, window_totals) if total}, answer)
         out.append(answer)
     return out
 

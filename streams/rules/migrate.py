@@ -27,7 +27,8 @@ def migration_storm(m: Migrations, process: ProcessInfo | None, topo: Topology |
     pin = node_cpus or (process.cpus_allowed if process else [])
     summary = (f"thread {m.tid} of {m.comm} (pid {m.pid}) moved between CPUs {rate:.0f} times/s"
                + (f", {m.cross_node} times to another NUMA node" if m.cross_node else ""))
-    remedy = (f"pin it: taskset -pc {cpu_list(pin)} {m.tid}" + (f" (the CPUs of GPU {gpu}'s node {node})" if gpu else "")
+    why = f" (the CPUs of GPU {gpu}'s node {node})" if gpu else ""
+    remedy = (f"pin it: taskset -pc {cpu_list(pin)} {m.tid}{why}"
               if pin else f"pin it to a few CPUs with taskset -pc <cpus> {m.tid}")
     return alert(m, "migration_storm", "warning", m.pid, m.comm, summary, remedy, now_ns,
                  {"per_s": f"{rate:.0f}", "cross_node": str(m.cross_node), "gpu": gpu}, tid=m.tid)

@@ -49,7 +49,8 @@ def remote_memory(process: ProcessInfo, placements: list[PagePlacement], topo: T
                   f"then {remedy}")
     return alert(biggest, "numa_remote_memory", "warning", process.pid, process.comm, summary, remedy, now_ns,
                  {"gpu": gpu, "gpu_node": str(node), "remote_node": str(biggest.node),
-                  "remote_share": f"{remote / total:.2f}", "filled_by": f"{filler.comm} (pid {filler.pid})" if filler else ""},
+                  "remote_share": f"{remote / total:.2f}",
+                  "filled_by": f"{filler.comm} (pid {filler.pid})" if filler else ""},
                  cpus_allowed=process.cpus_allowed)
 
 

@@ -194,13 +194,15 @@ def request_slo(attribution: RequestAttribution, comm: str, cpus_allowed: list[i
     pids = ",".join(map(str, a.pids))
     return Alert(
         host=a.host, boot_id=a.boot_id, seq=a.seq, ts_ns=a.end_ns, raised_ns=now_ns, kind="request_slo",
-        severity="critical" if a.slo_breached and a.duration_ns >= 2 * a.slo_ns else "warning", pid=a.pid, tid=0, comm=comm,
+        severity="critical" if a.slo_breached and a.duration_ns >= 2 * a.slo_ns else "warning", pid=a.pid, tid=0,
+        comm=comm,
         cpu=0, wait_ns=a.runq_wait_ns, suspect_pid=top.pid if top else 0, suspect_comm=top.comm if top else "",
         cpus_allowed=cpus_allowed, summary=_summary(a, irq), remedy=_remedy(a, cpus_allowed, others, throttle, irq),
         request_id=a.request_id, pod=a.pod, namespace=a.namespace, container=a.container, suspect_stack=a.culprit_stack,
         evidence={k: str(v) for k, v in (("pids", pids), ("throttled_ms", a.throttled_ns / 1e6),
                                          ("irq_ms", a.irq_ns / 1e6), ("self_wait_ms", a.self_wait_ns / 1e6),
-                                         ("gil_wait_ms", a.gil_wait_ns / 1e6), ("memory_wait_ms", a.memory_wait_ns / 1e6),
+                                         ("gil_wait_ms", a.gil_wait_ns / 1e6),
+                                         ("memory_wait_ms", a.memory_wait_ns / 1e6),
                                          ("io_wait_ms", a.io_wait_ns / 1e6), ("culprit", a.culprit),
                                          ("gpu_xid", a.gpu_xid), ("gpu_throttle", ",".join(a.gpu_throttle)),
                                          ("cause", a.cause))

@@ -46,7 +46,8 @@ def _pod(process) -> bool:
 
 def _where(r: CgroupThrottle, process: ProcessInfo | None) -> str:
     if _pod(process):
-        return f"pod {process.namespace}/{process.pod}" + (f" container {process.container}" if process.container else "")
+        container = f" container {process.container}" if process.container else ""
+        return f"pod {process.namespace}/{process.pod}{container}"
     return f"cgroup {r.cgroup}"
 
 
