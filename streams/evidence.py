@@ -16,10 +16,14 @@ from __future__ import annotations
 import bisect
 import operator
 from dataclasses import dataclass, field
+from typing import Any
 
 from jitterscope.schemas.events import BlockedWait, CgroupThrottle, GpuIoctl, IrqTime, PagePlacement, RunqEvent
 
 Evidence = RunqEvent | GpuIoctl | CgroupThrottle | IrqTime | BlockedWait | PagePlacement
+#: one piece of a record inside a window: (the record, its start and end there, whether that is all of it). The
+#: record is of the kind the caller asked for (a key's kind, chosen at run time): typed Any, not the union
+Part = tuple[Any, int, int, bool]
 
 #: the key of a host's page placements (one list: the evictor is looked for host-wide)
 HOST_PAGES = "pages"
@@ -66,7 +70,7 @@ def within(part: tuple, spans: list[tuple[int, int]]) -> list[tuple]:
     return [(event, max(lo, a), min(hi, b), False) for a, b in spans if a < hi and b > lo]
 
 
-def union_ns(parts: list[tuple[Evidence, int, int, bool]]) -> int:
+def union_ns(parts: list[Part]) -> int:
     """How long at least one of the parts ([lo, hi] of each) lasted."""
     total, end = 0, None
     for lo, hi in sorted((part[1], part[2]) for part in parts):
@@ -98,7 +102,7 @@ class SortedEvidence:
     """One process's recent evidence of one kind, sorted by start."""
 
     starts: list[int] = field(default_factory=list)  # ts - duration, sorted
-    events: list[Evidence] = field(default_factory=list)  # in the same order
+    events: list[Any] = field(default_factory=list)  # in the same order; all of one kind (Evidence), the key's
     longest_ns: int = 0  # longest one kept: how far before a request to look
     # run-queue waits only, read as arrays by a due() batch (streams/wait_columns.py): per column
     # (ends, tids, CPUs, holder pids, holder tids, holder comms as COMM_IDS) the values of
@@ -156,7 +160,7 @@ class SortedEvidence:
         return (bisect.bisect_left(self.starts, start_ns - self.longest_ns),
                 bisect.bisect_right(self.starts, end_ns))
 
-    def overlapping(self, start_ns: int, end_ns: int) -> list[Evidence]:
+    def overlapping(self, start_ns: int, end_ns: int) -> list[Any]:
         first, last = self.overlapping_range(start_ns, end_ns)
         return self.events[first:last]
 
@@ -166,7 +170,7 @@ HostEvidence = dict[tuple[int | str, type], SortedEvidence]
 
 
 def thread_parts(evidence: HostEvidence, start_ns: int, end_ns: int, kind: type,
-                 group: set[int] | None) -> list[tuple[Evidence, int, int, bool]]:
+                 group: set[int] | None) -> list[Part]:
     """(event, start, end, whether that is the whole event) of each part
     of ``kind`` evidence inside [start_ns, end_ns] (a request), from the
     processes of ``group`` (None: every process of the host), each
@@ -200,7 +204,7 @@ def thread_parts(evidence: HostEvidence, start_ns: int, end_ns: int, kind: type,
     return out
 
 
-def add_calls(parts: list[tuple[Evidence, int, int, bool]],
+def add_calls(parts: list[Part],
               contributed: set[int]) -> tuple[tuple[int, int, int], GpuIoctl | None]:
     """A request's GPU driver call parts added up: (ns in all, the longest,
     how many), and the longest call (the one the alert names)."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from jitterscope.schemas.events import BlockedWait, RequestSpan, RunqEvent
 from jitterscope.streams.culprits import gil_taker
-from jitterscope.streams.evidence import Evidence, HostEvidence, thread_parts, within
+from jitterscope.streams.evidence import HostEvidence, Part, thread_parts, within
 
 #: blocked kinds that delay a request, with the cause each names; "sleep"
 #: (futex, poll, network) is where an idle thread waits for work, so it is in
@@ -61,7 +61,7 @@ class ThreadBudget:
         return max(0, duration_ns - self.runq_ns - sum(self.blocked.values())) if self.tid else 0
 
 
-def runq_per_thread(parts: list[tuple[Evidence, int, int, bool]]) -> dict[tuple[int, int], int]:
+def runq_per_thread(parts: list[Part]) -> dict[tuple[int, int], int]:
     """Run-queue ns per thread (pid, tid) of a request's run-queue parts."""
     thread_waits: dict[tuple[int, int], int] = defaultdict(int)
     for event, lo, hi, _whole in parts:
@@ -69,7 +69,7 @@ def runq_per_thread(parts: list[tuple[Evidence, int, int, bool]]) -> dict[tuple[
     return thread_waits
 
 
-def behind_own_ns(parts: list[tuple[Evidence, int, int, bool]], budget: "ThreadBudget",
+def behind_own_ns(parts: list[Part], budget: "ThreadBudget",
                   group: set[int]) -> tuple[int, int]:
     """Run-queue ns of the carrying thread, of a request's run-queue parts,
     behind its own serving group's threads (self-contention); and of those,
@@ -131,8 +131,8 @@ def thread_budget(evidence: HostEvidence, span: RequestSpan, group: set[int] | N
                    devices=dict(devices.get(carrier, {})))
 
 
-def carried_parts(parts: dict[type, list[tuple[Evidence, int, int, bool]]],
-                  budget: ThreadBudget) -> dict[type, list[tuple[Evidence, int, int, bool]]]:
+def carried_parts(parts: dict[type, list[Part]],
+                  budget: ThreadBudget) -> dict[type, list[Part]]:
     """The parts that delayed a request its span's thread carried: that
     thread's own waits, and those of the threads that held the GIL it
     waited for, where they overlap its GIL waits: a holder kept off the CPU
