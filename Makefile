@@ -47,17 +47,14 @@ APT_NEED = need=""; for pair in $(1); do PATH=$$PATH:/usr/sbin command -v $${pai
 test-deps:
 	@$(call APT_NEED,$(TEST_APT))
 
-# Lint (ruff) over the parts below, and types (mypy) over those of TYPED so far: streams/ still has
-# ~380 type findings, most from the evidence lists' union of record types (issue 38). mypy reads the parts
-# as the installed package names them (jitterscope.<part>) through a tree of links: it cannot follow
-# setuptools' package-dir mapping.
-LINTED := schemas common streams
-TYPED  := schemas common
+# Lint (ruff) and types (mypy) over the parts below. mypy reads them as the installed package names them
+# (jitterscope.<part>) through a tree of links: it cannot follow setuptools' package-dir mapping.
+CHECKED := schemas common streams
 check: venv
-	$(VENV)/bin/ruff check $(LINTED)
+	$(VENV)/bin/ruff check $(CHECKED)
 	@mkdir -p build/typecheck/jitterscope && touch build/typecheck/jitterscope/__init__.py
 	@for part in bpf collector common reports schemas streams; do ln -sfn ../../../$$part build/typecheck/jitterscope/$$part; done
-	cd build/typecheck && ../../$(VENV)/bin/mypy --config-file ../../pyproject.toml $(addprefix -p jitterscope.,$(TYPED))
+	cd build/typecheck && ../../$(VENV)/bin/mypy --config-file ../../pyproject.toml $(addprefix -p jitterscope.,$(CHECKED))
 
 test: setup test-deps check
 	$(PY) -m pytest $(ARGS)

@@ -31,6 +31,7 @@ import json
 import logging
 import os
 import time
+from typing import Sequence
 
 import faust
 from prometheus_client import Counter
@@ -128,7 +129,7 @@ class StreamsWorker(StorePath, AttributionTick, AttributionStage):
         self.settings = settings
         self.bootstrap_servers = bootstrap_servers
         self.state = HostState()
-        self.attributor = None
+        self.attributor = None  # type: ignore[assignment]  # until a stage that attributes sets it (the judge never)
         self.alert_rows_sent = self.attributions_sent = 0  # what the judge or attribution stage published
         # set once the judge has re-learned the partitions it took: Faust resumes the streams before the
         # assignment hook ends, and a wait judged before then would be parked for a record already sent
@@ -219,7 +220,7 @@ class StreamsWorker(StorePath, AttributionTick, AttributionStage):
         """What the worker does when partitions come and go, and before it stops."""
         held: set = set()
 
-        @app.on_partitions_assigned.connect
+        @app.on_partitions_assigned.connect  # type: ignore[arg-type]  # Faust awaits a coroutine receiver
         async def take_over(_app, assigned, **_kwargs) -> None:
             # partitions new to this worker bring hosts another worker stored last
             gained, lost = set(assigned) - held, held - set(assigned)
@@ -239,13 +240,13 @@ class StreamsWorker(StorePath, AttributionTick, AttributionStage):
                 await self.sink.run(self.sink.forget_hosts)
 
         # a parked wait's message is stored and committed: judge it before another worker takes its host, or none will
-        @app.on_partitions_revoked.connect
+        @app.on_partitions_revoked.connect  # type: ignore[arg-type]
         async def judge_parked_on_hand_over(_app, revoked, **_kwargs) -> None:
             self.relearned.clear()  # until the assignment that follows has been re-learned
             if revoked and self.stage != "attribute":  # its requests stay uncommitted until attributed
                 await self.judge_all_parked()
 
-        @app.on_before_shutdown.connect
+        @app.on_before_shutdown.connect  # type: ignore[arg-type]
         async def judge_parked_on_stop(_app, **_kwargs) -> None:
             if self.stage == "attribute":
                 await self.attribute_all()
@@ -473,7 +474,7 @@ class StreamsWorker(StorePath, AttributionTick, AttributionStage):
             self.notifier.offer(alerts)
             await self.keep_alerts(alerts)
 
-    async def publish(self, topic, records: list[events.Record]) -> None:
+    async def publish(self, topic, records: Sequence[events.Record]) -> None:
         """NDJSON messages keyed by host, each below the broker's size limit."""
         by_host: dict[str, list[events.Record]] = {}
         for record in records:

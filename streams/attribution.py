@@ -52,8 +52,8 @@ from jitterscope.streams.evidence_clock import EvidenceClock
 from jitterscope.streams.gpu_events import GpuEvents, culprit as gpu_culprit
 from jitterscope.streams.host_state import ProcessBook
 from jitterscope.streams.phases import inter_token_ns, phase_parts, windows_wanted
-from jitterscope.streams.evidence import (MAX_WAITS_PER_PROCESS, Evidence, HostEvidence, SortedEvidence, add_calls,
-                                          duration_ns, index_of, kth_smallest, thread_parts, union_ns)
+from jitterscope.streams.evidence import (MAX_WAITS_PER_PROCESS, Evidence, HostEvidence, Part, SortedEvidence,
+                                          add_calls, duration_ns, index_of, kth_smallest, thread_parts, union_ns)
 from jitterscope.streams.thread_budget import (ThreadBudget, behind_own_ns, carried_parts, kind_of,
                                                runq_per_thread, thread_budget)
 from jitterscope.streams.wait_columns import ColumnarIndex
@@ -81,7 +81,7 @@ class Attributor:
         self._splits = SplitCache()  # whole waits' split_wait(), kept while nothing they depend on changes
         # during one due(): (host, serving group) -> the span of its ready windows, and its waits' index
         self._windows: dict[tuple, tuple[int, int]] = {}
-        self._indexes: dict[tuple, WaitIndex | None] = {}
+        self._indexes: dict[tuple, ColumnarIndex | WaitIndex | None] = {}
         self._batch: dict[tuple, list[tuple[int, int]]] = defaultdict(list)  # (host, group) -> its windows
         self._clipped: dict[tuple[int, int, int], tuple] = {}  # (id(wait), lo, hi) -> (wait, its part's split)
         # host -> (pid | cgroup | cpu, kind) -> evidence; requests look up their processes directly
@@ -166,8 +166,9 @@ class Attributor:
     def forget_hosts(self, hosts: set[str]) -> None:
         """Drop all but the attributed spans of ``hosts``: their next owner rebuilds it (attribution_stage.py)."""
         self._pending = [s for s in self._pending if s.host not in hosts]
-        for book in (self._evidence, self._newest, self._attributed_until, self._events_per_host, self._durations,
-                     self._own_waits):
+        books: tuple[dict, ...] = (self._evidence, self._newest, self._attributed_until, self._events_per_host,
+                                   self._durations, self._own_waits)
+        for book in books:
             for key in [k for k in book if (k[0] if isinstance(k, tuple) else k) in hosts]:
                 del book[key]
         for host in hosts:
@@ -199,7 +200,8 @@ class Attributor:
 
     def due(self, now_ns: int) -> list[RequestAttribution]:
         """Attribute every request whose span ended at least grace_ns ago, or whose evidence has all come."""
-        ready, waiting = [], []  # over its grace, or its host's evidence came past its end (evidence_clock.py)
+        # over its grace, or its host's evidence came past its end (evidence_clock.py)
+        ready, waiting = list[RequestSpan](), list[RequestSpan]()
         for s in self._pending:
             (ready if s.end_ns + self.grace_ns <= now_ns or self.clock.past(s.host, s.end_ns) else waiting).append(s)
         if len(waiting) > self.max_pending:  # memory bound: the oldest go now, with what evidence there is
@@ -327,7 +329,7 @@ class Attributor:
         """A request's charges, its carrying thread's budget, how long any of its group's threads waited, and how long
         its carrying thread waited behind the group's own threads: from the due() batch's index
         (streams/wait_index.py) where it answers, else by walking the parts."""
-        index, fast = self._index(evidence, span, group), None
+        index, fast = self._index(evidence, span, group), None  # fast: the index's Charged
         while index is not None:
             try:
                 per_thread, fast = index.charges(span.start_ns, span.end_ns,
@@ -335,8 +337,9 @@ class Attributor:
                 break
             except Tie:  # the row-wise index breaks the columns' ties as the walk does; its own, the walk
                 index = self._index(evidence, span, group, True) if isinstance(index, ColumnarIndex) else None
-        runq = None if index else thread_parts(evidence, span.start_ns, span.end_ns, RunqEvent, group)
-        parts = {RunqEvent: runq, GpuIoctl: thread_parts(evidence, span.start_ns, span.end_ns, GpuIoctl, group)}
+        runq = [] if index else thread_parts(evidence, span.start_ns, span.end_ns, RunqEvent, group)
+        parts: dict[type, list[Part]] = {
+            RunqEvent: runq, GpuIoctl: thread_parts(evidence, span.start_ns, span.end_ns, GpuIoctl, group)}
         contributed: set[int] = set()
         budget = thread_budget(evidence, span, group, per_thread if index else runq_per_thread(runq), contributed)
         charged_by_one = budget.named and budget.busy() and budget.delay_ns >= DOMINANT_SHARE * excess
@@ -349,7 +352,7 @@ class Attributor:
                 parts[RunqEvent] = index.parts(span.start_ns, span.end_ns, {budget.tid} | budget.gil_holders)
                 index = None
             parts = carried_parts(parts, budget)
-        if index:
+        if index and fast is not None:
             contributed |= fast.pids
             charged = Charges(**{f.name: getattr(fast, f.name) for f in fields(fast) if f.name != "pids"})
             waited = index.union_ns(span.start_ns, span.end_ns)
@@ -372,10 +375,9 @@ class Attributor:
 
     def _index(self, evidence: HostEvidence, span: RequestSpan, group: set[int] | None,
                row_wise: bool = False) -> ColumnarIndex | WaitIndex | None:
-        """The index of the span's group's waits over its due() batch (built
-        once a batch, columnar where it can: streams/wait_columns.py, else
-        or where ``row_wise`` streams/wait_index.py); None outside due() or
-        where the walk must answer."""
+        """The index of the span's group's waits over its due() batch (built once a batch, columnar where it can:
+        streams/wait_columns.py, else or where ``row_wise`` streams/wait_index.py); None outside due() or where the
+        walk must answer."""
         key = _batch_key(span.host, group)
         if key not in self._windows or span.end_ns <= span.start_ns:
             return None
@@ -407,18 +409,16 @@ class Attributor:
             [events[k].ts_ns - events[k].wait_ns for k in missing], [events[k].ts_ns for k in missing]))
 
     def _whole_split(self, event: RunqEvent) -> tuple:
-        """split_wait() of a whole wait, once while what it depends on stays
-        (SplitCache): the requests served together (continuous batching)
-        overlap the same waits, and each asks, batch after batch."""
+        """split_wait() of a whole wait, once while what it depends on stays (SplitCache): the requests served
+        together (continuous batching) overlap the same waits, and each asks, batch after batch."""
         record = self._record(event.host, event.pid)
         return self._splits.get(event, record, lambda: split_wait(
             self._evidence.get(event.host, {}), record, event, event.ts_ns - event.wait_ns, event.ts_ns))
 
-    def _charge(self, evidence: HostEvidence, parts: list[tuple[Evidence, int, int, bool]], group: set[int] | None,
+    def _charge(self, evidence: HostEvidence, parts: list[Part], group: set[int] | None,
                 contributed: set[int]) -> Charges:
-        """A request's run-queue parts added up, each split by what kept the
-        CPU away (split_wait): throttling, interrupts, and of the rest the
-        group's own threads (self-contention) or else the suspects."""
+        """A request's run-queue parts added up, each split by what kept the CPU away (split_wait): throttling,
+        interrupts, and of the rest the group's own threads (self-contention) or else the suspects."""
         # Suspects are grouped by command name: a job of many processes (a
         # backup with workers, a pool of hogs) is one suspect to move; its pid
         # is the process that held the CPU longest.
@@ -468,9 +468,9 @@ class Attributor:
         if charged.throttled or charged.irq:
             throttles, sources = charged.throttles, charged.sources
             self._culprits[key] = Culprits(
-                throttle=latest_throttle(evidence, max(throttles, key=throttles.get), span.end_ns)
+                throttle=latest_throttle(evidence, max(throttles, key=throttles.__getitem__), span.end_ns)
                 if charged.throttled else None,
-                irq=charged.irq_records[max(sources, key=sources.get)] if charged.irq else None)
+                irq=charged.irq_records[max(sources, key=sources.__getitem__)] if charged.irq else None)
         found = self._culprits.get(key, Culprits())
         suspects, longest_call = charged.suspects, charged.longest_call
         return {"runq_starvation": suspects[0].comm if suspects else "",

@@ -13,7 +13,7 @@ its attributor, its host state, the attribution topic, ``publish`` and
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from prometheus_client import Counter, Gauge
 
@@ -44,6 +44,12 @@ class AttributionTick:
     held_requests: Any  # streams/attribution_stage.py's HeldRequests
     _late_counted: int  # the attributor's late evidence already counted in LATE_EVIDENCE
     _columnar_counted: int  # and its columnar failures in COLUMNAR_FAILURES
+    attributions_sent: int
+    # streams/app.py and streams/store_path.py
+    publish: Callable[..., Awaitable[None]]
+    announce_alerts: Callable[..., Awaitable[list]]
+    keep_alerts: Callable[..., Awaitable[None]]
+    store: Callable[..., Awaitable[None]]
 
     async def attribute_due(self, now_ns: int) -> None:
         """Attribute the requests whose grace period is over; publish, store

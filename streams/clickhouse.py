@@ -20,7 +20,7 @@ import msgspec
 
 from jitterscope.common import errors
 from jitterscope.common.private import private_dir
-from jitterscope.schemas import signals
+from jitterscope.schemas import events, signals
 
 #: the database and each record type's table: the signal catalogue's (schemas/signals.py)
 DATABASE = signals.DATABASE
@@ -131,6 +131,7 @@ def _column_plan(record_type: type[msgspec.Struct]) -> tuple[list[str], list[tup
     """Column names, and per column its getter and whether its values are
     lists of structs (they go in as tuples: ClickHouse Tuple/Nested)."""
     info = msgspec.inspect.type_info(record_type)
+    assert isinstance(info, msgspec.inspect.StructType)  # a record type, never a plain value
     nested = {f.name for f in info.fields
               if any(isinstance(t, msgspec.inspect.ListType) and isinstance(t.item_type, msgspec.inspect.StructType)
                      for t in (f.type.types if isinstance(f.type, msgspec.inspect.UnionType) else (f.type,)))}
@@ -164,7 +165,7 @@ def insert_records(client, table: str, records: list[msgspec.Struct]) -> None:
     client.insert(f"{DATABASE}.{table}", data, column_names=names, column_oriented=True)
 
 
-def select_records(client, record_type: type[msgspec.Struct], where: str = "1", parameters: dict | None = None,
+def select_records(client, record_type: type[events.Record], where: str = "1", parameters: dict | None = None,
                    limit: int = 1_000_000) -> list:
     """Read rows back as records (the inverse of insert_records). ``where`` is
     SQL written by this program; values go in ``parameters``."""
@@ -198,8 +199,9 @@ def cluster_ddl(cluster: str = "{cluster}") -> list[str]:
                            f"ENGINE = Distributed('{cluster}', '{DATABASE}', '{table}_local', cityHash64(host))")
             elif match := re.match(rf"CREATE MATERIALIZED VIEW IF NOT EXISTS {DATABASE}\.(\w+) TO {DATABASE}\.(\w+) AS",
                                    statement):
-                view = re.sub(rf"{DATABASE}\.(\w+)", lambda m: m[0] if m[1] == match[1] else f"{m[0]}_local", statement)
-                out.append(view.replace(f"{DATABASE}.{match[1]} TO", f"{DATABASE}.{match[1]} {on} TO", 1))
+                name = match[1]
+                view = re.sub(rf"{DATABASE}\.(\w+)", lambda m: m[0] if m[1] == name else f"{m[0]}_local", statement)
+                out.append(view.replace(f"{DATABASE}.{name} TO", f"{DATABASE}.{name} {on} TO", 1))
             elif statement.startswith(f"INSERT INTO {DATABASE}."):
                 continue  # a backfill of an existing store: a new cluster has nothing to fill
             elif match := re.match(rf"ALTER TABLE {DATABASE}\.(\w+) (.*)", statement, re.S):

@@ -199,7 +199,7 @@ def evictor(evidence: HostEvidence, span: RequestSpan, group: set[int] | None,
     totals = {pid: sum(added[pid].values()) for pid in (candidates or added)}
     if not totals:
         return ""
-    pid = max(totals, key=totals.get)
+    pid = max(totals, key=totals.__getitem__)
     return f"{names[pid]} (pid {pid})"
 
 

@@ -50,7 +50,7 @@ class EvidenceClock:
         """Records of one kind (a message's), of one host or several."""
         if not records:
             return
-        kind, newest = type(records[0]), {}
+        kind, newest = type(records[0]), dict[str, int]()
         for record in records:  # one pass: the newest of each host
             if record.ts_ns > newest.get(record.host, 0):
                 newest[record.host] = record.ts_ns

@@ -236,7 +236,7 @@ class Handlers:
     def due(self) -> list[events.Alert]:
         """Judge the parked waits whose deadline passed, as the old in-line
         wait did at its end; the worker calls this from a short timer."""
-        now, out = self.clock(), []
+        now, out = self.clock(), list[events.Alert]()
         while self._deadlines and self._deadlines[0][0] <= now:
             until, key = heapq.heappop(self._deadlines)
             parked = self._parked.get(key)
@@ -285,7 +285,7 @@ class Handlers:
             if not self._limited(event, victim):
                 return None
             parked.throttle_until = now + THROTTLE_WAIT_S
-        if now >= parked.throttle_until or \
+        if now >= parked.throttle_until or parked.victim is None or \
                 self.throttles.covered_until(event.host, parked.victim.cgroup) >= event.ts_ns:
             return None
         return parked.throttle_until
@@ -442,13 +442,13 @@ class Handlers:
             process = self.state.processes.get((host, pid))
             if process and process.gpus:
                 alert = pages.remote_memory(process, group, topo, self.t, now_ns, fillers.get(host))
-                if self.cooldowns.fresh(alert, pid):
+                if alert is not None and self.cooldowns.fresh(alert, pid):
                     out.append(alert)
                 continue
             users = self.state.gpu_users(host)
             for placement in group:
                 alert = pages.node_filler(placement, process, topo, users, self.t, now_ns)
-                if self.cooldowns.fresh(alert, pid, placement.node):
+                if alert is not None and self.cooldowns.fresh(alert, pid, placement.node):
                     out.append(alert)
         return out
 

@@ -29,7 +29,7 @@ def _cap_fetch_wait(max_wait_ms: int) -> None:
 
     original = getattr(aiokafka.AIOKafkaConsumer, "_jitterscope_original", aiokafka.AIOKafkaConsumer)
 
-    class Consumer(original):
+    class Consumer(original):  # type: ignore[valid-type, misc]  # the class found at run time, maybe patched
         _jitterscope_original = original
 
         def __init__(self, *args, **kwargs):
@@ -96,5 +96,5 @@ def _guard_commits() -> None:
             committed.update(offsets)
         return done
 
-    thread._jitterscope_original_commit = original
-    thread._commit = _commit
+    setattr(thread, "_jitterscope_original_commit", original)
+    setattr(thread, "_commit", _commit)

@@ -215,7 +215,8 @@ def _is(token: Token | None, *words: str) -> bool:
 
 
 def _statements(tokens: list[Token]) -> list[list[Token]]:
-    statements, current = [], []
+    statements: list[list[Token]] = []
+    current: list[Token] = []
     for token in tokens:
         if token == Token("punct", ";"):
             statements.append(current)
@@ -249,7 +250,7 @@ def _check_merge(arguments: list[Token]) -> None:
     database = arguments[0] if arguments else None
     named = (database is not None and database.kind == "string" and arguments[1:2] == [Token("punct", ",")]
              and "\\" not in database.text)
-    if not named or database.text[1:-1].replace("''", "'").lower() in SYSTEM_DATABASES:
+    if database is None or not named or database.text[1:-1].replace("''", "'").lower() in SYSTEM_DATABASES:
         raise UnsafeQuery("refused: merge() may only name a database of tables as a plain literal, "
                           "and not a system one: merge('jitterscope', '^runq')")
 

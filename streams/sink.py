@@ -151,7 +151,7 @@ def rebuild_rollups(client, source: str, host: str) -> None:
     window = {"h": host, "newest": newest, "window": REBUILD_WINDOW_S}
     since = "toStartOfMinute({newest:DateTime64(9)} - toIntervalSecond({window:UInt32}))"
     for select, ddl in views:
-        rollup = re.search(rf"\bTO {db}\.(\w+)", ddl)[1]
+        rollup = re.findall(rf"\bTO {db}\.(\w+)", ddl)[0]
         if rollup not in REFED_ROLLUPS:
             client.command(f"ALTER TABLE {db}.{rollup} DELETE WHERE host = {{h:String}} AND minute >= {since}",
                            parameters=window, settings={"mutations_sync": 2})

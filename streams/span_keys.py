@@ -6,10 +6,15 @@ from __future__ import annotations
 from typing import Protocol
 
 
-class Keyed(Protocol):
-    host: str
-    boot_id: str
-    seq: int
+class Keyed(Protocol):  # read-only: a record's fields
+    @property
+    def host(self) -> str: ...
+
+    @property
+    def boot_id(self) -> str: ...
+
+    @property
+    def seq(self) -> int: ...
 
 
 class SpanKeys:

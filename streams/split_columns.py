@@ -114,7 +114,8 @@ def _throttled_many(evidence: HostEvidence, cgroups: list[str], owner: np.ndarra
                     lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """culprits.throttled for every part: (throttled ns, the cgroup charged
     as a place in the names, -1 for none; the names)."""
-    cut, charged, names = np.zeros(len(lo), dtype=np.int64), np.full(len(lo), -1, dtype=np.int64), {}
+    cut, charged = np.zeros(len(lo), dtype=np.int64), np.full(len(lo), -1, dtype=np.int64)
+    names: dict[str, int] = {}
     for rank_of_owner, cgroup in enumerate(cgroups):
         if not cgroup:
             continue
@@ -170,7 +171,7 @@ def _irq_many(evidence: HostEvidence, cpu: np.ndarray, lo: np.ndarray,
     source, ns, the source's latest record), part-major and in split_wait's
     order within a part. Every CPU's records in one table keyed (CPU, start):
     one search for all the parts, whatever their CPUs."""
-    none = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), [], np.zeros(0, dtype=np.int64),
+    none: tuple = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), [], np.zeros(0, dtype=np.int64),
             np.zeros(0, dtype=np.int64), [])
     cpus = np.unique(cpu).tolist() if len(cpu) else []
     table = _irq_table(evidence, cpus, int(lo.min()), int(hi.max())) if cpus else None
@@ -218,7 +219,10 @@ def _irq_table(evidence: HostEvidence, cpus: list[int], lo: int, hi: int) -> tup
     overlap, as one table sorted by (CPU rank, start): (rank per CPU, longest
     record per rank, the sort keys, starts, records, the keys' span per rank,
     the starts' base); None where there are none."""
-    rank_of, longest, starts, records = {}, [], [], []
+    rank_of: dict[int, int] = {}
+    longest: list[int] = []
+    starts: list = []
+    records: list = []
     for cpu in cpus:
         found = evidence.get((cpu, IrqTime))
         if found and found.events:

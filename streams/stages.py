@@ -49,7 +49,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Awaitable, Callable, Iterable
+from typing import Any, Awaitable, Callable, Iterable
 
 from prometheus_client import Histogram
 
@@ -123,7 +123,7 @@ async def measure_loop_lag(stage: str, interval_s: float = LOOP_LAG_INTERVAL_S,
 
 
 async def replay(make_consumer: Callable[[], Awaitable], partitions: Iterable[tuple[str, int]],
-                 since_ms: Callable[[str], int], take: Callable[[str, list[events.Record]], None],
+                 since_ms: Callable[[str], int], take: Callable[[str, list[Any]], None],
                  deadline_s: float, upto: str = "committed") -> dict[tuple[str, int], int]:
     """Hand ``take`` the records of ``partitions`` (topic, partition) from
     ``since_ms(topic)`` (epoch ms) up to the group's committed offset

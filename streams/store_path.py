@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Sequence
 
 import msgspec
 from prometheus_client import Counter
@@ -44,7 +44,7 @@ class Decoded(NamedTuple):
     processor to the batched store step. ``partition``/``offset`` travel with
     it so that a record ClickHouse refuses is dead-lettered with its origin."""
 
-    records: list[events.Record]
+    records: Sequence[events.Record]
     dead: list[events.DeadLetter]
     alerts: list[events.Alert]
     partition: int = 0

@@ -44,7 +44,7 @@ class ThreadBudget:
 
     def device(self) -> str:
         """The device it waited on longest in io ("" where none is known)."""
-        return max(self.devices, key=self.devices.get, default="")
+        return max(self.devices, key=self.devices.__getitem__, default="")
 
     @property
     def delay_ns(self) -> int:
@@ -121,12 +121,13 @@ def thread_budget(evidence: HostEvidence, span: RequestSpan, group: set[int] | N
     stalls = {thread: sum(by.get(k, 0) for k in STALLS) for thread, by in blocked.items()}
     lost = {thread: runq_waits.get(thread, 0) + stalls.get(thread, 0) for thread in runq_waits.keys() | blocked.keys()}
     named = [thread for thread in lost if thread[1] == span.tid] if span.tid else []
-    carrier = named[0] if named else max(lost, key=lost.get, default=None)
+    carrier = named[0] if named else max(lost, key=lost.__getitem__, default=None)
     if carrier is None:
         return ThreadBudget()
     return ThreadBudget(tid=carrier[1], pid=carrier[0], named=bool(named), runq_ns=runq_waits.get(carrier, 0),
                    blocked=dict(blocked.get(carrier, {})),
-                   wakers={kind: max(by, key=by.get) for (thread, kind), by in wakers.items() if thread == carrier},
+                   wakers={kind: max(by, key=by.__getitem__)
+                           for (thread, kind), by in wakers.items() if thread == carrier},
                    gil_holders=holders.get(carrier, set()), gil_spans=sorted(gil_spans.get(carrier, [])),
                    devices=dict(devices.get(carrier, {})))
 

@@ -64,7 +64,7 @@ class ThrottleIndex:
     def throttled(self, host: str, cgroup: str, start_ns: int, end_ns: int) -> list[CgroupThrottle]:
         """Records of quota cgroups above ``cgroup`` that throttled during
         [start_ns, end_ns] (``throttled_span``)."""
-        out = []
+        out: list[CgroupThrottle] = []
         for c in self.limits(host, cgroup):
             out.extend(r for r in self._records[host][c]
                        if r.nr_throttled and throttled_span(r)[0] < end_ns and r.ts_ns > start_ns)

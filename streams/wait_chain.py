@@ -67,7 +67,7 @@ def _delays(evidence: HostEvidence, thread: tuple[int, int], spans: list[tuple[i
         if event.suspect_pid and event.suspect_pid not in group:
             neighbours[event.suspect_comm] += hi - lo
     if neighbours:
-        culprits["runq"] = max(neighbours, key=neighbours.get)
+        culprits["runq"] = max(neighbours, key=neighbours.__getitem__)
     blocked = _pieces(evidence, BlockedWait, thread, spans)
     for event, lo, hi, _whole in blocked:
         took[event.kind] += hi - lo
@@ -89,7 +89,7 @@ def wait_chain(evidence: HostEvidence, group: set[int], carrier: tuple[int, int]
         waker, comm, ended = edge
         spans = [(lo, hi) for _e, lo, hi, _w in ended]
         took, culprits, sleeps = _delays(evidence, waker, spans, group)
-        kind = max(took, key=took.get)
+        kind = max(took, key=took.__getitem__)
         edge = _woken_by(sleeps, waker) if kind == "sleep" else None  # the next hop, and this one's culprit
         hops.append(ChainHop(tid=waker[1], comm=comm, waited_ns=sum(hi - lo for lo, hi in spans), kind=kind,
                              ns=took[kind], culprit=f"{edge[1]}[{edge[0][1]}]" if edge else culprits.get(kind, "")))

@@ -123,7 +123,7 @@ def charged(keys: Keys, table: np.ndarray, runq: list[tuple[int, int, int]], pid
     rows = zip(tie.tolist(), throttled.tolist(), top_throttle.tolist(), irq.tolist(), top_source.tolist(),
                table[:, keys.span("suspect")].tolist(), table[:, keys.span("own thread")].tolist(),
                table[:, OWN].tolist(), table[:, IDLE].tolist(), runq, pids, sources.tolist())
-    out = []
+    out: list[Charged | type[Tie]] = []
     for tied, cut, cgroup, stolen, source, suspects, threads, own, idle, window, found, by_source in rows:
         by_suspect: dict[str, dict[int, int]] = defaultdict(dict)
         for (comm, pid), ns in zip(suspect_names, suspects):

@@ -43,13 +43,26 @@ from jitterscope.schemas.events import ProcessInfo, RunqEvent
 from jitterscope.streams.evidence import COMM_IDS, HostEvidence
 from jitterscope.streams.split_columns import Splits, split_columns
 from jitterscope.streams.wait_charges import Keys, charged, entries, totals
-from jitterscope.streams.wait_index import Tie
+from jitterscope.streams.wait_index import Charged, Tie
 
 _SAFE = 2 ** 62
 
 
 class _Waits:
     """The batch's waits in thread order, as columns."""
+
+    # the columns, from gather(): each wait's start and end, its process, thread and CPU, the holder's pid, tid and
+    # command (COMM_IDS), and where its event is (``event``: the source's list, the place in it)
+    begin: np.ndarray
+    end: np.ndarray
+    pid: np.ndarray
+    tid: np.ndarray
+    cpu: np.ndarray
+    spid: np.ndarray
+    stid: np.ndarray
+    comm: np.ndarray
+    source: np.ndarray
+    at: np.ndarray
 
     def __init__(self, columns: dict[str, np.ndarray], events: list[list[RunqEvent]]):
         self.__dict__.update(columns)  # begin, end, pid, tid, cpu, spid, stid, comm, source, at
@@ -101,6 +114,9 @@ def gather(evidence: HostEvidence, group: set[int] | None, lo_ns: int, hi_ns: in
 
 class ColumnarIndex:
     """One serving group's waits over one due() batch, with every window's answer."""
+
+    _behind: np.ndarray  # per window (row) and thread: its wait behind the group's own threads (``behind``)
+    _rows: dict[tuple[int, int], int]  # window -> its row
 
     def __init__(self, waits: _Waits, group: set[int] | None, answers: dict, union: tuple):
         self.waits, self.group, self._answers = waits, group, answers
@@ -156,7 +172,7 @@ class ColumnarIndex:
         self._edge_at: dict[tuple[int, int, int], int] | None = None  # made when a carried request first asks
         self._lists: tuple | None = None
 
-    def charges(self, start_ns: int, end_ns: int, _edge=None) -> tuple[dict, object]:
+    def charges(self, start_ns: int, end_ns: int, _edge=None) -> tuple[dict, Charged]:
         """Run-queue ns per thread and the charges of a window of the batch (WaitIndex.charges). Raises Tie."""
         found = self._answers.get((start_ns, end_ns))
         if found is None or found is Tie:

@@ -55,7 +55,7 @@ import bisect
 from collections import defaultdict
 from dataclasses import dataclass, field
 from itertools import accumulate
-from typing import Callable
+from typing import Callable, Sequence
 
 from jitterscope.schemas.events import IrqTime, RunqEvent, Suspect
 from jitterscope.streams.evidence import HostEvidence
@@ -154,7 +154,8 @@ class WaitIndex:
     def _shares(self, event: RunqEvent, part: int, split: Split) -> list[tuple[tuple, int]]:
         """What one part (``part`` ns of ``event``, split as ``split``) adds to each key, as the walk adds it."""
         cut, cgroup, shares, stolen = split
-        out = [(("throttle", cgroup), cut), (("stolen",), stolen), *((("irq", key), ns) for key, ns, _ in shares)]
+        out: list[tuple[tuple, int]] = [(("throttle", cgroup), cut), (("stolen",), stolen),
+                                        *((("irq", key), ns) for key, ns, _ in shares)]
         rest = part - cut - stolen
         if rest > 0:
             if self.group is not None and event.suspect_pid in self.group:
@@ -195,7 +196,7 @@ class WaitIndex:
         charged = _charged(totals, (sum(per_thread.values()), longest, count), pids,
                            lambda wanted, enough: self._first_seen(start_ns, end_ns, ranges, splits, wanted, enough))
         if charged.irq:
-            source = max(charged.sources, key=charged.sources.get)
+            source = max(charged.sources, key=charged.sources.__getitem__)
             charged.irq_records = {source: self._latest_record(ranges, source, splits)}
         return per_thread, charged
 
@@ -278,7 +279,8 @@ def rank_suspects(by_suspect: dict[str, dict[int, int]], top: int) -> list[Suspe
     job of many processes is one suspect to move); each names the process
     that held the CPU longest."""
     ranked = sorted(by_suspect.items(), key=lambda item: -sum(item[1].values()))[:top]
-    return [Suspect(pid=max(pids, key=pids.get), comm=comm, wait_ns=sum(pids.values())) for comm, pids in ranked]
+    return [Suspect(pid=max(pids, key=pids.__getitem__), comm=comm, wait_ns=sum(pids.values()))
+            for comm, pids in ranked]
 
 
 def _tied(values) -> bool:
@@ -358,7 +360,7 @@ class SplitCache:
         """The wait's split, from the cache where nothing it depends on changed since."""
         return self.get_many([event], [record], lambda _missing: [split()])[0]
 
-    def get_many(self, events: list[RunqEvent], records: list[object],
+    def get_many(self, events: list[RunqEvent], records: Sequence[object],
                  split: Callable[[list[int]], list[Split]]) -> list[Split]:
         """The waits' splits, from the cache where nothing they depend on
         changed since; ``split``: those of the waits at the positions given (the rest)."""

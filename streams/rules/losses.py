@@ -20,15 +20,14 @@ def event_loss(previous: CollectorStats | None, stats: CollectorStats, threshold
                now_ns: int) -> Alert | None:
     """The host lost at least ``threshold`` events since the collector's
     previous stats record: the evidence is incomplete, say where it went."""
-    same_run = previous is not None and previous.started_ns == stats.started_ns
-    before = lost_events(previous) if same_run else 0
-    lost = lost_events(stats) - before
+    same_run = previous if previous is not None and previous.started_ns == stats.started_ns else None
+    lost = lost_events(stats) - (lost_events(same_run) if same_run else 0)
     if lost < threshold:
         return None
-    parts = {"ringbuf_drops": stats.ringbuf_drops - (previous.ringbuf_drops if same_run else 0),
-             "map_full_drops": stats.map_full_drops - (previous.map_full_drops if same_run else 0),
-             "spool_drops": stats.spool_drops - (previous.spool_drops if same_run else 0)}
-    since = f"since {(stats.ts_ns - previous.ts_ns) / 1e9:.0f} s ago" if same_run else "since the collector started"
+    parts = {"ringbuf_drops": stats.ringbuf_drops - (same_run.ringbuf_drops if same_run else 0),
+             "map_full_drops": stats.map_full_drops - (same_run.map_full_drops if same_run else 0),
+             "spool_drops": stats.spool_drops - (same_run.spool_drops if same_run else 0)}
+    since = f"since {(stats.ts_ns - same_run.ts_ns) / 1e9:.0f} s ago" if same_run else "since the collector started"
     summary = f"{stats.host} lost {lost} events {since} (" + ", ".join(
         f"{name} {n}" for name, n in parts.items() if n) + ")"
     if parts["spool_drops"]:

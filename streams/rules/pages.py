@@ -55,7 +55,7 @@ def remote_memory(process: ProcessInfo, placements: list[PagePlacement], topo: T
 
 
 def node_filler(placement: PagePlacement, process: ProcessInfo | None, topo: Topology,
-                gpu_users: dict[int, list[str]], t: Thresholds, now_ns: int) -> Alert | None:
+                gpu_users: dict[str, list[str]], t: Thresholds, now_ns: int) -> Alert | None:
     """Another process (a backup, log archiving) fills the page cache of a
     node whose GPUs serve inference. ``gpu_users``: GPU address -> comms of
     the inference processes using it."""

@@ -8,6 +8,7 @@ the alert is cfs_throttling (streams/rules/throttle.py). Pure: no I/O."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 from jitterscope.schemas.events import OWN_SUSPECT_PREFIX, Alert, CgroupThrottle, RunqEvent
 from jitterscope.schemas.topology import cpu_list
@@ -26,7 +27,7 @@ def runq_starvation(
     victim: ProcessView | None,
     host_cpus: list[int] | None,
     now_ns: int,
-    throttles: list[CgroupThrottle] = (),
+    throttles: Sequence[CgroupThrottle] = (),
 ) -> Alert | None:
     """A thread waited at least ``alert_ns`` for a CPU: name who held it and
     how to separate the two. ``throttles``: records of the quota cgroups

@@ -8,11 +8,16 @@ when the waiting thread's cgroup was throttled during the wait. Pure: no I/O."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, TypeGuard
+
 import msgspec
 
 from jitterscope.schemas.events import Alert, CgroupThrottle, ProcessInfo, RunqEvent
 from jitterscope.streams.rules.base import Thresholds
 from jitterscope.streams.throttle_index import throttled_span
+
+if TYPE_CHECKING:
+    from jitterscope.streams.rules.runq import ProcessView  # it imports this module
 
 MS = 1_000_000
 
@@ -39,19 +44,19 @@ def _limit(r: CgroupThrottle) -> str:
     return f"quota {r.quota_us / 1000:g} ms per {r.period_us / 1000:g} ms period = {cpus:.2g} CPUs"
 
 
-def _pod(process) -> bool:
+def _pod(process: object) -> TypeGuard[ProcessInfo]:
     """The process record names a pod (the run-queue rule may pass a bare ProcessView)."""
     return bool(getattr(process, "pod", ""))
 
 
-def _where(r: CgroupThrottle, process: ProcessInfo | None) -> str:
+def _where(r: CgroupThrottle, process: ProcessInfo | ProcessView | None) -> str:
     if _pod(process):
         container = f" container {process.container}" if process.container else ""
         return f"pod {process.namespace}/{process.pod}{container}"
     return f"cgroup {r.cgroup}"
 
 
-def remedy(r: CgroupThrottle, process: ProcessInfo | None) -> str:
+def remedy(r: CgroupThrottle, process: ProcessInfo | ProcessView | None) -> str:
     cpus = r.quota_us / r.period_us if r.period_us else 0
     if _pod(process):
         return (f"raise the CPU limit of {_where(r, process)} (now {cpus:.2g} CPUs: kubectl set resources "
@@ -63,7 +68,7 @@ def remedy(r: CgroupThrottle, process: ProcessInfo | None) -> str:
             "in Kubernetes: a higher limit, or integer CPUs with the static CPU manager policy")
 
 
-def _identity(alert: Alert, process: ProcessInfo | None) -> Alert:
+def _identity(alert: Alert, process: ProcessInfo | ProcessView | None) -> Alert:
     if not _pod(process):
         return alert
     return msgspec.structs.replace(alert, pod=process.pod, namespace=process.namespace, container=process.container)
@@ -92,7 +97,7 @@ def _evidence(r: CgroupThrottle) -> dict[str, str]:
             "throttled_ms": f"{r.throttled_ns / MS:.1f}"}
 
 
-def throttled_wait(event: RunqEvent, records: list[CgroupThrottle], victim: ProcessInfo | None,
+def throttled_wait(event: RunqEvent, records: list[CgroupThrottle], victim: ProcessInfo | ProcessView | None,
                    now_ns: int) -> Alert | None:
     """The run-queue wait ``event`` was (mostly) its cgroup's throttling:
     at least half of it overlaps throttled time of a quota cgroup above the

@@ -17,7 +17,7 @@ from jitterscope.streams.rules.base import Thresholds, alert
 def judge(record: GpuXid, state, t: Thresholds, now_ns: int) -> Alert | None:
     topo = state.topology.get(record.host) if state is not None else None
     device = gpu_by_address(topo, record.pci) if topo is not None else None
-    node = gpu_node(topo, record.pci) if device is not None else -1
+    node = gpu_node(topo, record.pci) if topo is not None and device is not None else -1
     name = record.gpu or (device.name if device is not None else "")
     info = xid_info(record.xid)
     if device is None and not name:
