@@ -13,31 +13,17 @@ wait.
 
 A run-queue wait is judged with its process record, its host's topology and,
 when a quota cgroup is known above it, the throttling record that covers its
-end; those travel on other topics and may arrive just after it. A wait whose
-records are all known is judged at once; the others are *parked* (at most
-MAX_PARKED, each with a deadline: PROCESS_WAIT_S for the process and topology
-records, then THROTTLE_WAIT_S for the throttling record) and the handler
-returns without waiting, so the waits behind them are judged at once too.
-A parked wait is judged again when a record of its host arrives (a
-processes, topology or cgroup_throttle message: ``handle`` returns its alert
-with the message's own) or, once its deadline passed, by ``due()``, which the
-worker calls from a short timer: as the old in-line wait (which polled every
-50 ms inside the per-message path, so every record behind a waiting one
-waited too) judged it at the end of its wait. Parked rather than a task per
-waiting event: a task per alert-worthy event costs more than the rule itself,
-and the wake-up by host judges a parked wait in the same loop iteration that
-its record is learned, not at the next poll. A parked wait's message is stored
-and committed meanwhile, so the worker judges every parked wait with what is
-known (``flush()``) before it stops or hands partitions over.
+end. A wait whose records are all known is judged at once; the others are
+parked (streams/parking.py) and the handler returns without waiting: a
+record of their host (``WAKING``) or their deadline (``due()``, from the
+worker's timer) judges them, and ``flush()`` judges every parked wait with
+what is known before the worker stops or hands partitions over.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
-import heapq
 import importlib
-import itertools
 import time
 from typing import Awaitable, Callable, Iterable
 
@@ -54,22 +40,10 @@ from jitterscope.streams.rules.base import Thresholds
 from jitterscope.streams.rules.losses import LossWatch
 from jitterscope.streams import signal_metrics
 from jitterscope.streams.alert_groups import Audience, Cooldowns, quieted
-from jitterscope.streams.host_state import PROCESS_WAIT_S
+from jitterscope.streams.parking import MAX_PARKED, WAKING, ParkedWaits
 from jitterscope.streams.throttle_index import ThrottleIndex, contains
 
 Handler = Callable[[list, int], Awaitable[list[events.Alert]]]
-
-#: how long a run-queue wait in a quota cgroup waits for the throttling
-#: record that covers it (the cfs sampler publishes every cfs_interval_s,
-#: then the batch delay): judged without it after that
-THROTTLE_WAIT_S = 2.0
-#: run-queue waits parked at most at once per worker; past it the oldest is judged at once with what is known
-MAX_PARKED = 10_000
-
-#: the topics whose records a parked wait may wait for: each of their
-#: messages judges its host's parked waits again (the host state learned the
-#: process and topology records before, in streams/app.py)
-WAKING = frozenset({topics.PROCESSES, topics.TOPOLOGY, topics.CGROUP_THROTTLE})
 
 #: the topics whose records are evidence for request attribution (Attributor.add_evidence), in one
 #: place: ``handle`` feeds them before judging, and ``feed`` alone is the store stage's share (streams/stages.py)
@@ -79,24 +53,6 @@ EVIDENCE = frozenset({topics.RUNQ, topics.IRQ, topics.CGROUP_THROTTLE, topics.GP
 NO_INTERVAL = Counter("jitterscope_streams_records_without_interval_total",
                       "records whose interval_ns is 0, skipped by every rule (a rate over no time means nothing)",
                       ["topic"])
-PARKED = Counter("jitterscope_streams_runq_parked_total",
-                 "alert-worthy run-queue waits parked for a record on another topic (process, topology, throttling)")
-JUDGED_LATE = Counter("jitterscope_streams_runq_judged_late_total",
-                      "parked run-queue waits judged, by why: the record arrived, its deadline passed, "
-                      "the parked list was full (overflow), the worker stopped or handed partitions over (flush)",
-                      ["why"])
-
-
-@dataclass(slots=True, eq=False)
-class _Parked:
-    """A run-queue wait waiting for a record (streams/handlers.py's docstring).
-    Times are the handlers' clock (monotonic seconds)."""
-
-    event: events.RunqEvent
-    process_until: float  # waits for its process (and topology) record until then
-    until: float = 0.0  # the deadline it waits for now
-    throttle_until: float = 0.0  # non-zero: its victim is known, it waits for the covering throttling record
-    victim: events.ProcessInfo | None = None
 
 
 class Handlers:
@@ -116,12 +72,7 @@ class Handlers:
         self.cooldowns = Cooldowns()  # repeats of sampled findings (streams/alert_groups.py)
         self.throttles = ThrottleIndex()
         self.clock = clock
-        self.max_parked = max_parked
-        #: parked run-queue waits, oldest first; the same per host; their deadlines (a heap, stale items skipped)
-        self._parked: dict[int, _Parked] = {}
-        self._parked_by_host: dict[str, dict[int, _Parked]] = defaultdict(dict)
-        self._deadlines: list[tuple[float, int]] = []
-        self._ids = itertools.count()
+        self.parking = ParkedWaits(state, self.throttles, self._judge, self._limited, clock, max_parked)
         #: input topic -> its signal's handler (schemas/signals.py)
         self.table: dict[str, Handler] = {}
         for signal in signals.SIGNALS:
@@ -137,8 +88,8 @@ class Handlers:
         if self.attributor is not None:
             self._feed(topic, records)
         alerts = await handler(records, now_ns) if handler else []
-        if topic in WAKING and self._parked:  # after the record's own alerts (a cgroup's quiet period)
-            alerts += self._wake({r.host for r in records})
+        if topic in WAKING and self.parking:  # after the record's own alerts (a cgroup's quiet period)
+            alerts += self.parking.wake({r.host for r in records})
         return alerts
 
     def feed(self, topic: str, records: list) -> None:
@@ -218,12 +169,8 @@ class Handlers:
                 alert = self._judge(event, victim, limited=False)
             else:
                 now = self.clock() if now is None else now
-                parked = _Parked(event, process_until=now + PROCESS_WAIT_S)
-                until = self._waiting_until(parked, now)
-                if until is not None:
-                    self._park(parked, until, alerts)
-                    continue
-                alert = self._judge(event, parked.victim)
+                self.parking.take(event, now, alerts)
+                continue
             if alert:
                 alerts.append(alert)
         return alerts
@@ -231,102 +178,15 @@ class Handlers:
     @property
     def parked(self) -> int:
         """Run-queue waits parked now."""
-        return len(self._parked)
+        return len(self.parking)
 
     def due(self) -> list[events.Alert]:
-        """Judge the parked waits whose deadline passed, as the old in-line
-        wait did at its end; the worker calls this from a short timer."""
-        now, out = self.clock(), list[events.Alert]()
-        while self._deadlines and self._deadlines[0][0] <= now:
-            until, key = heapq.heappop(self._deadlines)
-            parked = self._parked.get(key)
-            if parked is not None and parked.until == until:  # else judged already, or its deadline moved
-                self._step(key, parked, now, out)
-        return out
+        """Judge the parked waits whose deadline passed (the worker's short timer)."""
+        return self.parking.due()
 
     def flush(self) -> list[events.Alert]:
-        """Judge every parked wait now with what is known: when the worker
-        stops or hands partitions over (its messages are stored and
-        committed, so no other worker would judge them)."""
-        out: list[events.Alert] = []
-        for key, parked in list(self._parked.items()):
-            self._judge_now(key, parked, "flush", out)
-        self._deadlines.clear()
-        return out
-
-    def _wake(self, hosts) -> list[events.Alert]:
-        """A record of these hosts arrived: judge their parked waits that no longer wait."""
-        out: list[events.Alert] = []
-        now = None
-        for host in hosts:
-            if waiting := self._parked_by_host.get(host):
-                now = self.clock() if now is None else now
-                for key, parked in list(waiting.items()):
-                    self._step(key, parked, now, out)
-        return out
-
-    def _waiting_until(self, parked: _Parked, now: float) -> float | None:
-        """Until when a wait still waits for a record (the deadline of what
-        it waits for); None: judge it now. The same budgets as the in-line
-        wait had: its process record and its host's topology first (one
-        window per host, HostState.topology_due), then the throttling record
-        that covers its end when a quota cgroup is known above it."""
-        event = parked.event
-        if not parked.throttle_until:
-            victim = self.state.processes.get((event.host, event.pid))
-            waits = []
-            if victim is None and now < parked.process_until:
-                waits.append(parked.process_until)
-            if (topology := self.state.topology_due(event.host, now)) is not None:
-                waits.append(topology)
-            if waits:
-                return max(waits)
-            parked.victim = victim
-            if not self._limited(event, victim):
-                return None
-            parked.throttle_until = now + THROTTLE_WAIT_S
-        if now >= parked.throttle_until or parked.victim is None or \
-                self.throttles.covered_until(event.host, parked.victim.cgroup) >= event.ts_ns:
-            return None
-        return parked.throttle_until
-
-    def _park(self, parked: _Parked, until: float, out: list[events.Alert]) -> None:
-        if len(self._parked) >= self.max_parked:  # full: the oldest is judged now with what is known
-            self._judge_now(*next(iter(self._parked.items())), "overflow", out)
-        key = next(self._ids)
-        parked.until = until
-        self._parked[key] = parked
-        self._parked_by_host[parked.event.host][key] = parked
-        heapq.heappush(self._deadlines, (until, key))
-        PARKED.inc()
-
-    def _judge_now(self, key: int, parked: _Parked, why: str, out: list[events.Alert]) -> None:
-        """Judge a parked wait before what it waits for came, with what is known."""
-        self._unpark(key, parked)
-        JUDGED_LATE.labels(why).inc()
-        event = parked.event
-        victim = parked.victim if parked.throttle_until else self.state.processes.get((event.host, event.pid))
-        if alert := self._judge(event, victim):
-            out.append(alert)
-
-    def _unpark(self, key: int, parked: _Parked) -> None:
-        del self._parked[key]
-        host = self._parked_by_host[parked.event.host]
-        del host[key]
-        if not host:
-            del self._parked_by_host[parked.event.host]
-
-    def _step(self, key: int, parked: _Parked, now: float, out: list[events.Alert]) -> None:
-        """Judge a parked wait if it no longer waits, else move its deadline."""
-        until = self._waiting_until(parked, now)
-        if until is None:
-            self._unpark(key, parked)
-            JUDGED_LATE.labels("arrived" if now < parked.until else "deadline").inc()
-            if alert := self._judge(parked.event, parked.victim):
-                out.append(alert)
-        elif until != parked.until:
-            parked.until = until
-            heapq.heappush(self._deadlines, (until, key))
+        """Judge every parked wait now with what is known (the worker stops or hands partitions over)."""
+        return self.parking.flush()
 
     def _judge(self, event: events.RunqEvent, victim, limited: bool | None = None) -> events.Alert | None:
         """The run-queue rule with what is known now; a throttled wait inside

@@ -16,7 +16,8 @@ from prometheus_client import REGISTRY
 from jitterscope.common.settings import Settings
 from jitterscope.schemas import events, signals, topics
 from jitterscope.streams.alert_groups import QUIET, AlertGroups, Audience, announced, quieted
-from jitterscope.streams.handlers import THROTTLE_WAIT_S, Handlers
+from jitterscope.streams.handlers import Handlers
+from jitterscope.streams.parking import THROTTLE_WAIT_S
 from jitterscope.streams.host_state import PROCESS_WAIT_S, HostState
 from jitterscope.streams.rules import runq
 from jitterscope.streams.rules.base import Thresholds
