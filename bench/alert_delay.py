@@ -46,7 +46,7 @@ import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
-from run import REPO, StreamsWorker, _git_show  # noqa: E402  (bench/ is on sys.path when run.py runs)
+from common import REPO, StreamsWorker, _git_show  # noqa: E402  (bench/ is on sys.path)
 
 #: the alert path before its storm-start and poll delays went
 BEFORE = "566e688"

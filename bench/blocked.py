@@ -24,7 +24,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from run import PeerTool, c_ping_pong_binary, storm_costs  # noqa: E402  (bench/ is on sys.path)
+from common import PeerTool, c_ping_pong_binary, storm_costs  # noqa: E402  (bench/ is on sys.path)
 
 
 class Polled:

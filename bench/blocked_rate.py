@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from run import REPO  # noqa: E402  (bench/ is on sys.path)
+from common import REPO  # noqa: E402  (bench/ is on sys.path)
 from vllm_cost import MODEL, VENV, _phase, serve_command  # noqa: E402
 
 sys.path.insert(0, str(REPO))

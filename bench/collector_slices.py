@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from run import REPO  # noqa: E402  (bench/ is on sys.path)
+from common import REPO  # noqa: E402  (bench/ is on sys.path)
 
 SLICES_BPF = r"""
 BPF_PERCPU_ARRAY(since, u64, 1);      /* when the task now on this CPU came on */

@@ -43,7 +43,7 @@ from pathlib import Path
 
 from msgspec.structs import replace
 
-from run import REPO, StreamsWorker, _git_show, _modules_at  # noqa: E402  (bench/ is on sys.path when run.py runs)
+from common import REPO, StreamsWorker, _git_show, _modules_at  # noqa: E402  (bench/ is on sys.path)
 
 from jitterscope.schemas import batches, events, topics
 

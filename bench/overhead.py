@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """What the whole `jitterscope up` costs a host at idle, against runqslower.
 
-The context-switch storm of bench/run.py (a C pipe ping-pong pinned to one
+The context-switch storm of bench/common.py (a C pipe ping-pong pinned to one
 CPU, best of 3 runs against the best unloaded run of the same round),
 beside libbpf-tools' runqslower alone, the collector alone (what a fleet
 host runs: `jitterscope record`, its broker and workers elsewhere), then
@@ -11,7 +11,7 @@ running, no spans: the idle host of issue 18 part 5. The BPF time per
 switch is the kernel's count for the collector's programs (fdinfo of the
 collector process). ``up`` runs on every CPU, as a user's does. Each row
 also gives the ping-pong's own CPU time per round trip over the unloaded
-run's (bench/run.py storm_costs): steal-free, so steadier on a VM than
+run's (bench/common.py storm_costs): steal-free, so steadier on a VM than
 throughput, though blind to other processes taking the ping-pong's CPU.
 
 The last row is the same whole `up` with empty programs on the three
@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 from blocked import EmptyTracepoints, rows_against_runqslower  # noqa: E402  (bench/ is on sys.path)
-from run import PINNED_C_MAIN, REPO, PeerTool, c_binary, c_ping_pong_binary, storm_costs  # noqa: E402
+from common import PINNED_C_MAIN, REPO, PeerTool, c_binary, c_ping_pong_binary, storm_costs  # noqa: E402
 
 
 def _free_port() -> int:

@@ -81,14 +81,13 @@ DECODERS = {topic: batches.BatchDecoder(kind) for topic, kind in topics.INPUT_TO
 
 def arms(client) -> dict[str, Arm]:
     """before (BEFORE's sink and decoder), decoded (this tree's)."""
-    import run
-
+    from common import _modules_at
     from prometheus_client import REGISTRY
 
     ours = (sink.ROWS_WRITTEN, sink.INSERT_FAILURES)  # the old sink registers the same metric names
     for metric in ours:
         REGISTRY.unregister(metric)
-    old = run._modules_at(BEFORE, ["schemas/batches.py", "streams/sink.py"])
+    old = _modules_at(BEFORE, ["schemas/batches.py", "streams/sink.py"])
     for theirs, metric in zip((old["streams/sink.py"].ROWS_WRITTEN, old["streams/sink.py"].INSERT_FAILURES), ours):
         REGISTRY.unregister(theirs)
         REGISTRY.register(metric)

@@ -39,7 +39,7 @@ from pathlib import Path
 
 from alert_delay import _pct, running_up  # noqa: E402  (bench/ is on sys.path)
 from overhead import collector_of  # noqa: E402
-from run import REPO  # noqa: E402
+from common import REPO  # noqa: E402  (bench/ is on sys.path)
 
 sys.path.insert(0, str(REPO / "examples"))
 sys.path.insert(0, str(REPO))
