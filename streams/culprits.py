@@ -234,8 +234,8 @@ class CulpritStacks:
         it held the CPU of the request's longest wait behind it, among the
         waits of its serving group (None: of the host); 0 where none was
         captured."""
-        longest, stack = 0, 0
-        for event in self._waits[span.host].overlapping(span.start_ns, span.end_ns) if span.host in self._waits else ():
+        longest, stack, found = 0, 0, self._waits.get(span.host)
+        for event in found.overlapping(span.start_ns, span.end_ns) if found else ():
             if event.suspect_comm == comm and (group is None or event.pid in group) and (
                     part := overlap_ns(event, span.start_ns, span.end_ns)) > longest:
                 longest, stack = part, event.suspect_stack
