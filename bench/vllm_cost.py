@@ -12,7 +12,9 @@ alternating, the order turned each round:
   once for the bench: what stays on every GPU host of a fleet;
 - ``up``: the whole `jitterscope up` on the same 2 CPUs (broker, judge,
   attribution, store, collector), whose attributions then say how many
-  requests named jitterscope's own processes their top culprit.
+  requests named jitterscope's own processes their top culprit;
+- ``up-nice`` (asked for in BENCH_VLLM_ARMS): the same, its broker and its
+  attribute-store at nice 10 (``up_background_nice``).
 
 Each arm's P50/P99 are over its phases' requests together; the ratios are
 against ``off`` in the same run. The start of each collector (BPF compile)
@@ -21,7 +23,7 @@ bench counted the collector's first seconds in: P99 2.75x for the collector
 alone against 1.47x for the whole `up`, whose start waits longer).
 
     .venv/bin/python bench/run.py vllm-cost     # BENCH_VLLM_ROUNDS (2), BENCH_VLLM_PHASE_S (45),
-                                                # BENCH_VLLM_ARMS (off,collector,up; or collector-nostacks,
+                                                # BENCH_VLLM_ARMS (off,collector,up; or up-nice, collector-nostacks,
                                                 # collector-batch, collector-idle), BENCH_VLLM_STEPS=1
                                                 # (the collector's steps' CPU, as collector-slices times them)
 """
@@ -64,6 +66,10 @@ VARIANTS = {"collector": ("the collector alone", {}),
                                 {"JITTERSCOPE_COLLECTOR_POLICY": "batch"}),
             "collector-idle": ("the collector alone under SCHED_IDLE (collector_policy idle)",
                                {"JITTERSCOPE_COLLECTOR_POLICY": "idle"})}
+#: the whole `up`'s arms: what the table says, its settings beyond the defaults
+UP_VARIANTS = {"up": ("the whole `up` (broker, judge, attribute-store, collector)", {}),
+               "up-nice": ("the whole `up`, its broker and attribute-store at nice 10 (up_background_nice)",
+                           {"JITTERSCOPE_UP_BACKGROUND_NICE": "10"})}
 
 
 def _phase(api_port: int, seconds: float, prefix: str) -> list[float]:
@@ -145,8 +151,8 @@ def _collector_phase(broker, otlp: int, api_port: int, prefix: str,
                           f"total {total_ns / 1e6:.0f} ms -->", file=sys.stderr, flush=True)
 
 
-def _up_phase(otlp: int, api_port: int, prefix: str) -> tuple[list[float], float, dict[str, int]]:
-    with running_up(None, {"JITTERSCOPE_OTLP_PORT": str(otlp)}) as run:
+def _up_phase(otlp: int, api_port: int, prefix: str, settings: dict) -> tuple[list[float], float, dict[str, int]]:
+    with running_up(None, {"JITTERSCOPE_OTLP_PORT": str(otlp), **settings}) as run:
         _phase(api_port, SETTLE_S, f"settle-{prefix}")
         latencies, share = _measured(api_port, prefix, collector_of(run.up.pid))
         time.sleep(6)  # the last requests' attribution
@@ -176,8 +182,8 @@ def bench_vllm_cost() -> str:
                 assert server.poll() is None and time.monotonic() < deadline, "vLLM did not start"
                 time.sleep(1)
             _phase(api_port, 10, "warm")  # its first requests compile and allocate
-            latencies: dict[str, list[float]] = {arm: [] for arm in ("off", *VARIANTS, "up")}
-            own = {"attributed": 0, "own": 0, "collector": 0}
+            latencies: dict[str, list[float]] = {arm: [] for arm in ("off", *VARIANTS, *UP_VARIANTS)}
+            own = {arm: {"attributed": 0, "own": 0, "collector": 0} for arm in UP_VARIANTS}
             shares: dict[str, list[float]] = {arm: [] for arm in latencies}
             arms = ["off", *(a for a in ARMS if a in latencies and a != "off")]
             for r in range(ROUNDS):
@@ -189,8 +195,8 @@ def bench_vllm_cost() -> str:
                     elif arm in VARIANTS:
                         got, share = _collector_phase(broker, otlp, api_port, prefix, VARIANTS[arm][1])
                     else:
-                        got, share, counts = _up_phase(otlp, api_port, prefix)
-                        own = {k: own[k] + counts[k] for k in own}
+                        got, share, counts = _up_phase(otlp, api_port, prefix, UP_VARIANTS[arm][1])
+                        own[arm] = {k: own[arm][k] + counts[k] for k in own[arm]}
                     latencies[arm] += got
                     shares[arm].append(share)
                     d = sorted(got)
@@ -208,18 +214,17 @@ def bench_vllm_cost() -> str:
 
     base, base50, base99 = figures("off")
     rows = []
-    for arm, what in (*((a, v[0]) for a, v in VARIANTS.items()),
-                      ("up", "the whole `up` (broker, judge, attribute-store, collector)")):
+    for arm, what in ((a, v[0]) for a, v in {**VARIANTS, **UP_VARIANTS}.items()):
         if not latencies[arm]:
             continue
         text, p50, p99 = figures(arm)
         rows.append(f"| a real vLLM V1 on the CPU, {ROUNDS} rounds of {PHASE_S:.0f} s phases alternating: with {what} | "
                     f"{text}; the collector's CPU {sum(shares[arm]) / len(shares[arm]):.1%} of one | "
                     f"nothing of jitterscope: {base} | P50 {p50 / base50:.2f}x, P99 {p99 / base99:.2f}x |")
-    if not own["attributed"]:
-        return "\n".join(rows)
-    share = lambda n: f"{n / own['attributed']:.1%}" if own["attributed"] else "n/a"  # noqa: E731
-    rows.append(f"| of the `up` phases' requests attributed ({own['attributed']:,}), top culprit jitterscope's own | "
-                f"{own['own']:,} ({share(own['own'])}), the collector {own['collector']:,} "
-                f"({share(own['collector'])}) | goal: ≤ 5%, the collector ≤ 1% | |")
+    for arm, counts in own.items():
+        if counts["attributed"]:
+            share = lambda n: f"{n / counts['attributed']:.1%}"  # noqa: E731
+            rows.append(f"| of the `{arm}` phases' requests attributed ({counts['attributed']:,}), top culprit "
+                        f"jitterscope's own | {counts['own']:,} ({share(counts['own'])}), the collector "
+                        f"{counts['collector']:,} ({share(counts['collector'])}) | goal: ≤ 5%, the collector ≤ 1% | |")
     return "\n".join(rows)

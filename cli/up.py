@@ -36,7 +36,7 @@ from rich.console import Console
 
 from jitterscope.common import errors
 from jitterscope import topic_admin
-from jitterscope.broker import EmbeddedBroker, free_port, wait_for_port
+from jitterscope.broker import EmbeddedBroker, free_port, niced, wait_for_port
 from jitterscope.collector.pacing import confine
 from jitterscope.common import kafka_auth, ports
 from jitterscope.common.logs import printable
@@ -167,7 +167,7 @@ class Stack:
         self.broker: EmbeddedBroker | None = None
         self.delay_line: str | None = None  # the worker's alert delay, read as it stops
 
-    def _spawn(self, name: str, args: list[str], bootstrap: str) -> None:
+    def _spawn(self, name: str, args: list[str], bootstrap: str, nice: int = 0) -> None:
         # this process's tree (broker, worker, collector) is jitterscope's own: never a victim, a labelled suspect
         # (a literal, not dict(**...): to_env names every setting, own_tree_pid too, and these override it)
         env = {**os.environ, **to_env(self.settings), "JITTERSCOPE_BOOTSTRAP_SERVERS": bootstrap,
@@ -178,8 +178,8 @@ class Stack:
         # there (cd /tmp && jitterscope up) ran as root. The cwd stays the caller's: relative paths in the
         # settings (--data-dir data) are passed through as given, and with -P it is no longer an import path.
         self.children[name] = subprocess.Popen(
-            [sys.executable, "-P", "-m", "jitterscope.cli", *args], env=env, stdout=log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True)
+            [*niced(nice), sys.executable, "-P", "-m", "jitterscope.cli", *args], env=env, stdout=log,
+            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
 
     def _wait_for_collector(self, timeout_s: float = COLLECTOR_START_S) -> None:
         """Until the collector's probes are loaded and its OTLP receiver
@@ -264,7 +264,8 @@ class Stack:
                 topic_admin.require(s)  # an existing topic with another partition count: say so now
             else:
                 status.update("starting the embedded broker")
-                self.broker = EmbeddedBroker(s.broker_port, s.data_dir / "broker.log", s.kafka_partitions).start()
+                self.broker = EmbeddedBroker(s.broker_port, s.data_dir / "broker.log", s.kafka_partitions,
+                                             nice=s.up_background_nice).start()
                 bootstrap = self.broker.bootstrap_servers
             status.update("starting the streams judge, store and ClickHouse")
             # the judge apart: nothing the store or attribution do can stall an alert (streams/stages.py). The
@@ -272,7 +273,9 @@ class Stack:
             # made jitterscope's own processes the demo's main culprit (a fleet runs `--stage attribute` apart)
             if s.up_stages:
                 self._spawn("judge", ["streams", "--stage", "judge"], bootstrap)
-            self._spawn("streams", ["streams", "--stage", "attribute-store" if s.up_stages else "all"], bootstrap)
+            # attribution and storing wait well; with up_stages, the judge's alerts never wait behind them
+            self._spawn("streams", ["streams", "--stage", "attribute-store" if s.up_stages else "all"], bootstrap,
+                        s.up_background_nice if s.up_stages else 0)
             for name, port, _family in self._stages():
                 if port and name in self.children:
                     wait_for_port(port, 60, self.children[name])

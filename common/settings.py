@@ -15,7 +15,7 @@ NAME:
   ClickHouse sink.
 - ``ExportSettings`` (common/export_settings.py): what goes out to other tools: alert notifications, attribution
   spans over OTLP.
-- ``UpSettings``: the front door's ``up`` (embedded broker port, drain on stop).
+- ``UpSettings`` (common/up_settings.py): the front door's ``up`` (embedded broker, its stages, drain on stop).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from pydantic_settings import (BaseSettings, PydanticBaseSettingsSource, Setting
 
 from jitterscope.common import errors
 from jitterscope.common.export_settings import ExportSettings
+from jitterscope.common.up_settings import UpSettings
 
 # the probe names are the signal catalogue's (settings may read schemas: records and facts, no I/O)
 from jitterscope.schemas.signals import HARDWARE_PROBES, PROBE_ALIASES
@@ -354,17 +355,6 @@ class StreamsSettings(BaseModel):
                     "stored, marked quiet (default: `jitterscope demo`'s victim; [\"*\"]: every process's)")
     alert_groups_max: int = Field(
         10_000, ge=1, description="open alert groups at most (beyond it the longest quiet is resolved early)")
-
-
-class UpSettings(BaseModel):
-    """The front door's `up`: the embedded broker and shutdown."""
-
-    broker_port: int = Field(29092, description="port of the embedded broker (0 = pick a free one)")
-    up_stages: bool = Field(
-        True, description="`up` runs the streams judge apart from the attribution and store, so nothing they do "
-                          "stalls an alert (off: one streams process does all, as before)")
-    drain_timeout_s: float = Field(
-        120.0, gt=0, description="on stop, `up` waits at most this long for the worker to store what was sent")
 
 
 #: the sections, in the order their fields appear in ``Settings``

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -32,10 +33,29 @@ def run(args, env, timeout=120) -> subprocess.CompletedProcess:
     return subprocess.run([*CLI, *args], env=env, capture_output=True, text=True, timeout=timeout)
 
 
+def children_nice(parent: int) -> dict[str, int]:
+    """The niceness of each process ``parent`` started, by what it runs (its stage, or its program's name)."""
+    out = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue  # gone meanwhile
+        if int(fields[1]) == parent:  # after the command: state, ppid, ... nice is stat's 19th field
+            words = [w.decode(errors="replace") for w in cmdline if w]
+            what = words[words.index("--stage") + 1] if "--stage" in words else \
+                "collector" if "collector" in words else Path(words[0]).name
+            out[what] = int(fields[16])
+    return out
+
+
 @pytest.mark.bpf
 def test_up_prints_alerts_and_query_answers_during_and_after(tmp_path):
     env = cli_env(tmp_path)
-    up = subprocess.Popen([*CLI, "up", "--duration", "180", "--broker-port", "0", "--comm", f"{VICTIM_COMM}*"],
+    # the broker and the attribution-and-store process yield their CPU; the judge and the collector do not
+    up = subprocess.Popen([*CLI, "up", "--duration", "180", "--broker-port", "0", "--comm", f"{VICTIM_COMM}*",
+                           "--set", "up_background_nice=10"],
                           env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(iter(up.stdout.readline, "")), daemon=True)
@@ -44,6 +64,9 @@ def test_up_prints_alerts_and_query_answers_during_and_after(tmp_path):
     while not any("jitterscope up: watching" in l for l in lines):
         assert up.poll() is None and time.monotonic() < deadline, "".join(lines)
         time.sleep(0.2)
+    nice = children_nice(up.pid)
+    broker = [what for what in nice if what.startswith("tansu")]  # the embedded broker's binary
+    assert len(broker) == 1 and nice == {"judge": 0, "attribute-store": 10, "collector": 0, broker[0]: 10}, nice
 
     with starvation(seconds=6, hogs=3, delay=1.0):
         pass
