@@ -13,8 +13,8 @@ alternating, the order turned each round:
 - ``up``: the whole `jitterscope up` on the same 2 CPUs (broker, judge,
   attribution, store, collector), whose attributions then say how many
   requests named jitterscope's own processes their top culprit;
-- ``up-nice`` (asked for in BENCH_VLLM_ARMS): the same, its broker and its
-  attribute-store at nice 10 (``up_background_nice``).
+- ``up-nice`` (asked for in BENCH_VLLM_ARMS): the same, its attribute-store
+  at nice 10 (``up_background_nice``).
 
 Each arm's P50/P99 are over its phases' requests together; the ratios are
 against ``off`` in the same run. The start of each collector (BPF compile)
@@ -68,7 +68,7 @@ VARIANTS = {"collector": ("the collector alone", {}),
                                {"JITTERSCOPE_COLLECTOR_POLICY": "idle"})}
 #: the whole `up`'s arms: what the table says, its settings beyond the defaults
 UP_VARIANTS = {"up": ("the whole `up` (broker, judge, attribute-store, collector)", {}),
-               "up-nice": ("the whole `up`, its broker and attribute-store at nice 10 (up_background_nice)",
+               "up-nice": ("the whole `up`, its attribute-store at nice 10 (up_background_nice)",
                            {"JITTERSCOPE_UP_BACKGROUND_NICE": "10"})}
 
 

@@ -26,12 +26,6 @@ from jitterscope.schemas import topics
 log = logging.getLogger("jitterscope.broker")
 
 
-def niced(nice: int) -> list[str]:
-    """The argv prefix that starts a process at niceness ``nice`` ([] for 0): coreutils' nice sets it before
-    the exec, so every thread the process starts has it (a renice after the start misses threads already made)."""
-    return ["nice", "-n", str(nice)] if nice else []
-
-
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -81,14 +75,13 @@ class EmbeddedBroker:
     """Context manager: a Tansu process for the life of the block."""
 
     def __init__(self, port: int = 0, log_file: Path | None = None, partitions: int = topics.PARTITIONS,
-                 host: str = "127.0.0.1", nice: int = 0):
+                 host: str = "127.0.0.1"):
         # Tansu listens on and advertises this one address: clients go on to
         # connect to the advertised one, so it must be reachable from all of them
         self.host = host
         self.port = port or free_port(host)
         self.log_file = log_file
         self.partitions = partitions  # the kafka_partitions setting: streams refuses a broker that differs
-        self.nice = nice  # `up`'s up_background_nice: it yields its CPU to an inference server on the host
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -109,7 +102,7 @@ class EmbeddedBroker:
         # the broker's log may echo topic and client names: the owner's only, never through a symlink
         out = os.fdopen(open_private(self.log_file, append=True), "ab") if self.log_file else subprocess.DEVNULL
         self.proc = subprocess.Popen(
-            [*niced(self.nice), binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
+            [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
              "--storage-engine", "memory://tansu/"],
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         try:

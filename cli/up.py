@@ -36,7 +36,7 @@ from rich.console import Console
 
 from jitterscope.common import errors
 from jitterscope import topic_admin
-from jitterscope.broker import EmbeddedBroker, free_port, niced, wait_for_port
+from jitterscope.broker import EmbeddedBroker, free_port, wait_for_port
 from jitterscope.collector.pacing import confine
 from jitterscope.common import kafka_auth, ports
 from jitterscope.common.logs import printable
@@ -66,6 +66,12 @@ COLLECTOR_START_S = 300.0
 WORKER_READS_S = 60.0
 #: the old fixed wait, for a worker that cannot say what it stored
 BLIND_DRAIN_S = 3.0
+
+
+def niced(nice: int) -> list[str]:
+    """The argv prefix that starts a process at niceness ``nice`` ([] for 0): coreutils' nice sets it before
+    the exec, so every thread the process starts has it (a renice after the start misses threads already made)."""
+    return ["nice", "-n", str(nice)] if nice else []
 
 
 def _clock(ns: int) -> str:
@@ -264,8 +270,7 @@ class Stack:
                 topic_admin.require(s)  # an existing topic with another partition count: say so now
             else:
                 status.update("starting the embedded broker")
-                self.broker = EmbeddedBroker(s.broker_port, s.data_dir / "broker.log", s.kafka_partitions,
-                                             nice=s.up_background_nice).start()
+                self.broker = EmbeddedBroker(s.broker_port, s.data_dir / "broker.log", s.kafka_partitions).start()
                 bootstrap = self.broker.bootstrap_servers
             status.update("starting the streams judge, store and ClickHouse")
             # the judge apart: nothing the store or attribution do can stall an alert (streams/stages.py). The
@@ -355,7 +360,6 @@ class Stack:
             self.console.print(self.delay_line, markup=False, soft_wrap=True)
 
     def stop(self) -> None:
-        s = self.settings
         with self.console.status("stopping") as status:
             collector = self.children.get("collector")
             draining, delays = collector is not None, []

@@ -17,8 +17,8 @@ class UpSettings(BaseModel):
                           "stalls an alert (off: one streams process does all, as before)")
     up_background_nice: int = Field(
         0, ge=0, le=19,
-        description="the nice value `up` starts its embedded broker and its attribution-and-store process with (not "
-                    "the judge, not the collector): on a host shared with an inference server they then yield their "
-                    "CPU to it; 0 = the same as `up`")
+        description="the nice value `up` starts its attribution-and-store process with (not the judge, the "
+                    "collector or the broker): on a host shared with an inference server it then yields its CPU to "
+                    "it (bench/RESULTS.md: vllm-cost); 0 = the same as `up`")
     drain_timeout_s: float = Field(
         120.0, gt=0, description="on stop, `up` waits at most this long for the worker to store what was sent")
