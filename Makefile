@@ -47,11 +47,13 @@ APT_NEED = need=""; for pair in $(1); do PATH=$$PATH:/usr/sbin command -v $${pai
 test-deps:
 	@$(call APT_NEED,$(TEST_APT))
 
-# Lint (ruff) and types (mypy) over the parts below. mypy reads them as the installed package names them
-# (jitterscope.<part>) through a tree of links: it cannot follow setuptools' package-dir mapping.
+# Lint (ruff) over every product part (LINTED), types (mypy) over the three typed ones (CHECKED). mypy reads
+# them as the installed package names them (jitterscope.<part>) through a tree of links: it cannot follow
+# setuptools' package-dir mapping.
 CHECKED := schemas common streams
+LINTED  := $(CHECKED) cli collector reports bench
 check: venv
-	$(VENV)/bin/ruff check $(CHECKED)
+	$(VENV)/bin/ruff check $(LINTED)
 	@mkdir -p build/typecheck/jitterscope && touch build/typecheck/jitterscope/__init__.py
 	@for part in bpf collector common reports schemas streams; do ln -sfn ../../../$$part build/typecheck/jitterscope/$$part; done
 	cd build/typecheck && ../../$(VENV)/bin/mypy --config-file ../../pyproject.toml $(addprefix -p jitterscope.,$(CHECKED))

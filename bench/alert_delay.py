@@ -177,7 +177,7 @@ class UpRun:
         return [list(map(float, v.split(","))) for v in out.stdout.splitlines()[1:] if v.strip()]
 
     def summary(self) -> str:
-        return next((l.strip() for l in self.lines if l.startswith("alert delay")), "")
+        return next((line.strip() for line in self.lines if line.startswith("alert delay")), "")
 
 
 @contextmanager
@@ -288,7 +288,8 @@ def bench_alert_delay(rounds: int = int(os.environ.get("BENCH_ALERT_ROUNDS", "2"
     def figures(label: str) -> tuple[str, float]:
         d = sorted(x for run in runs[label] for x in run["delays"])
         per_run = lambda q: ", ".join(f"{_pct(run['delays'], q) * 1e3:,.0f}" for run in runs[label])  # noqa: E731
-        return (f"p50 {_pct(d, 0.5) * 1e3:,.0f} ms, p90 {_pct(d, 0.9) * 1e3:,.0f} ms, p99 {_pct(d, 0.99) * 1e3:,.0f} ms, "
+        return (f"p50 {_pct(d, 0.5) * 1e3:,.0f} ms, p90 {_pct(d, 0.9) * 1e3:,.0f} ms, "
+                f"p99 {_pct(d, 0.99) * 1e3:,.0f} ms, "
                 f"max {d[-1] * 1e3 if d else float('nan'):,.0f} ms ({len(d):,} alerts; per run: p50 {per_run(0.5)} ms, "
                 f"p99 {per_run(0.99)} ms)"), _pct(d, 0.99)
 
@@ -325,9 +326,9 @@ def bench_alert_delay_collector(rounds: int = int(os.environ.get("BENCH_ALERT_RO
 
     ours, our_p50 = figures("at once")
     base, base_p50 = figures("after the batch delay")
-    return (f"| run-queue alert delay in a {STORM_S:.0f} s starvation storm under `jitterscope up`, {rounds} alternating "
-            f"rounds: batches sent at once after an alert-worthy wait | {ours} | after the batch delay "
-            f"(batch_alerts_at_once=false): {base} | p50 {our_p50 / base_p50:.2f}x |")
+    return (f"| run-queue alert delay in a {STORM_S:.0f} s starvation storm under `jitterscope up`, "
+            f"{rounds} alternating rounds: batches sent at once after an alert-worthy wait | {ours} | "
+            f"after the batch delay (batch_alerts_at_once=false): {base} | p50 {our_p50 / base_p50:.2f}x |")
 
 
 # -- the same question with the collector's timing replayed: `bench/run.py alert-delay-worker` ----------------
@@ -365,8 +366,9 @@ def _synthetic_messages(seconds: float, t0_ns: int) -> tuple[list[tuple[float, s
         for i, pid in enumerate(pids):
             seq += 1
             worthy = i < 2 or i % 5 == 0  # a new or gone process's one event is worthy, and one in five
-            batch.append(events.RunqEvent(host=SYNTH_HOST, boot_id="syn", seq=seq, ts_ns=ts, pid=pid, tid=pid * 10 + i % 8,
-                                          comm="w", cpu=i % 8, wait_ns=(12 if worthy else 6) * 1_000_000,
+            batch.append(events.RunqEvent(host=SYNTH_HOST, boot_id="syn", seq=seq, ts_ns=ts, pid=pid,
+                                          tid=pid * 10 + i % 8, comm="w", cpu=i % 8,
+                                          wait_ns=(12 if worthy else 6) * 1_000_000,
                                           suspect_pid=300, suspect_tid=300, suspect_comm="batch"))
         out.append((at, topics.RUNQ, batches.encode_batch(batch)))
     return sorted(out, key=lambda m: m[0]), classes
@@ -430,7 +432,8 @@ def bench_alert_delay_worker(rounds: int = int(os.environ.get("BENCH_ALERT_ROUND
 
     same = all(run["verdicts"] == runs["before"][0]["verdicts"] for run in runs["before"] + runs["after"])
     rows = []
-    for kind, what in (("all", f"every alert (the same verdicts, field for field, in every run: {same})"), ("known", "known processes' alerts"),
+    for kind, what in (("all", f"every alert (the same verdicts, field for field, in every run: {same})"),
+                       ("known", "known processes' alerts"),
                        ("new", f"new processes' alerts (record {RECORD_AFTER_S * 1e3:.0f} ms after)"),
                        ("gone", "gone processes' alerts (no record ever)")):
         after = sorted(x for run in runs["after"] for x in run.get(kind, []))

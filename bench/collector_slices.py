@@ -171,8 +171,9 @@ def measure(seconds: float, paced: bool = True, extra_env: dict | None = None, p
                    JITTERSCOPE_HOST="slices", JITTERSCOPE_COLLECTOR_METRICS_PORT="0",
                    JITTERSCOPE_OTLP_PORT=str(otlp), PYTHONPATH=str(REPO / "bench"), **(extra_env or {}))
         log = Path(tmp) / "collector.log"
-        collector = subprocess.Popen([sys.executable, "-c", f"import collector_slices as c; c.child_main({str(steps)!r}, {paced}, {policy!r})"],
-                                     env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+        collector = subprocess.Popen(
+            [sys.executable, "-c", f"import collector_slices as c; c.child_main({str(steps)!r}, {paced}, {policy!r})"],
+            env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
         load: list[subprocess.Popen] = []
         try:
             deadline = time.monotonic() + 180
@@ -235,7 +236,8 @@ def bench_collector_slices() -> str:
     results = {"unpaced": measure(seconds, paced=False), "paced": measure(seconds, paced=True)}
     Path(os.environ.get("BENCH_SLICES_JSON", "/tmp/collector_slices.json")).write_text(json.dumps(results))
     before, after = (results[k]["behind"] for k in ("unpaced", "paced"))
-    ratio = (f"| waits over 1 ms behind the collector, paced / unpaced | {after['over_1ms']:,} vs {before['over_1ms']:,} | "
+    ratio = (f"| waits over 1 ms behind the collector, paced / unpaced | "
+             f"{after['over_1ms']:,} vs {before['over_1ms']:,} | "
              f"longest {after['max_ms']:.1f} vs {before['max_ms']:.1f} ms | "
              f"{after['over_1ms'] / max(before['over_1ms'], 1):.2f}x |")
     return "\n".join([*rows(results["unpaced"], "unpaced baseline"), *rows(results["paced"], "paced"), ratio])
@@ -254,8 +256,10 @@ def bench_collector_priority() -> str:
         r = measure(seconds, extra_env=env, policy=policy, storm=os.cpu_count() or 2)
         b = r["behind"]
         out.append(f"| collector at {policy or 'default priority'}, CPU storm, {seconds:.0f} s | events read "
-                   f"{r['events_read']:,}, ring-buffer drops {r['ringbuf_drops']:,}, map-full {r['map_full_drops']:,} | "
-                   f"others' waits over 1 ms ending as it left the CPU: {b['over_1ms']:,}, longest {b['max_ms']:.1f} ms | |")
+                   f"{r['events_read']:,}, ring-buffer drops {r['ringbuf_drops']:,}, "
+                   f"map-full {r['map_full_drops']:,} | "
+                   f"others' waits over 1 ms ending as it left the CPU: {b['over_1ms']:,}, "
+                   f"longest {b['max_ms']:.1f} ms | |")
     return "\n".join(out)
 
 

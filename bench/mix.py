@@ -65,8 +65,8 @@ ATTRIBUTION_MODULES = [f"streams/{name}.py" for name in (
     "wait_charges", "wait_columns", "rolling_median", "causes", "wait_chain", "evidence_clock", "span_keys",
     "attribution")]
 #: the worker's own hot-path files: the baseline runs them as committed at MIX_BEFORE
-HOT_PATH = ["streams/store_queue.py", "streams/app.py", "streams/sink.py", "streams/clickhouse.py", "streams/attribution.py",
-            "streams/handlers.py", "streams/alert_groups.py", "streams/throttle_index.py",
+HOT_PATH = ["streams/store_queue.py", "streams/app.py", "streams/sink.py", "streams/clickhouse.py",
+            "streams/attribution.py", "streams/handlers.py", "streams/alert_groups.py", "streams/throttle_index.py",
             "streams/host_state.py", "schemas/events.py"]
 TABLES = ("runq_events", "requests", "irq_time", "cgroup_throttle", "latency_histograms")
 TICK_S = 0.05
@@ -359,12 +359,12 @@ def bench_pipeline_mix(target: float = 200_000, seconds: float = 6.0, rounds: in
     for n in paced_hosts:
         got = lambda rs, key: [r["paced"][n][key] for r in rs]  # noqa: E731
         p99 = statistics.median(got(ours, "p99")) / statistics.median(got(base, "p99"))
-        lines.append(
-            f"| {what.format(n=n, rate=n * host_rate())}: paced for {seconds:.0f} s, run-queue alert delay "
-            f"(raised − event end) | p50 {_spread(got(ours, 'p50'), '{:.3f}')} s, p99 {_spread(got(ours, 'p99'), '{:.3f}')} s "
-            f"({ours[0]['paced'][n]['alerts']:,} alerts; {_spread(got(ours, 'rate'), '{:,.0f}')} records/s stored) | "
-            f"as at {MIX_BEFORE}: p50 {_spread(got(base, 'p50'), '{:.3f}')} s, p99 {_spread(got(base, 'p99'), '{:.3f}')} s "
-            f"({_spread(got(base, 'rate'), '{:,.0f}')} records/s) | p99 {p99:.2f}x |")
+        lines.append(f"| {what.format(n=n, rate=n * host_rate())}: paced for {seconds:.0f} s, run-queue alert delay "
+                     f"(raised − event end) | p50 {_spread(got(ours, 'p50'), '{:.3f}')} s, "
+                     f"p99 {_spread(got(ours, 'p99'), '{:.3f}')} s ({ours[0]['paced'][n]['alerts']:,} alerts; "
+                     f"{_spread(got(ours, 'rate'), '{:,.0f}')} records/s stored) | as at {MIX_BEFORE}: "
+                     f"p50 {_spread(got(base, 'p50'), '{:.3f}')} s, p99 {_spread(got(base, 'p99'), '{:.3f}')} s "
+                     f"({_spread(got(base, 'rate'), '{:,.0f}')} records/s) | p99 {p99:.2f}x |")
     for label, result in ((MIX_BEFORE, base[0]), ("this tree", ours[0])):
         if result["top"]:
             lines.append(f"\npy-spy top (self, inclusive), {label}, capacity phase, first round:\n")
@@ -494,7 +494,7 @@ def bench_attribution_mix(rounds: int = 3, shapes: str = os.environ.get("BENCH_S
         cost = {label: [t / spans * 1e6 for t in times] for label, times in took.items()}
         ratio = statistics.median(took["before"]) / statistics.median(took["after"])
         rows.append(f"| attribute {what}: {seconds:.0f} s, {spans:,} requests, median of {rounds} alternating rounds | "
-                    f"{_spread(rates['after'], '{:,.0f}')} requests/s = {_spread(cost['after'], '{:,.0f}')} us a request | "
-                    f"as at {ATTRIBUTION_BEFORE}: {_spread(rates['before'], '{:,.0f}')} requests/s = "
+                    f"{_spread(rates['after'], '{:,.0f}')} requests/s = {_spread(cost['after'], '{:,.0f}')} "
+                    f"us a request | as at {ATTRIBUTION_BEFORE}: {_spread(rates['before'], '{:,.0f}')} requests/s = "
                     f"{_spread(cost['before'], '{:,.0f}')} us a request | {ratio:.2f}x |")
     return "\n".join(rows)

@@ -148,7 +148,8 @@ def bench_whole_up(rounds: int = 100_000, repeats: int = int(os.environ.get("BEN
         setups = {
             "runqslower 5000": lambda: PeerTool("/usr/sbin/runqslower", "5000"),
             "the collector alone (`record` to a file), default signals": lambda: CollectorAlone(Path(tmp) / "rec.gz"),
-            "whole up, idle (broker, worker, collector, default signals)": lambda: WholeUp(Path(tempfile.mkdtemp(dir=tmp))),
+            "whole up, idle (broker, worker, collector, default signals)":
+                lambda: WholeUp(Path(tempfile.mkdtemp(dir=tmp))),
             "whole up, idle, with the syscall tracepoints b50c068's GPU probe attached on every host":
                 lambda: UpWithSyscallTracepoints(Path(tempfile.mkdtemp(dir=tmp))),
         }

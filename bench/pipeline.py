@@ -25,7 +25,7 @@ def bench_decode() -> str:
     messages = [payload] * 200  # 100k events
     decoder = batches.BatchDecoder(events.RunqEvent)
     ours = best_of(lambda: [decoder.decode(m) for m in messages])
-    naive = best_of(lambda: [[json.loads(l) for l in m.splitlines()] for m in messages])
+    naive = best_of(lambda: [[json.loads(line) for line in m.splitlines()] for m in messages])
     n = 500 * len(messages)
     return (f"| decode 100k runq events, 500/message | {n / ours:,.0f} events/s | per-line json.loads "
             f"{n / naive:,.0f} events/s | {naive / ours:.1f}x faster |")
@@ -267,5 +267,5 @@ def bench_storage() -> str:
                          f"({rows:,} rows; largest columns B/event: {top}) | as stored first row | |")
         client.close()
     first = float(lines[0].split("| ")[2].split(" B")[0])
-    return "\n".join(l.replace("| as stored first row | |", f"| as stored {first:.2f} B/event | "
-                                f"{float(l.split('| ')[2].split(' B')[0]) / first:.2f}x |") for l in lines)
+    return "\n".join(line.replace("| as stored first row | |", f"| as stored {first:.2f} B/event | "
+                                   f"{float(line.split('| ')[2].split(' B')[0]) / first:.2f}x |") for line in lines)

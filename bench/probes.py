@@ -253,7 +253,8 @@ def bench_probe_peers(rounds: int = 100_000, repeats: int = 3) -> str:
         binary = c_ping_pong_binary(Path(tmp))
 
         setups = {
-            f"our probe before one slot per thread ({PROBE_BEFORE}), stack capture off": lambda: ConsumedProbe(_head_runq_probe(Path(tmp))),
+            f"our probe before one slot per thread ({PROBE_BEFORE}), stack capture off":
+                lambda: ConsumedProbe(_head_runq_probe(Path(tmp))),
             "our probe, stack capture off": lambda: ConsumedProbe(RunqProbe(5_000_000, None, stacks=False)),
             "our probe, stack capture on": lambda: ConsumedProbe(RunqProbe(5_000_000, None)),
             "runqslower 5000": lambda: PeerTool("/usr/sbin/runqslower", "5000"),

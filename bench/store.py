@@ -49,7 +49,8 @@ def vllm_messages(records: int) -> tuple[list[tuple[str, bytes]], int]:
 
 
 def _reboot(messages: list[tuple[str, bytes]], boot: str) -> list[tuple[str, bytes]]:
-    return [(topic, payload.replace(b'"boot_id":"vllm"', f'"boot_id":"{boot}"'.encode())) for topic, payload in messages]
+    return [(topic, payload.replace(b'"boot_id":"vllm"', f'"boot_id":"{boot}"'.encode()))
+            for topic, payload in messages]
 
 
 class Arm(NamedTuple):

@@ -119,8 +119,9 @@ def _collector_phase(broker, otlp: int, api_port: int, prefix: str,
                      extra: dict | None = None) -> tuple[list[float], float]:
     with tempfile.TemporaryDirectory() as data:
         env = {k: v for k, v in os.environ.items() if not k.startswith("JITTERSCOPE_")}
-        env.update(JITTERSCOPE_DATA_DIR=data, JITTERSCOPE_BOOTSTRAP_SERVERS=broker.bootstrap_servers, JITTERSCOPE_OTLP_PORT=str(otlp),
-                   JITTERSCOPE_COLLECTOR_METRICS_PORT="0", JITTERSCOPE_HOST=f"vllm-cost-{os.getpid()}",
+        env.update(JITTERSCOPE_DATA_DIR=data, JITTERSCOPE_BOOTSTRAP_SERVERS=broker.bootstrap_servers,
+                   JITTERSCOPE_OTLP_PORT=str(otlp), JITTERSCOPE_COLLECTOR_METRICS_PORT="0",
+                   JITTERSCOPE_HOST=f"vllm-cost-{os.getpid()}",
                    # the bench's broker stands for a fleet's Kafka, which is not on the GPU host: as under
                    # `up`, it is jitterscope's own, not a neighbour whose stacks the collector reads and
                    # symbolizes whenever a vLLM thread waits behind it. Its own tree, not this process's:
@@ -147,8 +148,9 @@ def _collector_phase(broker, otlp: int, api_port: int, prefix: str,
             if steps.exists():
                 table = {k: v for k, v in json.loads(steps.read_text()).items() if not k.startswith("_")}
                 for name, (calls, over1, max_ns, total_ns) in sorted(table.items(), key=lambda kv: -kv[1][3])[:10]:
-                    print(f"<!-- {prefix} step {name}: {calls} calls, {over1} over 1 ms, longest {max_ns / 1e6:.1f} ms, "
-                          f"total {total_ns / 1e6:.0f} ms -->", file=sys.stderr, flush=True)
+                    print(f"<!-- {prefix} step {name}: {calls} calls, {over1} over 1 ms, "
+                          f"longest {max_ns / 1e6:.1f} ms, total {total_ns / 1e6:.0f} ms -->",
+                          file=sys.stderr, flush=True)
 
 
 def _up_phase(otlp: int, api_port: int, prefix: str, settings: dict) -> tuple[list[float], float, dict[str, int]]:
@@ -201,7 +203,8 @@ def bench_vllm_cost() -> str:
                     shares[arm].append(share)
                     d = sorted(got)
                     print(f"<!-- round {r} {arm}: {len(d)} requests, p50 {_pct(d, 0.5) * 1e3:.0f} ms, "
-                          f"p99 {_pct(d, 0.99) * 1e3:.0f} ms, the collector's CPU (its helper's too) {share:.1%} of one -->",
+                          f"p99 {_pct(d, 0.99) * 1e3:.0f} ms, "
+                          f"the collector's CPU (its helper's too) {share:.1%} of one -->",
                           file=sys.stderr, flush=True)
         finally:
             os.killpg(server.pid, 9)
@@ -218,8 +221,8 @@ def bench_vllm_cost() -> str:
         if not latencies[arm]:
             continue
         text, p50, p99 = figures(arm)
-        rows.append(f"| a real vLLM V1 on the CPU, {ROUNDS} rounds of {PHASE_S:.0f} s phases alternating: with {what} | "
-                    f"{text}; the collector's CPU {sum(shares[arm]) / len(shares[arm]):.1%} of one | "
+        rows.append(f"| a real vLLM V1 on the CPU, {ROUNDS} rounds of {PHASE_S:.0f} s phases alternating: "
+                    f"with {what} | {text}; the collector's CPU {sum(shares[arm]) / len(shares[arm]):.1%} of one | "
                     f"nothing of jitterscope: {base} | P50 {p50 / base50:.2f}x, P99 {p99 / base99:.2f}x |")
     for arm, counts in own.items():
         if counts["attributed"]:

@@ -89,8 +89,9 @@ def replay(
         from jitterscope.topic_admin import create
 
         create(s)
-    result = replay_file(file, s.bootstrap_servers, host=host, extra_config=kafka_auth.librdkafka_config(s),
-                         progress=lambda r: err_console.print(f"replaying: {r.records:,} of {summary.records:,} records"))
+    result = replay_file(
+        file, s.bootstrap_servers, host=host, extra_config=kafka_auth.librdkafka_config(s),
+        progress=lambda r: err_console.print(f"replaying: {r.records:,} of {summary.records:,} records"))
     per_topic = ", ".join(f"{t.removeprefix('jitterscope.')} {n:,}" for t, n in sorted(result.by_topic.items()))
     console.print(f"replayed {result.records:,} records of host {host} ({per_topic or 'none'}) in "
                   f"{result.messages:,} messages from {file} to {s.bootstrap_servers}", soft_wrap=True, markup=False)

@@ -29,8 +29,8 @@ app = typer.Typer(
 )
 
 # in the order `jitterscope --help` lists them; each is named for its function (synthetic_fleet: synthetic-fleet)
-for command in (roles.up, roles.collector, roles.streams, roles.broker, reading.query, reading.ledger, reading.stacks, fixing.fix,
-                deployment.doctor, demos.demo, reporting.report, deployment.schema, deployment.config,
+for command in (roles.up, roles.collector, roles.streams, roles.broker, reading.query, reading.ledger, reading.stacks,
+                fixing.fix, deployment.doctor, demos.demo, reporting.report, deployment.schema, deployment.config,
                 demos.synthetic_fleet, capture.record, capture.replay):
     app.command()(command)
 app.add_typer(topics_app, name="topics")

@@ -84,7 +84,8 @@ def _bursts(path) -> str:
         return ""
     text = f"; the collector's longest run on a CPU {longest / 1e6:.1f} ms"
     if waits:
-        return text + f"; threads waited behind jitterscope's own processes {waits:,} times (longest {worst / 1e6:.1f} ms)"
+        return text + (f"; threads waited behind jitterscope's own processes {waits:,} times "
+                       f"(longest {worst / 1e6:.1f} ms)")
     return text + "; no thread waited behind jitterscope's own processes over the run-queue threshold"
 
 

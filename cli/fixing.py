@@ -20,22 +20,20 @@ def fix(
     apply: Annotated[bool, typer.Option("--apply", help="make the named actions' changes (journaled first)")] = False,
     diff: Annotated[bool, typer.Option("--diff", help="print what --apply would change, and change nothing")] = False,
     undo: Annotated[bool, typer.Option("--undo", help="take back every change --apply made, newest first")] = False,
-    verify: Annotated[bool, typer.Option(
-        "--verify", help="request latency before (--since) and after the changes in effect, with a 95% interval")] = False,
-    since: Annotated[str, typer.Option(help="period whose attributed requests the plan answers: 30m, 24h, ...")] = "30m",
+    verify: Annotated[bool, typer.Option("--verify", help="request latency before (--since) and after the changes "
+                                                          "in effect, with a 95% interval")] = False,
+    since: Annotated[str, typer.Option(
+        help="period whose attributed requests the plan answers: 30m, 24h, ...")] = "30m",
     host: Annotated[Optional[str], typer.Option(
         "--host", help="the host the plan is for (default: this host's name, as its collector names it)")] = None,
     fmt: Annotated[str, typer.Option("--format", "-f", help="text or json")] = "text",
-    sets: SetOpt = None,
-    config: ConfigOpt = None,
-    clickhouse_url: ClickHouseOpt = None,
-    data_dir: DataDirOpt = None,
+    sets: SetOpt = None, config: ConfigOpt = None, clickhouse_url: ClickHouseOpt = None, data_dir: DataDirOpt = None,
 ) -> None:
     """A plan to fix this host's tail latency: ranked changes, each with its computed gain and its undo.
 
     Each action merges the requests it answers and says what it changes, what it takes off the serving group's P99/P999 (from request_attribution), and how to undo it.
 
-    --apply KEY... makes the named changes, each journaled first in the data dir; --undo takes them back. Run it on the host itself. See docs/fix.md."""
+    --apply KEY... makes the named changes, each journaled first in the data dir; --undo takes them back. Run it on the host itself. See docs/fix.md."""  # noqa: E501 (--help shows its line breaks)
     import dataclasses
 
     from jitterscope.fix_journal import Journal

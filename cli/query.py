@@ -29,10 +29,10 @@ from typing import NamedTuple
 from jitterscope.common import errors, outbound
 from jitterscope.common.masking import mask_url
 from jitterscope.common.settings import Settings
-
-UNSET_PARAMETER = re.compile(r"Substitution [`'\"]?(\w+)[`'\"]? is not set")
 from jitterscope.streams import clickhouse, readonly_sql
 from jitterscope.streams.worker_state import state_file
+
+UNSET_PARAMETER = re.compile(r"Substitution [`'\"]?(\w+)[`'\"]? is not set")
 
 
 class Worker(NamedTuple):

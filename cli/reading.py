@@ -23,7 +23,8 @@ def query(
     sql: Annotated[Optional[str], typer.Argument(
         help="SQL to run (read-only), e.g. \"SELECT count() FROM jitterscope.runq_events\"")] = None,
     saved: Annotated[Optional[str], typer.Option("--saved", "-s", help="run a saved fleet query by name")] = None,
-    list_saved: Annotated[bool, typer.Option("--list-saved", help="list the saved queries and their parameters")] = False,
+    list_saved: Annotated[bool, typer.Option(
+        "--list-saved", help="list the saved queries and their parameters")] = False,
     param: Annotated[Optional[list[str]], typer.Option(
         "--param", "-p", help="bind NAME=VALUE for {NAME:Type} placeholders (repeatable)")] = None,
     fmt: Annotated[Optional[str], typer.Option(
@@ -153,8 +154,8 @@ def stacks(
     victim: Annotated[bool, typer.Option(
         "--victim", help="the waiters' stacks when preempted, instead of the culprits' (who held the CPU)")] = False,
     limit: Annotated[int, typer.Option(help="stacks at most")] = 20,
-    own: Annotated[bool, typer.Option(
-        "--own", help="also jitterscope's own processes as culprits (the cost of watching; left out by default)")] = False,
+    own: Annotated[bool, typer.Option("--own", help="also jitterscope's own processes as culprits "
+                                                    "(the cost of watching; left out by default)")] = False,
     folded: Annotated[bool, typer.Option(
         "--folded", help="folded stacks for flame graphs ('frame;frame count', count = microseconds of wait)")] = False,
     alert: Annotated[Optional[int], typer.Option(
@@ -164,7 +165,7 @@ def stacks(
     clickhouse_url: ClickHouseOpt = None,
     data_dir: DataDirOpt = None,
 ) -> None:
-    """The code behind run-queue waits: top culprit stacks by the wait they caused, one alert's stacks, folded output."""
+    """The code behind run-queue waits: top culprit stacks by the wait they caused, one alert's stacks, folded output."""  # noqa: E501 (--help shows its line breaks)
     from jitterscope import stacks as stacks_cmd
     from jitterscope.common.logs import printable
     from jitterscope.query import run_query

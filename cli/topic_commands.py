@@ -12,8 +12,9 @@ import typer
 from jitterscope.common import errors
 from jitterscope.options import BootstrapOpt, ConfigOpt, SetOpt, console, load_settings, require_broker
 
-topics_app = typer.Typer(help="Create or check jitterscope's Kafka topics (kafka_partitions, kafka_replication_factor).",
-                         no_args_is_help=True)
+topics_app = typer.Typer(
+    help="Create or check jitterscope's Kafka topics (kafka_partitions, kafka_replication_factor).",
+    no_args_is_help=True)
 
 
 PartitionsOpt = Annotated[Optional[int], typer.Option(help="partitions per topic (kafka_partitions, default 4)")]
@@ -41,8 +42,8 @@ def topics_create(
 
     s = _broker_settings(config, sets, bootstrap_servers, partitions, replication_factor)
     created = topics.create(s)
-    console.print(f"created {len(created)} topic(s) on {s.bootstrap_servers}" + (f": {', '.join(created)}" if created else ""),
-                  soft_wrap=True)
+    console.print(f"created {len(created)} topic(s) on {s.bootstrap_servers}"
+                  + (f": {', '.join(created)}" if created else ""), soft_wrap=True)
     _topics_report(s)
 
 
@@ -68,5 +69,5 @@ def _topics_report(s) -> None:
         detail = bad.get(t.name) or f"{t.partitions} partitions, replication factor {t.replication_factor}"
         console.print(f"{mark} {t.name:32} {detail}")
     if bad:
-        raise errors.BadConfig(f"{len(bad)} of {len(states)} topics are not as configured; "
-                               f"jitterscope topics create --bootstrap-servers {s.bootstrap_servers} makes missing ones")
+        raise errors.BadConfig(f"{len(bad)} of {len(states)} topics are not as configured; jitterscope topics create "
+                               f"--bootstrap-servers {s.bootstrap_servers} makes missing ones")

@@ -44,15 +44,14 @@ from jitterscope.common.private import open_private, private_dir
 from jitterscope.query import dial_host
 from jitterscope.schemas import batches, events, topics
 from jitterscope.common.settings import FINAL_FILE, Settings, default_data_dir, to_env
+# what `up` reads on its stages' /metrics (cli/stage_metrics.py), named here as before
+from jitterscope.stage_metrics import (ACCOUNTED, ALERT_DELAY, DECODED, alert_delay_line,  # noqa: F401
+                                       histogram_quantile, parse_accounted, parse_histograms, parse_per_topic)
 
 #: what the judge and attribution stages published, written as each exits (streams/app.py's
 #: STAGE_FINAL_FILES: the front door imports no streams module, which a collector-only install lacks)
 STAGE_FINAL_FILES = {"judge": "judge-final.json", "attribute": "attribute-final.json"}
 JUDGE_FINAL_FILE = STAGE_FINAL_FILES["judge"]
-
-# what `up` reads on its stages' /metrics (cli/stage_metrics.py), named here as before
-from jitterscope.stage_metrics import (ACCOUNTED, ALERT_DELAY, DECODED, alert_delay_line,  # noqa: F401
-                                       histogram_quantile, parse_accounted, parse_histograms, parse_per_topic)
 POLL_S = 0.5
 #: without the collector's final counts (it crashed), the worker is taken as
 #: done once its counts stood still this long: longer than a sink flush and
@@ -418,7 +417,8 @@ class Stack:
         for name in STAGE_FINAL_FILES.values():
             try:
                 final = json.loads((self.settings.data_dir / name).read_text())
-                counts = {topics.ALERT_ROWS: int(final["alert_rows"]), topics.ATTRIBUTION: int(final.get("attributions", 0))}
+                counts = {topics.ALERT_ROWS: int(final["alert_rows"]),
+                          topics.ATTRIBUTION: int(final.get("attributions", 0))}
             except (OSError, ValueError, KeyError, TypeError):
                 continue  # no such stage, or it left no count: what it published is not waited for
             for topic, n in counts.items():

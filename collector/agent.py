@@ -343,7 +343,8 @@ class Collector:
         context = ProbeContext(
             settings=s, stamp=self.stamp, publish=self._queue, describe_process=self.describe_process,
             comm_of=self._comm, topology=self.topology_fields, targets=self.current_targets(),
-            thresholds=self.serving_thresholds(), proc=self.proc, sys=self.sys, own=self.own, describe_again=self.describe_again)
+            thresholds=self.serving_thresholds(), proc=self.proc, sys=self.sys, own=self.own,
+            describe_again=self.describe_again)
         try:
             for probe in registry.create(registry.enabled(s)):
                 probe.open(context)
@@ -393,7 +394,8 @@ class Collector:
             targets="all" if not s.filters_targets else sorted(self.current_targets() or []),
             hardware=s.hardware_probes))
         if s.otlp_port:
-            self.otlp = OtlpReceiver(s.otlp_bind, s.otlp_port, None, s.request_id_attributes, max_connections=s.otlp_max_connections, read_timeout_s=s.otlp_read_timeout_s,
+            self.otlp = OtlpReceiver(s.otlp_bind, s.otlp_port, None, s.request_id_attributes,
+                                     max_connections=s.otlp_max_connections, read_timeout_s=s.otlp_read_timeout_s,
                                      proc=self.proc, trusted_relays=s.otlp_trusted_relays, intake=self.intake)
             try:
                 self.otlp.start()

@@ -105,7 +105,7 @@ def cpu_cgroup_path(cgroup_text: str, controller: str = "cpu") -> str:
     same way); or another ``controller``'s ("memory": whose limit it
     shares). cgroup v1 lists controllers per line; v2 is the single
     "0::/path" line; else the first; "" when there is none."""
-    fields = [l.split(":", 2) for l in cgroup_text.splitlines() if l.count(":") >= 2]
+    fields = [line.split(":", 2) for line in cgroup_text.splitlines() if line.count(":") >= 2]
     cgroup = next((f[2] for f in fields if controller in f[1].split(",")), None)
     if cgroup is None:
         cgroup = next((f[2] for f in fields if f[0] == "0" and not f[1]), None)

@@ -21,7 +21,6 @@ of all the host's CPU time over an interval.
 from __future__ import annotations
 
 import ctypes
-import errno
 import logging
 import os
 import resource
@@ -357,10 +356,11 @@ class SelfCost:
         spent_cpu = self.cpu_ns - self.started_cpu_ns
         bpf = overhead_share(self.bpf_run_ns, 0, elapsed, self.cpus)
         collector = overhead_share(0, spent_cpu, elapsed, self.cpus)
-        return {"elapsed_ns": elapsed, "startup_cpu_ns": self.started_cpu_ns, "online_cpus": self.cpus, "cpu_ns": self.cpu_ns,
-                "rss_bytes": self.rss_bytes, "bpf_run_ns": self.bpf_run_ns, "bpf_run_count": self.bpf_run_count,
-                "bpf_stats": self.stats.how, "bpf_share": bpf, "collector_share": collector,
-                "overhead_share": bpf + collector, "bpf_recursion_misses": self.misses_by_program()}
+        return {"elapsed_ns": elapsed, "startup_cpu_ns": self.started_cpu_ns, "online_cpus": self.cpus,
+                "cpu_ns": self.cpu_ns, "rss_bytes": self.rss_bytes, "bpf_run_ns": self.bpf_run_ns,
+                "bpf_run_count": self.bpf_run_count, "bpf_stats": self.stats.how, "bpf_share": bpf,
+                "collector_share": collector, "overhead_share": bpf + collector,
+                "bpf_recursion_misses": self.misses_by_program()}
 
     def export(self, probes=()) -> None:
         """Sample, then feed the Prometheus metrics from the running totals

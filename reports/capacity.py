@@ -177,7 +177,7 @@ def _neighbours(ctx: Context, limit: int, by: str = "starvations") -> list:
     most time taken first, as actions rank."""
     order = {"starvations": "starvations DESC", "waited": "waited DESC"}[by]
     return _rows(ctx, f"""
-        SELECT suspect_comm, sum(waits) AS starvations, uniqExact(host) AS hosts, round(sum(waited_ns) / 1e9, 1) AS waited
+        SELECT suspect_comm, sum(waits) AS starvations, uniqExact(host) AS hosts, round(sum(waited_ns)/1e9, 1) AS waited
         FROM {DB}.runq_minute
         WHERE minute > now() - toIntervalSecond({{since:UInt32}}) AND neighbour AND {NOT_SERVING}
         GROUP BY suspect_comm ORDER BY {order}, suspect_comm LIMIT {{limit:UInt32}}""", limit=limit)
@@ -218,8 +218,8 @@ def recurring(ctx: Context) -> str:
     rows = _rows(ctx, saved.sql, **defaults, limit=20)
     return ("<p>Each host's minutes with a cause (a neighbour that held starved CPUs for 100 ms or more in the "
             "minute, or requests attributed to it), grouped into occurrences; the period is the commonest gap, "
-            "the phase the minute within the period.</p>"
-            + _table(["host", "cause", "culprit", "period min", "phase min", "occurrences", "regularity",
+            "the phase where in the period it starts (both in seconds: 900 and 420 are :07, :22, :37, :52).</p>"
+            + _table(["host", "cause", "culprit", "period s", "phase s", "occurrences", "regularity",
                       "first seen", "last seen", "last seen as"], rows))
 
 
@@ -271,7 +271,8 @@ def pressure(ctx: Context) -> str:
         series.setdefault(cls, []).append((requests or 0, p99))
         peak_load, worst = summary.get(cls, (0, 0.0))
         summary[cls] = (max(peak_load, requests or 0), max(worst, p99))
-    table = [(cls, peak, worst, f"{max(0.0, 1 - worst / ctx.runq_alert_ms):.0%}") for cls, (peak, worst) in sorted(summary.items())]
+    table = [(c, peak, worst, f"{max(0.0, 1 - worst / ctx.runq_alert_ms):.0%}")
+             for c, (peak, worst) in sorted(summary.items())]
     drawn = "".join(charts.line_chart({f"{cls} hourly P99": points}, x_kind="linear", markers=True,
                                       y_label=f"{cls}: run-queue P99 against load (log scale)",
                                       x_label="requests per hour (host class)",
@@ -382,9 +383,9 @@ def summary(ctx: Context) -> str:
     cause_rows = _cause_rows(ctx)
     total = sum(r[1] for r in cause_rows) or 1
     costs = [f"<li><strong>{escape(c)}</strong>: {sec:,.1f} s of excess request latency over {n:,} request(s), "
-             f"{sec / total:.0%} of it</li>" for c, sec, n, _e in [r for r in cause_rows if r[1] >= 0.05][:3]]  # 0.0 s is no finding
+             f"{sec / total:.0%} of it</li>" for c, sec, n, _e in cause_rows if sec >= 0.05][:3]  # 0.0 s: none
     costs += [f"<li>neighbour <strong>{escape(comm)}</strong>: {waited:,.1f} s of waits of inference threads, "
-              f"{count:,} starvation(s) on {n_hosts:,} host(s)</li>" for comm, count, n_hosts, waited in _neighbours(ctx, 3)]
+              f"{count:,} starvation(s) on {on:,} host(s)</li>" for comm, count, on, waited in _neighbours(ctx, 3)]
     over_target = [(h, mean) for h, _n, mean, *_ in _watch_costs(ctx) if mean > ctx.self_cost_target]
     watching = (f'<p class="cost-warning">Watching cost {len(over_target):,} host(s) more than the '
                 f'{ctx.self_cost_target:.2%} target, the worst {escape(over_target[0][0])} at {over_target[0][1]:.2%} '
@@ -399,17 +400,16 @@ def summary(ctx: Context) -> str:
             'actions from "Recommended actions".</p></div>')
 
 
-BUILDERS = {"summary": summary, "trends": trends, "heatmap": heatmap, "causes": causes, "behind": behind, "recurring": recurring,
-            "placement": placement,
-            "pressure": pressure,
+BUILDERS = {"summary": summary, "trends": trends, "heatmap": heatmap, "causes": causes, "behind": behind,
+            "recurring": recurring, "placement": placement, "pressure": pressure,
             "before-after": before_after, "actions": actions}
 
 STYLE = """body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:980px;color:#111}
 h1{font-size:1.6em}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:2em}
 table{border-collapse:collapse;margin:.6em 0;font-size:13px}td,th{border:1px solid #ddd;padding:3px 8px;text-align:left}
 th{background:#f5f5f5}svg{width:100%;height:auto;margin:.5em 0}.empty,.evidence,.note{color:#666}
-.summary{background:#f8fafc;border:1px solid #cbd5e1;border-radius:6px;padding:.2em 1.2em}.summary h3{margin:.8em 0 .2em}
-.headline{font-size:1.3em;font-weight:600}.actions li{margin:.5em 0}"""
+.summary{background:#f8fafc;border:1px solid #cbd5e1;border-radius:6px;padding:.2em 1.2em}
+.summary h3{margin:.8em 0 .2em}.headline{font-size:1.3em;font-weight:600}.actions li{margin:.5em 0}"""
 
 
 def build(ctx: Context, progress: Callable[[str], None] = lambda _name: None) -> str:

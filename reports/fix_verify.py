@@ -78,7 +78,8 @@ def format_verdicts(found: list[Verdict], shares: dict[str, tuple[float, float]]
         low, high = v.p99_interval
         lines.append(f"{v.name} ({v.requests[0]} -> {v.requests[1]} requests): "
                      + ", ".join(f"{q} {v.before[q]:.1f} -> {v.after[q]:.1f} ms" for _, q in QUANTILES)
-                     + f"; P99 change {v.after['P99'] - v.before['P99']:+.1f} ms (95% interval {low:+.1f} .. {high:+.1f})")
+                     + f"; P99 change {v.after['P99'] - v.before['P99']:+.1f} ms "
+                       f"(95% interval {low:+.1f} .. {high:+.1f})")
         ratio = v.before["P99"] / v.after["P99"] if v.after["P99"] else float("inf")
         lines.append(f"  the fix worked: P99 {ratio:.1f}x lower" if v.worked else
                      "  it made things worse: P99 higher (jitterscope fix --undo takes it back)" if v.worse else

@@ -43,7 +43,8 @@ from __future__ import annotations
 from jitterscope.schemas import topics
 from jitterscope.schemas.signals import DATABASE as DB, TABLE_OF
 
-QUESTION = "What did each host lose, per boot: kernel drops, producer and spool failures, dead letters, seq gaps, unstored?"
+QUESTION = ("What did each host lose, per boot: kernel drops, producer and spool failures, dead letters, seq gaps, "
+            "unstored?")
 PARAMS = {"host": ("String", "")}  # '' = every host
 MAX_GAP = 1_000_000  # see the module doc: larger jumps are new collector runs
 
@@ -94,7 +95,7 @@ def _stored() -> str:
 
 def sql() -> str:
     per_topic = "\n        UNION ALL".join(
-        [f"""
+        ["""
         SELECT host, boot_id, topic, n AS sent_n, 0 AS stored_n, 0 AS gaps, 0 AS missing
         FROM runs ARRAY JOIN mapKeys(sent_by_topic) AS topic, mapValues(sent_by_topic) AS n"""]
         + [_stored()])
@@ -120,7 +121,8 @@ FROM (
     GROUP BY sender AS host, boot AS boot_id
     UNION ALL
     SELECT host, boot_id, {_row(seq_gaps="sum(gaps)", seq_missing="sum(missing)", sent="sum(sent_n)",
-                                stored="sum(stored_n)", unstored="greatest(toInt64(sum(sent_n)) - toInt64(sum(stored_n)), 0)")}
+                                stored="sum(stored_n)",
+                                unstored="greatest(toInt64(sum(sent_n)) - toInt64(sum(stored_n)), 0)")}
     FROM ({per_topic}
     )
     GROUP BY host, boot_id, topic

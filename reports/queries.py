@@ -149,64 +149,70 @@ LIMIT {{limit:UInt32}}""",
 ]}
 
 # A cause that comes back on a schedule (an archiver every 15 minutes, a
-# cron backup) is found from its minutes: each (host, cause, culprit)'s
-# minutes with the cause (a neighbour holding CPUs the serving threads
-# waited for at least min_ms in the minute, from the runq_minute rollup; or
-# attributed requests naming it), consecutive minutes merged into one
-# occurrence; the period is the commonest gap between occurrences, the
-# regularity the share of gaps within a minute of it, the phase the minute
-# within the period (epoch minutes modulo the period: 7 with a 15-minute
-# period is :07, :22, :37, :52).
+# cron backup, a flusher every 30 s) is found from its moments: each (host,
+# cause, culprit)'s steps of ``step_s`` seconds with the cause (a neighbour
+# holding CPUs the serving threads waited for at least min_ms in the minute,
+# from the runq_minute rollup, which has whole minutes only; or attributed
+# requests naming it), consecutive steps merged into one occurrence; the
+# period is the commonest gap between occurrences, the regularity the share
+# of gaps within a step of it, the phase where in the period it starts
+# (epoch seconds modulo the period: 420 with a 15-minute period is :07,
+# :22, :37, :52). A culprit's step is the coarser of step_s and its source's.
 #
 # A culprit recurs by what it is, not by its pid: a cron job is a new
 # process every run. An attribution's culprit ("archiver (pid 4242)") is
 # keyed by its command, with its systemd unit where the process record
 # gives one ("archiver (log-archiver.service)"); ``instance`` keeps the
 # culprit as attributed, pid included, for the drill-down.
+STEP = "greatest({step_s:UInt32}, 1)"
 RECURRING_SPIKES = f"""
-    SELECT host, 'runq_starvation' AS cause, suspect_comm AS culprit, suspect_comm AS instance, minute
+    SELECT host, 'runq_starvation' AS cause, suspect_comm AS culprit, suspect_comm AS instance,
+           toStartOfInterval(minute, toIntervalSecond(greatest({STEP}, 60))) AS moment, greatest({STEP}, 60) AS step
     FROM {DB}.runq_minute
     WHERE {MINUTES} AND neighbour
-    GROUP BY host, culprit, minute
+    GROUP BY host, culprit, moment
     HAVING sum(waited_ns) >= {{min_ms:UInt32}} * 1000000
   UNION ALL
     SELECT r.host AS host, r.cause AS cause,
            concat(replaceRegexpOne(r.culprit, ' [(](pid|tid) [0-9]+[)]$', ''),
                   if(endsWith(u.unit, '.service'), concat(' (', u.unit, ')'), '')) AS culprit,
-           r.culprit AS instance, toStartOfMinute(r.ts) AS minute
+           r.culprit AS instance, toStartOfInterval(toDateTime(r.ts), toIntervalSecond({STEP})) AS moment,
+           {STEP} AS step
     FROM {DB}.request_attribution AS r
     LEFT JOIN (SELECT host, pid, splitByChar('/', argMax(cgroup, ts))[-1] AS unit
                FROM {DB}.processes WHERE {SINCE} GROUP BY host, pid) AS u
       ON u.host = r.host AND u.pid = toUInt32OrZero(extract(r.culprit, ' [(]pid ([0-9]+)[)]$'))
     WHERE r.{SINCE} AND r.culprit != '' AND r.cause NOT IN ('none', 'unexplained')
-    GROUP BY host, cause, culprit, instance, minute"""
+    GROUP BY host, cause, culprit, instance, moment"""
 
 SAVED["recurring-causes"] = SavedQuery(
     "recurring-causes",
     "Which causes come back on a schedule (period, phase, and the process behind them)?",
-    f"""SELECT host, cause, culprit, period_min, phase_min, length(starts) AS occurrences,
-       round(arrayCount(g -> abs(toInt64(g) - toInt64(period_min)) <= 1, gaps) / length(gaps), 2) AS regularity,
+    f"""SELECT host, cause, culprit, period_steps * step AS period_s, phase_steps * step AS phase_s,
+       length(starts) AS occurrences,
+       round(arrayCount(g -> abs(toInt64(g) - toInt64(period_steps)) <= 1, gaps) / length(gaps), 2) AS regularity,
        starts[1] AS first_seen, starts[-1] AS last_seen, last_instance
 FROM (
-    SELECT host, cause, culprit, starts, arrayReduce('topK(1)', gaps)[1] AS period_min,
-           intDiv(toUInt32(starts[1]), 60) % greatest(period_min, 1) AS phase_min, gaps, last_instance
+    SELECT host, cause, culprit, step, starts, arrayReduce('topK(1)', gaps)[1] AS period_steps,
+           intDiv(toUInt32(starts[1]), step) % greatest(period_steps, 1) AS phase_steps, gaps, last_instance
     FROM (
-        SELECT host, cause, culprit, starts, last_instance,
-               arrayPopFront(arrayDifference(arrayMap(m -> intDiv(toUInt32(m), 60), starts))) AS gaps
+        SELECT host, cause, culprit, step, starts, last_instance,
+               arrayPopFront(arrayDifference(arrayMap(m -> intDiv(toUInt32(m), step), starts))) AS gaps
         FROM (
-            SELECT host, cause, culprit, arraySort(groupUniqArray(minute)) AS minutes,
-                   argMax(instance, minute) AS last_instance,
-                   arrayFilter((m, i) -> i = 1 OR toUInt32(m) - toUInt32(minutes[i - 1]) > 60,
-                               minutes, arrayEnumerate(minutes)) AS starts
+            SELECT host, cause, culprit, max(step) AS step, arraySort(groupUniqArray(moment)) AS moments,
+                   argMax(instance, moment) AS last_instance,
+                   arrayFilter((m, i) -> i = 1 OR toUInt32(m) - toUInt32(moments[i - 1]) > step,
+                               moments, arrayEnumerate(moments)) AS starts
             FROM ({RECURRING_SPIKES})
             GROUP BY host, cause, culprit
         )
     )
 )
-WHERE occurrences >= {{min_occurrences:UInt32}} AND period_min > 1 AND regularity >= {{min_regularity:Float64}}
+WHERE occurrences >= {{min_occurrences:UInt32}} AND period_steps > 1 AND regularity >= {{min_regularity:Float64}}
 ORDER BY regularity DESC, occurrences DESC, host, cause, culprit
 LIMIT {{limit:UInt32}}""",
-    {"min_ms": ("UInt32", "100"), "min_occurrences": ("UInt32", "3"), "min_regularity": ("Float64", "0.6")},
+    {"min_ms": ("UInt32", "100"), "min_occurrences": ("UInt32", "3"), "min_regularity": ("Float64", "0.6"),
+     "step_s": ("UInt32", "60")},
 )
 
 SAVED["ledger"] = SavedQuery("ledger", ledger.QUESTION, ledger.sql(), ledger.PARAMS)  # see reports/ledger.py

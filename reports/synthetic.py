@@ -62,7 +62,8 @@ def runq_statements(hosts: int, runq_events: int, span: int, end_ns: int, resolu
 SELECT {_host('number', hosts)} AS host, 'boot-1', intDiv(number, {hosts}) AS seq,
        fromUnixTimestamp64Nano(toInt64(intDiv({end_ns - span * 1_000_000_000} + seq * {step_ns}
                                        + cityHash64(number, 2) % {step_ns}, {r}) * {r})) AS ts,
-       1000 + cityHash64(number, 3) % 4 AS pid, 2000 + cityHash64(number, 4) % 32 AS tid, 'vllm', cityHash64(number, 5) % 64,
+       1000 + cityHash64(number, 3) % 4 AS pid, 2000 + cityHash64(number, 4) % 32 AS tid, 'vllm',
+       cityHash64(number, 5) % 64,
        intDiv(5000000 + toUInt64(-log((cityHash64(number, 6) + 1) / 1.8446744073709552e19) * 3000000), {r}) * {r}
          AS wait_ns,
        30000 + 100 * (arrayFirstIndex(x -> x > cityHash64(number, 8) % 100, arrayCumSum({weights})) AS suspect)
@@ -91,10 +92,12 @@ def _recurring_memory_statements(span: int) -> list[str]:
     """The same archiver's memory side: each run a new process (a cron job's
     new pid) under one systemd unit, named by three requests' memory stalls."""
     period, runs = RECURRING_PERIOD_MIN * 60, span // (RECURRING_PERIOD_MIN * 60) - 2
-    run_start = f"(intDiv(toUInt64(now()) - {span}, {period}) * {period} + {period} * (1 + k) + {RECURRING_PHASE_MIN * 60})"
+    run_start = (f"(intDiv(toUInt64(now()) - {span}, {period}) * {period} + {period} * (1 + k) "
+                 f"+ {RECURRING_PHASE_MIN * 60})")
     return [f"""INSERT INTO {DB}.request_attribution (host, boot_id, seq, ts, request_id, name, pid, duration_ns,
        baseline_ns, excess_ns, status, cause, explained, culprit)
-SELECT {{recurring_host:String}}, 'boot-recurring', number, fromUnixTimestamp64Nano(toInt64(({run_start} + 10 + number % 3) * 1000000000)),
+SELECT {{recurring_host:String}}, 'boot-recurring', number,
+       fromUnixTimestamp64Nano(toInt64(({run_start} + 10 + number % 3) * 1000000000)),
        concat('archived-', toString(number)), 'llm_request', 1000, 100000000, 75000000, 25000000, 'ok', 'memory_stall',
        0.9, concat({{recurring_culprit:String}}, ' (pid ', toString(50000 + k), ')')
 FROM (SELECT number, intDiv(number, 3) AS k FROM numbers({3 * runs}))""",
@@ -150,7 +153,8 @@ SELECT host, 'boot-1', number, now64(9) - toIntervalMinute(number), now64(9), 'n
 FROM (SELECT number, arrayJoin({{off_node:Array(String)}}) AS host FROM numbers(3))""",
         f"""INSERT INTO {DB}.alerts (host, boot_id, seq, ts, raised, kind, severity, pid, tid, comm, cpu, wait_ns,
     suspect_pid, suspect_comm, cpus_allowed, summary, remedy, request_id, evidence)
-SELECT if(number < 50, {{pcie_host:String}}, 'a100-251'), 'boot-1', 1000 + number, now64(9) - toIntervalMinute(number), now64(9),
+SELECT if(number < 50, {{pcie_host:String}}, 'a100-251'), 'boot-1', 1000 + number,
+       now64(9) - toIntervalMinute(number), now64(9),
        'pcie_contention', 'critical', 4242, 4243, 'vllm', 0, 80000000 + number * 1000000, 0, '', [],
        'GPU stall while a neighbour streamed', 'move the I/O', '',
        map('gpu', '0000:83:00.0', 'switch', '0000:81:00.0',

@@ -309,6 +309,7 @@ class PagePlacement(Record, frozen=True):
     page_cache_pages: U64  # file pages it added to the page cache
     alloc_pages: U64  # pages allocated in its context
     memory_cgroup: str = ""  # its memory cgroup when counted: whose limit it filled ("" = unknown)
+    exited: bool = False  # its last record: the process exited, its allocations freed (its page cache may stay)
 
 
 class DeviceIo(Record, frozen=True):

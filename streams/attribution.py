@@ -210,8 +210,7 @@ class Attributor:
             waiting = waiting[len(waiting) - self.max_pending:]
         if not ready:
             return []
-        self._pending = waiting
-        self._culprits = {}
+        self._pending, self._culprits = waiting, {}
         ready.sort(key=lambda s: s.end_ns)
         out = []
         for span in ready:
@@ -219,8 +218,7 @@ class Attributor:
             lo, hi = self._windows.get(key, (span.start_ns, span.end_ns))
             self._windows[key] = (min(lo, span.start_ns), max(hi, span.end_ns))
             self._batch[key].append((span.start_ns, span.end_ns))
-            self._batch[key] += windows_wanted(  # its phases: answered with the batch's index
-                span, lambda s: self._slo(*self.baseline_ns(s.host, s.name)[:2]), self.tokens)
+            self._batch[key] += windows_wanted(span, self._span_slo, self.tokens)  # its phases: the batch's index
         try:
             for span in ready:
                 if span in self.attributed:  # the same span twice in the backlog
@@ -250,6 +248,9 @@ class Attributor:
     def _slo(self, baseline: int, trusted: bool) -> int:
         """A request's SLO: the configured one, else slo_factor times its baseline once trusted (0: none yet)."""
         return self.slo_ns or (int(self.slo_factor * baseline) if trusted else 0)
+
+    def _span_slo(self, span: RequestSpan) -> int:
+        return self._slo(*self.baseline_ns(span.host, span.name)[:2])
 
     def _usual_own(self, span: RequestSpan, charged: Charges, waited: int) -> int:
         """The self-contention requests of this name that no one thread carried usually have (the median of the recent

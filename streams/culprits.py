@@ -170,9 +170,13 @@ def evictor(evidence: HostEvidence, span: RequestSpan, group: set[int] | None,
     carry (the collector reads it with them), else its process record's:
     that travels on another topic and may come late, or never for a
     short-lived process. ``record_of``: a pid's process record on the
-    span's host, None where none has come (yet)."""
+    span's host, None where none has come (yet). A process that exited
+    before the request began holds none of its allocations (the archiver of
+    an earlier cron run): only the page cache it added counts."""
     found = evidence.get((HOST_PAGES, PagePlacement))
     added: dict[int, dict[int, int]] = defaultdict(lambda: defaultdict(int))  # pid -> node -> pages
+    allocated: dict[int, dict[int, int]] = defaultdict(lambda: defaultdict(int))  # pid -> node -> allocations
+    exited: set[int] = set()
     names: dict[int, str] = {}
     cgroups: dict[int, str] = {}
     serving_nodes: set[int] = set()
@@ -181,8 +185,14 @@ def evictor(evidence: HostEvidence, span: RequestSpan, group: set[int] | None,
             serving_nodes.add(record.node)
         elif record.pid:
             added[record.pid][record.node] += record.page_cache_pages + record.alloc_pages
+            allocated[record.pid][record.node] += record.alloc_pages
             names[record.pid] = record.comm
             cgroups[record.pid] = record.memory_cgroup or cgroups.get(record.pid, "")
+            if record.exited and record.ts_ns <= span.start_ns:
+                exited.add(record.pid)
+    for pid in exited:
+        for node, pages in allocated[pid].items():
+            added[pid][node] -= pages
     limit = memory_limit(record_of(span.pid))
     if limit:
         for pid in added:
@@ -196,7 +206,7 @@ def evictor(evidence: HostEvidence, span: RequestSpan, group: set[int] | None,
         candidates = [pid for pid in added if serving_nodes & added[pid].keys()] if serving_nodes else []
         added = {pid: {node: pages for node, pages in nodes.items() if node in serving_nodes}
                  for pid, nodes in added.items()} if candidates else added
-    totals = {pid: sum(added[pid].values()) for pid in (candidates or added)}
+    totals = {pid: total for pid in (candidates or added) if (total := sum(added[pid].values())) > 0}
     if not totals:
         return ""
     pid = max(totals, key=totals.__getitem__)

@@ -72,7 +72,7 @@ class Handlers:
         self.cooldowns = Cooldowns()  # repeats of sampled findings (streams/alert_groups.py)
         self.throttles = ThrottleIndex()
         self.clock = clock
-        self.parking = ParkedWaits(state, self.throttles, self._judge, self._limited, clock, max_parked)
+        self.parking = ParkedWaits(state, self.throttles, self._judge, clock, max_parked)
         #: input topic -> its signal's handler (schemas/signals.py)
         self.table: dict[str, Handler] = {}
         for signal in signals.SIGNALS:
@@ -165,7 +165,7 @@ class Handlers:
             victim = known.get((event.host, event.pid))
             # the common case, answered with dict look-ups: a known process on a
             # known host in a cgroup without a quota
-            if victim is not None and event.host in topology and not self._limited(event, victim):
+            if victim is not None and event.host in topology and not self.throttles.limited(event.host, victim):
                 alert = self._judge(event, victim, limited=False)
             else:
                 now = self.clock() if now is None else now
@@ -192,7 +192,7 @@ class Handlers:
         """The run-queue rule with what is known now; a throttled wait inside
         its cgroup's quiet period raises nothing (the cfs_throttling alert said it)."""
         if limited is None:
-            limited = self._limited(event, victim)
+            limited = self.throttles.limited(event.host, victim)
         throttled = self.throttles.throttled(event.host, victim.cgroup, event.ts_ns - event.wait_ns, event.ts_ns) \
             if limited else []
         alert = runq.runq_starvation(event, self.t.runq_alert_ns, victim, self.state.host_cpus(event.host),
@@ -200,11 +200,6 @@ class Handlers:
         if alert and (alert.kind != "cfs_throttling" or self.cooldowns.fresh(alert, alert.evidence.get("cgroup"))):
             return alert if self.audience.hears_of(victim) else quieted(alert)
         return None
-
-    def _limited(self, event: events.RunqEvent, victim) -> bool:
-        """Whether a quota cgroup is known above the waiting thread."""
-        cgroup = getattr(victim, "cgroup", "")
-        return bool(cgroup and self.throttles.limits(event.host, cgroup))
 
     async def irq(self, records: list[events.IrqTime], now_ns: int) -> list[events.Alert]:
         """Interrupt time per CPU: charged to the request waits on that CPU,

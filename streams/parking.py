@@ -74,13 +74,13 @@ class Parked:
 
 class ParkedWaits:
     """``state``: the worker's HostState (its process and topology look-ups);
-    ``throttles``: the handlers' throttle index; ``judge``: the run-queue
-    rule; ``limited(event, victim)``: whether a quota cgroup is known above
-    the waiting thread; ``clock``: monotonic seconds, for the deadlines."""
+    ``throttles``: the handlers' throttle index (which quota cgroups are
+    known above a thread, and how far their records reach); ``judge``: the
+    run-queue rule; ``clock``: monotonic seconds, for the deadlines."""
 
-    def __init__(self, state, throttles: ThrottleIndex, judge: Judge, limited: Callable[..., bool],
-                 clock: Callable[[], float], max_parked: int = MAX_PARKED):
-        self.state, self.throttles, self.judge, self.limited = state, throttles, judge, limited
+    def __init__(self, state, throttles: ThrottleIndex, judge: Judge, clock: Callable[[], float],
+                 max_parked: int = MAX_PARKED):
+        self.state, self.throttles, self.judge = state, throttles, judge
         self.clock, self.max_parked = clock, max_parked
         #: parked waits, oldest first; the same per host; their deadlines (a heap, stale items skipped)
         self._parked: dict[int, Parked] = {}
@@ -150,7 +150,7 @@ class ParkedWaits:
             if waits:
                 return max(waits)
             parked.victim = victim
-            if not self.limited(event, victim):
+            if not self.throttles.limited(event.host, victim):
                 return None
             parked.throttle_until = now + THROTTLE_WAIT_S
         if now >= parked.throttle_until or parked.victim is None or \

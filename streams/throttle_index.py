@@ -55,6 +55,11 @@ class ThrottleIndex:
         """The quota cgroups known on ``host`` that limit ``cgroup`` (itself or an ancestor)."""
         return [c for c in self._records.get(host, {}) if cgroup and contains(c, cgroup)]
 
+    def limited(self, host: str, victim) -> bool:
+        """Whether a quota cgroup is known above ``victim``'s (a process record, or None)."""
+        cgroup = getattr(victim, "cgroup", "")
+        return bool(cgroup and self.limits(host, cgroup))
+
     def covered_until(self, host: str, cgroup: str) -> int:
         """Epoch ns up to which the throttling of every quota cgroup above
         ``cgroup`` is known (0: none known)."""

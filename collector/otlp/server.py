@@ -401,7 +401,8 @@ class OtlpReceiver:
         self.max_body_bytes = max_body_bytes
         self.proc = proc
         self.pids = PidResolver(proc, trusted_relays=trusted_relays)
-        self.intake = intake  # collector/intake.py: admit(sender, spans) and put(sender, records) instead of on_requests
+        # collector/intake.py: admit(sender, spans) and put(sender, records) instead of on_requests
+        self.intake = intake
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 

@@ -36,6 +36,7 @@ class RawPagePlacement:
     page_cache_pages: int  # file pages it added to the page cache
     alloc_pages: int       # pages allocated in its context
     memory_cgroup: str = ""  # its memory cgroup when read ("" = gone)
+    exited: bool = False  # the process exited: its last counts (its allocations are freed)
 
 
 def merge_ranges(pfn_ranges: Iterable[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
@@ -136,7 +137,9 @@ def diff_counts(entries, seen: dict[tuple[int, int], tuple[int, int]], gone: set
     (their entries are reported one last time and returned for deletion);
     ``comm_of``: a live process's name, "" when unknown (the kernel's comm,
     the thread that created the entry, stands in); ``memory_cgroup_of``: its
-    memory cgroup, "" when unknown. Returns (deltas, new seen, keys to delete)."""
+    memory cgroup, "" when unknown. Returns (deltas, new seen, keys to delete).
+    An exited process's entries are deltas even when nothing was added:
+    they say it exited (``exited``)."""
     result: dict[tuple[int, int], RawPagePlacement] = {}
     now_seen: dict[tuple[int, int], tuple[int, int]] = {}
     stale = []
@@ -147,25 +150,32 @@ def diff_counts(entries, seen: dict[tuple[int, int], tuple[int, int]], gone: set
         before_cache, before_alloc = seen.get(ident, (0, 0))
         if cache < before_cache or alloc < before_alloc:  # deleted and restarted in between
             before_cache, before_alloc = 0, 0
-        if key.pid in gone:
+        exited = key.pid in gone
+        if exited:
             stale.append(key)
         else:
             now_seen[ident] = (cache, alloc)
-        if cache > before_cache or alloc > before_alloc:
+        if cache > before_cache or alloc > before_alloc or exited:
             if key.pid not in comms:
                 comms[key.pid] = (comm_of(key.pid) or base.c_string(bytes(c.comm)), memory_cgroup_of(key.pid))
             comm, memory_cgroup = comms[key.pid]
             result[ident] = RawPagePlacement(key.pid, key.node, comm, cache - before_cache, alloc - before_alloc,
-                                             memory_cgroup)
+                                             memory_cgroup, exited)
     return result, now_seen, stale
 
 
 class PagesSignal(BccSignal):
     """Pages each process put on each NUMA node (the topology's pfn ranges);
-    less than MIN_PAGES in an interval makes no record."""
+    less than MIN_PAGES in an interval makes no record, but for the last one
+    of a process whose pages were reported: it says the process exited (the
+    evictor search no longer counts its allocations as held)."""
 
     name = "pages"
     publishes = (events.PagePlacement,)
+
+    def __init__(self):
+        super().__init__()
+        self.reported: set[int] = set()  # pids with a record, not yet seen to exit
 
     def open(self, context: ProbeContext) -> None:
         self.ctx = context
@@ -175,17 +185,23 @@ class PagesSignal(BccSignal):
     def periodic(self, interval_ns: int, now_ns: int) -> list[events.Record]:
         if not self.probe:
             return []
-        records = []
+        records, exited = [], set()
         for (pid, node), p in sorted(self.probe.read().items()):
-            if p.page_cache_pages + p.alloc_pages < MIN_PAGES:
+            if p.page_cache_pages + p.alloc_pages < MIN_PAGES and not (p.exited and pid in self.reported):
                 continue
-            self.ctx.describe_process(pid)
+            if p.exited:
+                exited.add(pid)
+            else:
+                self.reported.add(pid)
+                self.ctx.describe_process(pid)
             records.append(self.ctx.record(
                 events.PagePlacement, now_ns, pid=pid, comm=p.comm, node=node if node != UNKNOWN_NODE else -1,
                 interval_ns=interval_ns, page_cache_pages=p.page_cache_pages, alloc_pages=p.alloc_pages,
-                memory_cgroup=p.memory_cgroup))
+                memory_cgroup=p.memory_cgroup, exited=p.exited))
+        self.reported -= exited
         return records
 
     def forget(self, pids: set[int]) -> None:
+        self.reported -= pids
         if self.probe:
             self.probe.forget(pids)

@@ -149,8 +149,8 @@ class XidSignal(Probe):
             if line.pid:
                 self.ctx.describe_process(line.pid)
             self.ctx.publish(self.ctx.event(
-                events.GpuXid, record.usec * 1000 + self.clock_offset_ns, xid=line.xid, pci=line.pci, gpu=self._gpus.get(line.pci, ""),
-                pid=line.pid, comm=line.comm, message=line.message))
+                events.GpuXid, record.usec * 1000 + self.clock_offset_ns, xid=line.xid, pci=line.pci,
+                gpu=self._gpus.get(line.pci, ""), pid=line.pid, comm=line.comm, message=line.message))
 
     def periodic(self, interval_ns: int, now_ns: int) -> list[events.Record]:
         if self.follower is not None:  # the clocks drift apart: follow them

@@ -809,3 +809,7 @@ CREATE TABLE IF NOT EXISTS jitterscope.serving_metrics ON CLUSTER '{cluster}' AS
 ALTER TABLE jitterscope.request_attribution_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS culprit_stack UInt64 DEFAULT 0;
 
 ALTER TABLE jitterscope.request_attribution ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS culprit_stack UInt64 DEFAULT 0;
+
+ALTER TABLE jitterscope.page_placement_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS exited Bool DEFAULT false;
+
+ALTER TABLE jitterscope.page_placement ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS exited Bool DEFAULT false;

@@ -19,11 +19,13 @@ from collections import Counter
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 
 from jitterscope.workload import last_cpu
+from jitterscope.reports import queries
 from tests.conftest import late_evidence, remove_cgroup, span_pipeline, wait_until
 from tests.slow_disk import SlowDisk
 
@@ -216,7 +218,7 @@ def test_gil_wait_is_explained_with_its_holder(pipeline):
 
 ARCHIVER = """
 import ctypes, sys
-ctypes.CDLL(None).prctl(15, b"log-archiver", 0, 0, 0)  # PR_SET_NAME: the name jitterscope should give
+ctypes.CDLL(None).prctl(15, b"{name}", 0, 0, 0)  # PR_SET_NAME: the name jitterscope should give
 logs = bytearray({mb} << 20)  # buffered logs: anonymous memory, zero-filled, so every page is touched
 print("ready", flush=True)
 sys.stdin.readline()
@@ -231,7 +233,8 @@ class MemoryLimit:
     def __init__(self):
         v1 = Path("/sys/fs/cgroup/memory")
         self.v1 = v1.is_dir()
-        self.path = (v1 if self.v1 else Path("/sys/fs/cgroup")) / f"jitterscope-memory-{os.getpid()}"
+        # a name of its own each time: the processes of an earlier test's limit are no one's neighbours here
+        self.path = (v1 if self.v1 else Path("/sys/fs/cgroup")) / f"jitterscope-memory-{uuid.uuid4().hex[:12]}"
         self.path.mkdir()
         assert (self.path / ("memory.limit_in_bytes" if self.v1 else "memory.max")).exists(), \
             "no memory controller: mount cgroup v1's memory hierarchy, or enable v2's in cgroup.subtree_control"
@@ -277,7 +280,7 @@ def test_weights_evicted_under_a_shared_memory_limit_are_a_memory_stall_and_the_
             lines.append(line.split())
             index = int(lines[-1][0].rsplit("-", 1)[1]) if len(lines[-1]) == 5 else -1
             if index == INJECTED[0] - 1:  # the archiver buffers its logs beside it, under the same limit
-                archiver = subprocess.Popen([sys.executable, "-c", ARCHIVER.format(mb=ARCHIVER_MB)],
+                archiver = subprocess.Popen([sys.executable, "-c", ARCHIVER.format(name="log-archiver", mb=ARCHIVER_MB)],
                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                             preexec_fn=memory.join)
                 assert archiver.stdout.readline().strip() == "ready"
@@ -311,6 +314,84 @@ def test_weights_evicted_under_a_shared_memory_limit_are_a_memory_stall_and_the_
           f"{len(right)} named memory_stall by {evictor}; memory wait per request median "
           f"{statistics.median(stalls):.1f} ms; {len(named)} of {len(quiet)} quiet requests named a cause; "
           f"{explained(got, affected)}")
+
+
+# The archiver as cron runs it: a new process every PERIOD_S, each run under
+# the serving group's memory limit for RUN_REQUESTS of the stand-in's
+# requests (then REFILL more read the weights back, and it waits for the
+# next run); the schedule is read in STEP_S steps (recurring-causes' step_s)
+PERIOD_S, STEP_S, RUNS, BASELINE, RUN_REQUESTS, REFILL = 30, 5, 3, 100, 30, 10
+
+
+def test_an_archiver_on_a_schedule_recurs_under_its_memory_cause(pipeline, tmp_path):
+    stack, worker, collector, otlp_port = pipeline
+    memory = MemoryLimit()
+    starts = [BASELINE + k * (RUN_REQUESTS + REFILL) for k in range(RUNS)]
+    ends = [s + RUN_REQUESTS for s in starts]
+    total = starts[-1] + RUN_REQUESTS + REFILL
+    standin = subprocess.Popen(
+        [sys.executable, str(STANDIN), "--endpoint", f"http://127.0.0.1:{otlp_port}/v1/traces",
+         "--pin-cpu", str(last_cpu()), "--requests", str(total), "--cpu-ms", str(CPU_MS), "--gap-ms", "10",
+         "--id-prefix", "cron-", "--times", "--cpu-times", "--weights-mb", str(WEIGHTS_MB),
+         "--scratch", str(on_disk(tmp_path)), *(f"--hold-at={h}" for h in (HOLD_AT, *starts, *ends))],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, preexec_fn=memory.join)
+    runs: list[tuple[subprocess.Popen, float]] = []  # each run's process and when it started (monotonic s)
+
+    def go() -> None:
+        standin.stdin.write("go\n")
+        standin.stdin.flush()
+
+    lines = []
+    try:
+        wait_until(lambda: watching(collector, standin.pid), 120, "the collector's blocked probe on the stand-in",
+                   collector)
+        memory.limit(memory.usage() + HEADROOM_MB * (1 << 20))
+        go()
+        while len(lines) < total:
+            line = standin.stdout.readline()
+            assert line, "the stand-in ended early"
+            lines.append(line.split())
+            index = int(lines[-1][0].rsplit("-", 1)[1])
+            if index + 1 in starts:
+                # the schedule is what is under test: each run starts PERIOD_S after the first, as cron's would
+                if runs:
+                    time.sleep(max(0.0, runs[0][1] + len(runs) * PERIOD_S - time.monotonic()))
+                archiver = subprocess.Popen([sys.executable, "-c", ARCHIVER.format(name="sched-archiver",
+                                                                                   mb=ARCHIVER_MB)],
+                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                            preexec_fn=memory.join)
+                runs.append((archiver, time.monotonic()))
+                assert archiver.stdout.readline().strip() == "ready"
+                go()
+            elif index + 1 in ends:  # a run's end: the archiver exits, and the weights are read back
+                runs[-1][0].communicate("done\n", timeout=60)
+                go()
+        standin.communicate(timeout=120)
+    finally:
+        for process in (standin, *(archiver for archiver, _ in runs)):
+            process.kill()
+            process.wait()
+        memory.remove()
+    assert standin.returncode == 0 and len(runs) == RUNS
+    requests = {f[0]: tuple(map(int, f[1:])) for f in lines}
+    got = every_attribution(stack, worker, requests)
+    # each run's requests: a memory stall, its own run named (the pid of that run)
+    during = [[f"cron-{s + i}" for i in range(1, RUN_REQUESTS)] for s in starts]
+    stalled = [Counter(got[r]["culprit"] for r in run if got[r]["cause"] == "memory_stall") for run in during]
+    assert all(named[f"sched-archiver (pid {archiver.pid})"] >= 0.5 * len(run)
+               for named, run, (archiver, _) in zip(stalled, during, runs)), (
+        [archiver.pid for archiver, _ in runs], stalled, [Counter(got[r]["cause"] for r in run) for run in during])
+
+    sql, values = queries.bind("recurring-causes", {"since": "15m", "step_s": str(STEP_S)})
+    names = ("host", "cause", "culprit", "period_s", "phase_s", "occurrences", "regularity", "first_seen",
+             "last_seen", "last_instance")
+    rows = [dict(zip(names, row)) for row in stack.query(sql, **values)]
+    found = [r for r in rows if (r["cause"], r["culprit"]) == ("memory_stall", "sched-archiver")]
+    assert found, rows  # by its command, though each run was a new pid
+    assert found[0]["occurrences"] >= RUNS and abs(found[0]["period_s"] - PERIOD_S) <= STEP_S, found
+    assert found[0]["last_instance"] == f"sched-archiver (pid {runs[-1][0].pid})"  # the last run, for the drill-down
+    print(f"\n[measured] {RUNS} archiver runs {PERIOD_S} s apart, each a new pid; memory_stall culprits of the "
+          f"requests during each: {[dict(named) for named in stalled]}; recurring-causes (step {STEP_S} s): {found[0]}")
 
 
 def on_disk(path: Path) -> Path:

@@ -94,19 +94,23 @@ def test_pcie_contention(fleet):
 def test_recurring_causes_have_their_period_phase_and_culprit(fleet):
     rows = saved(fleet, "recurring-causes", "since=24h")
     top = next(r for r in rows if r["cause"] == "runq_starvation")
-    assert (top["host"], top["cause"], top["culprit"], top["period_min"], top["phase_min"]) == (
-        synthetic.RECURRING_HOST, "runq_starvation", synthetic.RECURRING_CULPRIT, synthetic.RECURRING_PERIOD_MIN,
-        synthetic.RECURRING_PHASE_MIN)
+    assert (top["host"], top["cause"], top["culprit"], top["period_s"], top["phase_s"]) == (
+        synthetic.RECURRING_HOST, "runq_starvation", synthetic.RECURRING_CULPRIT, synthetic.RECURRING_PERIOD_MIN * 60,
+        synthetic.RECURRING_PHASE_MIN * 60)
     assert top["regularity"] >= 0.95 and top["occurrences"] >= 90
     # its memory side recurs too, though each run is a new pid: keyed by its command and unit
     memory = [r for r in rows if r["cause"] == "memory_stall"]
-    assert [(r["host"], r["culprit"], r["period_min"], r["phase_min"]) for r in memory] == [
+    assert [(r["host"], r["culprit"], r["period_s"], r["phase_s"]) for r in memory] == [
         (synthetic.RECURRING_HOST, f"{synthetic.RECURRING_CULPRIT} ({synthetic.RECURRING_UNIT})",
-         synthetic.RECURRING_PERIOD_MIN, synthetic.RECURRING_PHASE_MIN)], rows[:5]
+         synthetic.RECURRING_PERIOD_MIN * 60, synthetic.RECURRING_PHASE_MIN * 60)], rows[:5]
     assert memory[0]["occurrences"] >= 90 and memory[0]["last_instance"].startswith(
         f"{synthetic.RECURRING_CULPRIT} (pid 5")  # the last run's process, for the drill-down
     # the fleet's random neighbours (logrotate on every host) never come back on a schedule
     assert all(r["culprit"].startswith(synthetic.RECURRING_CULPRIT) for r in rows), rows[:5]
+    # read on a coarser clock (5-minute steps), the same schedule keeps its period
+    coarse = saved(fleet, "recurring-causes", "since=24h", "step_s=300")
+    assert {(r["cause"], r["culprit"], r["period_s"]) for r in coarse} == {
+        (r["cause"], r["culprit"], r["period_s"]) for r in rows}, coarse[:5]
 
 
 def test_parameters_are_bound_not_pasted(fleet):

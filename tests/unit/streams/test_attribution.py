@@ -854,10 +854,10 @@ def test_a_named_thread_that_mostly_waited_on_its_group_leaves_the_group_s_evide
 
 
 def placement(end_ms: float, pid: int, comm: str, cache: int = 0, alloc: int = 0,
-              memory_cgroup: str = "", node: int = 0) -> PagePlacement:
+              memory_cgroup: str = "", node: int = 0, exited: bool = False) -> PagePlacement:
     return PagePlacement(host="h1", boot_id="b", seq=0, ts_ns=T0 + int(end_ms * MS), pid=pid, comm=comm, node=node,
                          interval_ns=1_000 * MS, page_cache_pages=cache, alloc_pages=alloc,
-                         memory_cgroup=memory_cgroup)
+                         memory_cgroup=memory_cgroup, exited=exited)
 
 
 def test_a_memory_stall_names_who_filled_memory_before_it_not_the_group_itself():
@@ -871,6 +871,41 @@ def test_a_memory_stall_names_who_filled_memory_before_it_not_the_group_itself()
     a.add_request(span("mem-1", 0, 40))
     [r] = due_after(a, 40)
     assert (r.cause, r.culprit, r.memory_wait_ns) == ("memory_stall", "log-archiver (pid 700)", 30 * MS)
+
+
+def test_an_evictor_that_exited_before_the_stall_holds_none_of_its_allocations():
+    # an archiver run by cron: the run of 30 s ago allocated more, and exited (its memory freed); this
+    # run, another pid, holds what it allocated now. A reader that exited keeps its page cache counted.
+    a = Attributor(grace_ns=GRACE)
+    baseline(a)
+    a.add_evidence(placement(-30_000, 700, "archiver", alloc=9_000))
+    a.add_evidence(placement(-27_000, 700, "archiver", exited=True))
+    a.add_evidence(placement(-2_000, 710, "archiver", alloc=7_000))
+    a.add_evidence(blocked(40, 30, kind="memory", waker=(0, 0, "swapper/0")))
+    a.add_request(span("cron-1", 0, 40))
+    [r] = due_after(a, 40)
+    assert (r.cause, r.culprit) == ("memory_stall", "archiver (pid 710)")
+
+    reader = Attributor(grace_ns=GRACE)
+    baseline(reader)
+    reader.add_evidence(placement(-30_000, 700, "archiver", alloc=9_000, cache=8_000))
+    reader.add_evidence(placement(-27_000, 700, "archiver", exited=True))
+    reader.add_evidence(placement(-2_000, 710, "archiver", alloc=7_000))
+    reader.add_evidence(blocked(40, 30, kind="memory", waker=(0, 0, "swapper/0")))
+    reader.add_request(span("cron-2", 0, 40))
+    [r] = due_after(reader, 40)
+    assert r.culprit == "archiver (pid 700)", "its 8,000 pages of page cache stay after it exits"
+
+    # its exit came after the request began: it held its memory through the stall
+    late = Attributor(grace_ns=GRACE)
+    baseline(late)
+    late.add_evidence(placement(-30_000, 700, "archiver", alloc=9_000))
+    late.add_evidence(placement(20, 700, "archiver", exited=True))
+    late.add_evidence(placement(-2_000, 710, "archiver", alloc=7_000))
+    late.add_evidence(blocked(40, 30, kind="memory", waker=(0, 0, "swapper/0")))
+    late.add_request(span("cron-3", 0, 40))
+    [r] = due_after(late, 40)
+    assert r.culprit == "archiver (pid 700)"
 
 
 def test_with_no_memory_limit_the_evictor_is_who_filled_the_serving_group_s_own_node():

@@ -200,8 +200,12 @@ def test_page_counts_as_deltas():
 
     second, seen, stale = pages.diff_counts(
         [(a0, page_counts(300, 10)), (b0, page_counts(0, 450))], seen, {200}, lambda pid: "")
-    assert second == {(200, 0): pages.RawPagePlacement(200, 0, "reader", 0, 50)}
+    assert second == {(200, 0): pages.RawPagePlacement(200, 0, "reader", 0, 50, exited=True)}
     assert stale == [b0] and (200, 0) not in seen
+
+    # an exit with nothing added since: still a delta, that says it exited
+    a_gone, _, stale = pages.diff_counts([(a0, page_counts(300, 10))], seen, {100}, lambda pid: "")
+    assert a_gone == {(100, 0): pages.RawPagePlacement(100, 0, "reader", 0, 0, exited=True)} and stale == [a0]
 
 
 def test_page_records_skip_small_activity_and_map_the_unknown_node():
@@ -214,6 +218,18 @@ def test_page_records_skip_small_activity_and_map_the_unknown_node():
     records = signal.periodic(1_000, 5_000)
     assert [(r.pid, r.node) for r in records] == [(100, 0), (100, -1)]
     assert all(isinstance(r, events.PagePlacement) for r in records)
+
+
+def test_the_last_page_record_of_a_reported_process_says_it_exited():
+    signal = pages.PagesSignal()
+    signal.ctx = fake_context()
+    reads = iter([{(100, 0): pages.RawPagePlacement(100, 0, "archiver", 0, pages.MIN_PAGES)},
+                  {(100, 0): pages.RawPagePlacement(100, 0, "archiver", 0, 0, exited=True),
+                   (200, 0): pages.RawPagePlacement(200, 0, "sh", 0, 3, exited=True)}])  # never reported: no record
+    signal.probe = SimpleNamespace(read=lambda: next(reads))
+    assert [(r.pid, r.exited) for r in signal.periodic(1_000, 5_000)] == [(100, False)]
+    assert [(r.pid, r.exited, r.alloc_pages) for r in signal.periodic(1_000, 6_000)] == [(100, True, 0)]
+    assert signal.reported == set() and signal.ctx.described == [100]
 
 
 def test_block_io_stats_per_device():
