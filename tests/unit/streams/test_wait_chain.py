@@ -84,13 +84,14 @@ def test_a_cycle_or_a_thread_outside_the_group_ends_the_chain():
 
 
 def test_a_chain_stops_at_max_hops():
-    a = Attributor(grace_ns=GRACE, processes=book(*(process(p, group=100) for p in (100, 200, 300, 400, 500))))
+    pids = [100 * k for k in range(1, MAX_HOPS + 4)]
+    a = Attributor(grace_ns=GRACE, processes=book(*(process(p, group=100) for p in pids)))
     baseline(a)
     front_asleep_on(a, (200, 201, "t200"))
-    for pid in (200, 300, 400, 500):
+    for pid in pids[1:]:
         a.add_evidence(blocked(89, 78, kind="sleep", pid=pid, tid=pid + 1, waker=(pid + 100, pid + 101, f"t{pid + 100}")))
     r = request(a)
-    assert [h.tid for h in r.chain] == [201, 301, 401][:MAX_HOPS] and all(h.kind == "sleep" for h in r.chain)
+    assert [h.tid for h in r.chain] == [p + 1 for p in pids[1:MAX_HOPS + 1]] and all(h.kind == "sleep" for h in r.chain)
 
 
 def test_a_thread_that_slept_on_its_own_timer_has_no_chain():
