@@ -202,6 +202,8 @@ def evictor(evidence: HostEvidence, span: RequestSpan, group: set[int] | None,
         # known to be charged elsewhere did not fill it (the disk reader of an earlier pod, say)
         sharing = [pid for pid in added if shares_limit(limit, cgroups[pid])]
         candidates = sharing or [pid for pid in added if not cgroups[pid]]
+        if not candidates:  # every filler seen is charged elsewhere (the evictor's own counts not in yet)
+            return ""
     else:
         candidates = [pid for pid in added if serving_nodes & added[pid].keys()] if serving_nodes else []
         added = {pid: {node: pages for node, pages in nodes.items() if node in serving_nodes}
@@ -210,7 +212,10 @@ def evictor(evidence: HostEvidence, span: RequestSpan, group: set[int] | None,
     if not totals:
         return ""
     pid = max(totals, key=totals.__getitem__)
-    return f"{names[pid]} (pid {pid})"
+    # by the newest name it has been seen with: a process counted in its first moments may still have
+    # its parent's (an interpreter before its prctl, a fork before its exec)
+    newest = next((r.comm for r in reversed(found.events if found else []) if r.pid == pid and r.comm), names[pid])
+    return f"{newest} (pid {pid})"
 
 
 class CulpritStacks:

@@ -908,6 +908,30 @@ def test_an_evictor_that_exited_before_the_stall_holds_none_of_its_allocations()
     assert r.culprit == "archiver (pid 700)"
 
 
+def test_the_evictor_is_named_by_its_newest_name():
+    # counted first while still an interpreter (before its prctl): named as it calls itself since
+    a = Attributor(grace_ns=GRACE)
+    baseline(a)
+    a.add_evidence(placement(-500, 710, "python", alloc=7_000))
+    a.add_evidence(blocked(40, 30, kind="memory", waker=(0, 0, "swapper/0")))
+    a.add_evidence(placement(500, 710, "archiver", alloc=300))
+    a.add_request(span("cron-4", 0, 40))
+    [r] = due_after(a, 600)
+    assert (r.cause, r.culprit) == ("memory_stall", "archiver (pid 710)")
+
+
+def test_under_a_limit_no_one_charged_elsewhere_is_named_the_evictor():
+    # the stall came before the archiver's page counts did (they come every interval): the broker that
+    # wrote the most page cache on the host is charged to another memory cgroup, so it is not named
+    a = Attributor(grace_ns=GRACE, processes=book(process(100, group=100, memory_cgroup="/serving")))
+    baseline(a)
+    a.add_evidence(placement(-3_000, 900, "tansu", cache=500_000, memory_cgroup="/system.slice/broker"))
+    a.add_evidence(blocked(40, 30, kind="memory", waker=(0, 0, "swapper/0")))
+    a.add_request(span("mem-early", 0, 40))
+    [r] = due_after(a, 40)
+    assert r.cause == "memory_stall" and "tansu" not in r.culprit, r.culprit  # the stall's waker stands in
+
+
 def test_with_no_memory_limit_the_evictor_is_who_filled_the_serving_group_s_own_node():
     # two nodes, no limit: a node's reclaim takes from that node, so the backup that filled node 1
     # (the most pages on the host) did not evict the server's weights on node 0; the archiver did.
