@@ -70,7 +70,8 @@ def replay(
     'jitterscope up'), keys kept: records keep their host, boot id and sequence, so replaying twice stores them
     once. Only jitterscope's input topics, and only records that carry --host, are published; other frames are
     refused and counted."""
-    from jitterscope.collector.recording import check_host, replay as replay_file, summarize
+    from jitterscope.collector.recording import summarize
+    from jitterscope.collector.replay import check_host, replay as replay_file
     from jitterscope.common import kafka_auth
 
     summary = summarize(file)  # a damaged or hostile file is refused here, before anything else

@@ -232,4 +232,4 @@ def test_probe_times_the_standin_driver_as_programmed():
     assert stalled.gpu_ioctl_max_ns == control.latency_ns and stalled.pids == [pid]
     assert done[f"req-{REQUESTS // 3}"].gpu_ioctl_call == "UVM_MIGRATE"  # its 20 ms call: slow, under the alarm
     print(f"[gpu-standin] attribution: {stalled.request_id} {stalled.cause} {stalled.gpu_ioctl_call} "
-          f"{stalled.gpu_ioctl_max_ns / MS:.1f} ms of {stalled.duration_ns / MS:.1f} ms")
+          f"{stalled.gpu_ioctl_max_ns / MS:.1f} ms of {stalled.duration_ns / MS:.1f} ms, explained {stalled.explained:.2f}")

@@ -4,7 +4,7 @@
 from datetime import datetime
 
 from jitterscope.schemas.events import Alert
-from jitterscope.up import format_alert
+from jitterscope.alert_lines import format_alert
 
 TS = 1_700_000_000_123_456_789
 
@@ -84,7 +84,7 @@ def test_repeats_and_resolutions_start_with_when_they_are_printed_in_order():
 
 def test_request_alerts_print_their_summary():
     from jitterscope.schemas.events import Alert
-    from jitterscope.up import format_alert
+    from jitterscope.alert_lines import format_alert
 
     alert = Alert(host="gpu-a1", boot_id="b", seq=1, ts_ns=1_700_000_000_000_000_000, raised_ns=0,
                   kind="request_slo", severity="critical", pid=1, tid=0, comm="vllm", cpu=0, wait_ns=0,

@@ -104,8 +104,8 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 import zlib  # noqa: E402
 
-from jitterscope.collector.recording import (MAX_FRAME_BYTES, MAX_HEADER_BYTES, FrameCheck,  # noqa: E402
-                                             check_host, errors)
+from jitterscope.collector.recording import MAX_FRAME_BYTES, MAX_HEADER_BYTES, errors  # noqa: E402
+from jitterscope.collector.replay import FrameCheck, check_host  # noqa: E402
 
 GIB_MIB = 1024
 
@@ -288,7 +288,7 @@ class FakeProducer:
 def test_replay_produces_nothing_for_refused_frames(tmp_path, monkeypatch):
     import confluent_kafka
 
-    from jitterscope.collector.recording import replay
+    from jitterscope.collector.replay import replay
 
     monkeypatch.setattr(confluent_kafka, "Producer", FakeProducer)
     path = tmp_path / "hostile.jsrec.gz"
