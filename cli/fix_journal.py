@@ -7,10 +7,12 @@ line per change made: the action's key, the process (pid and start time:
 a pid reused since is another process), what it found and what it set.
 An undone change is marked, so applying and undoing are both idempotent.
 
-Only moves are applied (every thread of the neighbour gets the CPUs the
-plan named, as `taskset -apc` does); an action not in the plan given, a
-piece of advice, or a process whose identity changed since the plan is
-refused with why.
+Two kinds of change are applied: moves (every thread of the neighbour
+gets the CPUs the plan named, as `taskset -apc` does) and file writes (a
+throttled cgroup's CPU limit lifted: the file gets the plan's text, and its
+text before is kept for the undo). An action not in the plan given, a piece
+of advice, a process whose identity changed since the plan, or a file whose
+text is no longer what the plan read is refused with why.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from pathlib import Path
 
 from jitterscope.common import errors
 from jitterscope.common.private import open_private, private_dir
-from jitterscope.reports.fix_plan import Action, read_live
+from jitterscope.reports.fix_plan import Action, Limit, read_live
 from jitterscope.schemas.topology import cpu_list
 
 JOURNAL = "fix-journal.jsonl"
@@ -31,15 +33,37 @@ JOURNAL = "fix-journal.jsonl"
 
 @dataclass
 class Change:
-    """One move, as the journal keeps it."""
+    """One move or one file write, as the journal keeps it."""
 
     key: str
-    pid: int
+    pid: int  # 0 for a file write
     start_ticks: int
     before: list[int]  # the CPUs it had
     after: list[int]  # the CPUs it was given
     applied_ns: int
     undone_ns: int = 0
+    path: str = ""  # a file write: the file, its text before and the text written
+    before_text: str = ""
+    after_text: str = ""
+
+
+def read_limit(cgroup: str) -> Limit | None:
+    """A cgroup's CPU limit on this host now (the plan's ``limit_of``): None when it has none, or is gone."""
+    from jitterscope.collector.probes.throttle import cpu_cgroup, read_stat
+
+    group = cpu_cgroup(f"1:cpu:{cgroup}\n0::{cgroup}")
+    stat = read_stat(group) if group else None
+    if group is None or stat is None or stat.quota_us < 0:
+        return None
+    file = group.dir / ("cpu.max" if group.v2 else "cpu.cfs_quota_us")
+    return Limit(str(file), _read(file), "max" if group.v2 else "-1")
+
+
+def _read(path: str | Path) -> str:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return ""
 
 
 def _threads(pid: int, proc: Path = Path("/proc")) -> list[int]:
@@ -86,8 +110,13 @@ class Journal:
             action = by_key.get(key)
             if action is None:
                 raise errors.BadConfig(f"{key!r} is not in this plan (run `jitterscope fix` for its keys)")
-            if not action.moves:
+            if not action.moves and not action.writes:
                 raise errors.BadConfig(f"{key!r} is advice: jitterscope makes no change for it")
+            for path, (planned, after) in sorted(action.writes.items()):
+                if _read(path) not in (planned, after):
+                    raise errors.BadConfig(f"{key!r}: {path} is no longer {planned!r} as the plan read it; "
+                                           "make the plan again")
+                chosen.append((action, 0, path))
             for pid, (start_ticks, _cpus) in sorted(action.moves.items()):
                 now = read_live(pid)
                 if now is None or now.start_ticks != start_ticks:
@@ -96,6 +125,9 @@ class Journal:
                 chosen.append((action, pid, now))
         changes, lines = self.changes(), []
         for action, pid, now in chosen:
+            if not pid:
+                lines += self._write_file(action, now, changes, diff)
+                continue
             after = sorted(action.to_cpus)
             if sorted(now.cpus_allowed) == after:
                 lines.append(f"{action.key}: pid {pid} already on CPUs {cpu_list(after)}; nothing to do")
@@ -110,11 +142,33 @@ class Journal:
             lines.append("set " + line)
         return lines
 
+    def _write_file(self, action: Action, path: str, changes: list[Change], diff: bool) -> list[str]:
+        before, after = _read(path), action.writes[path][1]
+        if before == after:
+            return [f"{action.key}: {path} is {after!r} already; nothing to do"]
+        line = f"{action.key}: {path} {before!r} -> {after!r}"
+        if diff:
+            return ["would set " + line]
+        changes.append(Change(action.key, 0, 0, [], [], time.time_ns(), path=path, before_text=before,
+                              after_text=after))
+        self._write(changes)  # written before the change: a crash in between still leaves its undo
+        Path(path).write_text(after)
+        return ["set " + line]
+
     def undo(self) -> list[str]:
         """Revert every change not undone yet, newest first (lines saying what was done)."""
         changes, lines = self.changes(), []
         for change in reversed(changes):
             if change.undone_ns:
+                continue
+            if change.path:
+                if Path(change.path).exists():
+                    Path(change.path).write_text(change.before_text)
+                    lines.append(f"{change.key}: {change.path} back to {change.before_text!r}")
+                else:
+                    lines.append(f"{change.key}: cannot undo: {change.path} is gone (nothing left to restore)")
+                change.undone_ns = time.time_ns()
+                self._write(changes)
                 continue
             now = read_live(change.pid)
             if now is None or now.start_ticks != change.start_ticks:

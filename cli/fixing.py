@@ -36,7 +36,7 @@ def fix(
     --apply KEY... makes the named changes, each journaled first in the data dir; --undo takes them back. Run it on the host itself. See docs/fix.md."""  # noqa: E501 (--help shows its line breaks)
     import dataclasses
 
-    from jitterscope.fix_journal import Journal
+    from jitterscope.fix_journal import Journal, read_limit
     from jitterscope.query import run_query
     from jitterscope.reports import fix_plan, queries
     from jitterscope.schemas.topology import parse_cpu_list
@@ -58,7 +58,7 @@ def fix(
     requests = fix_plan.requests_of(run_query(s, fix_plan.REQUESTS_SQL, params)[1])
     processes = fix_plan.processes_of(run_query(s, fix_plan.PROCESSES_SQL, params)[1])
     host_cpus = parse_cpu_list(open("/sys/devices/system/cpu/online").read())
-    actions, not_offered = fix_plan.plan(requests, processes, host_cpus, fix_plan.read_live, _describe)
+    actions, not_offered = fix_plan.plan(requests, processes, host_cpus, fix_plan.read_live, _describe, read_limit)
     if keys:
         for line in Journal(s.data_dir).apply(actions, keys, diff=diff):
             print(line)

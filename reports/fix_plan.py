@@ -99,6 +99,16 @@ class Live:
     kernel: bool = False
 
 
+@dataclass(frozen=True)
+class Limit:
+    """A cgroup's CPU limit as this host has it now: the file that holds it
+    (v1 cpu.cfs_quota_us, v2 cpu.max), its text, and the text that lifts it."""
+
+    file: str
+    now: str  # "40000" (v1) or "40000 100000" (v2)
+    lifted: str  # "-1" (v1) or "max" (v2)
+
+
 @dataclass
 class Action:
     key: str  # stable: what --apply names
@@ -113,16 +123,21 @@ class Action:
     #: planned (pid -> (start time, CPUs)), and the CPUs they get
     moves: dict[int, tuple[int, tuple[int, ...]]] = field(default_factory=dict)
     to_cpus: tuple[int, ...] = ()
+    #: a file written (a cgroup's CPU limit): path -> (its text when planned, the text it gets)
+    writes: dict[str, tuple[str, str]] = field(default_factory=dict)
     removed: dict[int, float] = field(default_factory=dict, repr=False)  # request index -> ns it takes off
 
     @property
     def command(self) -> str:
         """The change as a shell command ("" for advice)."""
-        return "; ".join(f"taskset -apc {cpu_list(list(self.to_cpus))} {pid}" for pid in sorted(self.moves))
+        return "; ".join([*(f"taskset -apc {cpu_list(list(self.to_cpus))} {pid}" for pid in sorted(self.moves)),
+                          *(f"echo {after} > {path}" for path, (_, after) in sorted(self.writes.items()))])
 
     @property
     def undo(self) -> str:
-        return "; ".join(f"taskset -apc {cpu_list(list(cpus))} {pid}" for pid, (_, cpus) in sorted(self.moves.items()))
+        moves = sorted(self.moves.items())
+        return "; ".join([*(f"taskset -apc {cpu_list(list(cpus))} {pid}" for pid, (_, cpus) in moves),
+                          *(f"echo {before} > {path}" for path, (before, _) in sorted(self.writes.items()))])
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -135,20 +150,23 @@ def percentile(values: list[float], q: float) -> float:
 
 def plan(requests: list[Request], processes: dict[int, Process], host_cpus: Iterable[int],
          live: Callable[[int], Live | None],
-         describe: Callable[[int], Process | None] = lambda pid: None) -> tuple[list[Action], list[str]]:
+         describe: Callable[[int], Process | None] = lambda pid: None,
+         limit_of: Callable[[str], Limit | None] = lambda cgroup: None) -> tuple[list[Action], list[str]]:
     """(actions that take something off the P99 or P999, ranked by those
     gains, and lines on what was not offered and why). A neighbour is its
     command: every process of that name that held a serving CPU moves at once
     (one of five hogs moved leaves the other four in the way). ``describe``:
     a process as this host sees it now, for one whose record is not stored
-    (yet: a busy collector describes new processes a little later)."""
+    (yet: a busy collector describes new processes a little later).
+    ``limit_of``: a cgroup's CPU limit as this host has it now (None: none,
+    or gone); a throttled serving group's is lifted, but in a pod."""
     processes = dict(processes)  # described ones are added: the caller's stays as it was
     serving = {pid for pid, p in processes.items() if p.serving_group} | {r.pid for r in requests}
     serving_cpus = {c for pid in serving for c in _cpus_of(pid, processes, live)}
     others = tuple(sorted(set(host_cpus) - serving_cpus))
     in_pod = any(processes[pid].container_id for pid in serving if pid in processes)
     actions: dict[str, Action] = {}
-    not_offered: dict[int, str] = {}
+    not_offered: dict[int | str, str] = {}  # by pid, or by cgroup
     move_of: dict[int, Action] = {}  # a neighbour's pid -> its command's move
     for i, request in enumerate(requests):
         for cause, _share in request.causes or ((request.cause, 1.0),):
@@ -167,6 +185,10 @@ def plan(requests: list[Request], processes: dict[int, Process], host_cpus: Iter
                     if pid in move_of:
                         removed = move_of[pid].removed
                         removed[i] = removed.get(i, 0.0) + explained * ns / total
+                continue
+            if cause == "cfs_throttling" and request.culprit and not in_pod and \
+                    (lift := _lift(request.culprit, limit_of, actions, not_offered)):
+                lift.removed[i] = lift.removed.get(i, 0.0) + explained
                 continue
             key = f"advice:{cause}:{request.culprit}" if request.culprit else f"advice:{cause}"
             advice = ADVICE.get("pod_cpus" if in_pod and cause == "runq_starvation" else cause, "")
@@ -201,6 +223,22 @@ def _identify(pid: int, comm: str, others: tuple[int, ...], live, actions: dict[
     action.target = f"{comm} (pid {', '.join(map(str, sorted(action.moves)))})"
     action.change = f"CPU affinity {' / '.join(before)} -> {cpu_list(list(others))} (off the serving CPUs)"
     return ""
+
+
+def _lift(cgroup: str, limit_of: Callable[[str], Limit | None], actions: dict[str, Action],
+          not_offered: dict[int | str, str]) -> Action | None:
+    """The action that lifts the CPU limit of the serving group's throttled cgroup, as it is now; None (and why,
+    once) where it has none now."""
+    key = f"lift:{cgroup}"
+    if key not in actions and cgroup not in not_offered:
+        limit = limit_of(cgroup)
+        if limit is None:
+            not_offered[cgroup] = f"cgroup {cgroup}: no CPU limit to lift now (lifted already, or gone)"
+        else:
+            actions[key] = Action(key, "cfs_throttling", f"cgroup {cgroup} (every process in it)",
+                                  change=f"CPU limit {limit.file.rsplit('/', 1)[1]} {limit.now} -> {limit.lifted} "
+                                         "(none)", writes={limit.file: (limit.now, limit.lifted)})
+    return actions.get(key)
 
 
 def _why_not_move(pid: int, comm: str, processes: dict[int, Process], serving: set[int], others: list[int]) -> str:

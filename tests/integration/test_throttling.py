@@ -12,6 +12,7 @@ processes in every hierarchy: a process record's cgroup is its v2 path."""
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import subprocess
@@ -190,6 +191,32 @@ def test_the_same_victim_without_a_quota_raises_no_throttling(pipeline):
     assert [a for a in alerts(stack, v.pid) if a[0] == "cfs_throttling"] == []
 
 
+def the_plan_lifts_the_limit_and_puts_it_back(stack, path: str) -> str:
+    """Issue 35: `jitterscope fix` offers the throttled serving group's CPU limit lifted, with its gain from the
+    stored attributions; --apply lifts it (journaled), --undo puts the quota back as it was."""
+    env = {**stack.env, "JITTERSCOPE_DATA_DIR": str(stack.data_dir)}
+    quota = V1 / path.lstrip("/") / "cpu.cfs_quota_us"
+    before = quota.read_text().strip()
+
+    def fix(*args: str) -> str:
+        deadline = time.monotonic() + 60  # the store, busy storing, may not answer at once
+        while (done := subprocess.run([sys.executable, "-m", "jitterscope.cli", "fix", *args], env=env,
+                                      capture_output=True, text=True, timeout=120)).returncode != 0 \
+                and time.monotonic() < deadline:
+            time.sleep(2)
+        assert done.returncode == 0, f"fix {' '.join(args)}: {done.stdout}{done.stderr}"
+        return done.stdout
+
+    plan = json.loads(fix("--since", "10m", "-f", "json"))
+    lift = next((a for a in plan["actions"] if a["key"] == f"lift:{path}"), None)
+    assert lift and lift["gain_p99_ms"] > 0 and lift["command"] == f"echo -1 > {quota}", plan
+    applied = fix("--apply", lift["key"])
+    assert quota.read_text().strip() == "-1", applied
+    undone = fix("--undo")
+    assert quota.read_text().strip() == before, undone
+    return f"{lift['key']} P99 -{lift['gain_p99_ms']} ms, applied and undone ({before} again)"
+
+
 def test_requests_of_a_standin_are_attributed_to_cfs_throttling_once_it_has_a_quota(pipeline):
     """The stand-in runs unlimited first (its requests set the baseline and
     must not be charged to throttling), then its cgroup gets a quota of 0.1
@@ -210,9 +237,10 @@ def test_requests_of_a_standin_are_attributed_to_cfs_throttling_once_it_has_a_qu
                 (V1 / path.lstrip("/") / "cpu.cfs_quota_us").write_text("10000")
                 limited_at = time.time_ns()
         assert standin.wait(120) == 0 and len(lines) == 200
-    wait_until(lambda: stack.query("SELECT count() FROM jitterscope.request_attribution FINAL "
-                                   "WHERE request_id = {id:String}", id=lines[-1][0])[0][0], 60,
-               "the last request attributed", worker)
+        wait_until(lambda: stack.query("SELECT count() FROM jitterscope.request_attribution FINAL "
+                                       "WHERE request_id = {id:String}", id=lines[-1][0])[0][0], 60,
+                   "the last request attributed", worker)
+        lifted = the_plan_lifts_the_limit_and_puts_it_back(stack, path)
     rows = {r[0]: r[1:] for r in stack.query(
         "SELECT request_id, cause, excess_ns, throttled_ns, explained FROM jitterscope.request_attribution FINAL "
         "WHERE startsWith(request_id, 'thr-')")}
@@ -224,7 +252,8 @@ def test_requests_of_a_standin_are_attributed_to_cfs_throttling_once_it_has_a_qu
     print(f"\n[measured] stand-in with a quota: {len(throttled)}/{len(slow)} slow requests cfs_throttling "
           f"(other causes {sorted({r[0] for r in slow} - {'cfs_throttling'})}); unlimited: "
           f"{sum(r[0] == 'cfs_throttling' for r in before)}/{len(before)} cfs_throttling; explained >= 0.9 for "
-          f"{sum(r[3] >= 0.9 for r in slow)} of the slow (median {statistics.median(r[3] for r in slow or [(0,) * 4]):.2f})")
+          f"{sum(r[3] >= 0.9 for r in slow)} of the slow (median {statistics.median(r[3] for r in slow or [(0,) * 4]):.2f})"
+          f"; fix: {lifted}")
     assert len(before) >= 100
     # the first throttled interval began before the quota did, and its time is
     # spread over all of it: only requests in that interval may be charged (and,

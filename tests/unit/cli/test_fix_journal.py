@@ -14,8 +14,9 @@ import sys
 import pytest
 
 from jitterscope.common import errors
-from jitterscope.fix_journal import JOURNAL, Journal
+from jitterscope.fix_journal import JOURNAL, Journal, read_limit
 from jitterscope.reports.fix_plan import Action, read_live
+from tests.conftest import remove_cgroup
 
 THREADED = "import threading, time; threading.Thread(target=time.sleep, args=(60,)).start(); time.sleep(60)"
 
@@ -73,3 +74,40 @@ def test_undo_says_what_it_cannot_undo(neighbour, tmp_path):
     neighbour.kill()
     neighbour.wait()
     assert "cannot undo: pid" in journal.undo()[0]
+
+
+@pytest.fixture
+def quota_group():
+    """A cpu cgroup of this test's with a quota (v1 cpu.cfs_quota_us, or v2 cpu.max): the throttled serving
+    group's limit, on the real kernel."""
+    from pathlib import Path
+
+    v1 = Path("/sys/fs/cgroup/cpu")
+    root = v1 if (v1 / "cpu.cfs_quota_us").exists() else Path("/sys/fs/cgroup")
+    group = root / f"jitterscope-fixtest-{os.getpid()}"
+    group.mkdir()
+    (group / ("cpu.cfs_quota_us" if root == v1 else "cpu.max")).write_text("20000" if root == v1 else "20000 100000")
+    yield "/" + group.relative_to(root).as_posix(), group, root == v1
+    remove_cgroup(group)
+
+
+def test_a_cgroup_s_cpu_limit_is_lifted_journaled_and_put_back(quota_group, tmp_path):
+    path, group, v1 = quota_group
+    file = group / ("cpu.cfs_quota_us" if v1 else "cpu.max")
+    limit = read_limit(path)
+    assert limit is not None and (limit.file, limit.now, limit.lifted) == (
+        str(file), "20000" if v1 else "20000 100000", "-1" if v1 else "max")
+    action = Action(f"lift:{path}", "cfs_throttling", path, writes={limit.file: (limit.now, limit.lifted)})
+    journal = Journal(tmp_path)
+    assert journal.apply([action], [action.key], diff=True)[0].startswith("would set ")
+    assert file.read_text().split()[0] == "20000", "a diff changes nothing"
+    assert journal.apply([action], [action.key])[0].startswith("set ")
+    assert file.read_text().split()[0] == ("-1" if v1 else "max") and read_limit(path) is None
+    assert "already" in journal.apply([action], [action.key])[0] and len(journal.changes()) == 1, "idempotent"
+    assert journal.undo() == [f"{action.key}: {file} back to {limit.now!r}"]
+    assert file.read_text().split()[0] == "20000" and journal.undo() == ["nothing to undo"]
+    # the limit changed since the plan read it: refused, nothing written
+    file.write_text("30000" if v1 else "30000 100000")
+    with pytest.raises(errors.BadConfig, match="no longer"):
+        journal.apply([action], [action.key])
+    assert file.read_text().split()[0] == "30000"

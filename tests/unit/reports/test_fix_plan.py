@@ -139,3 +139,22 @@ def test_a_neighbour_not_yet_described_in_the_store_is_described_by_the_host():
     _, not_offered = plan([request(60, suspects=((601, "kworker/1:2", 10 * MS),))], dict(PROCESSES), [0, 1],
                           lambda pid: Live((1,), pid, kernel=True), lambda pid: kernel)
     assert "a kernel thread" in not_offered[0]
+
+
+def test_a_throttled_serving_group_s_cpu_limit_is_lifted_once_with_its_undo():
+    from jitterscope.reports.fix_plan import Limit
+
+    limit = Limit("/sys/fs/cgroup/cpu/serving/cpu.cfs_quota_us", "20000", "-1")
+    throttled = [request(60, cause="cfs_throttling", suspects=(), culprit="/serving") for _ in range(10)]
+    quiet = [request(10, cause="none", suspects=(), causes=(("none", 0),)) for _ in range(90)]
+    actions, not_offered = plan(quiet + throttled, PROCESSES, [0, 1], live, limit_of={"/serving": limit}.get)
+    [lift] = actions
+    assert (lift.key, lift.cause, lift.requests, lift.gain_p99_ms) == ("lift:/serving", "cfs_throttling", 10, 50.0)
+    assert lift.command == f"echo -1 > {limit.file}" and lift.undo == f"echo 20000 > {limit.file}"
+    assert "20000 -> -1" in lift.change and not_offered == []
+    # no limit there now (lifted already): advice, and said why; in a pod: the pod-level advice, never its cgroup
+    actions, not_offered = plan(quiet + throttled, PROCESSES, [0, 1], live, limit_of=lambda cgroup: None)
+    assert [a.key for a in actions] == ["advice:cfs_throttling:/serving"] and "no CPU limit to lift" in not_offered[0]
+    podded = {**PROCESSES, SERVER: Process(SERVER, "jsinfer", (1,), serving_group=SERVER, container_id="pod")}
+    actions, _ = plan(quiet + throttled, podded, [0, 1], live, limit_of={"/serving": limit}.get)
+    assert [a.key for a in actions] == ["advice:cfs_throttling:/serving"]
