@@ -320,7 +320,7 @@ def test_weights_evicted_under_a_shared_memory_limit_are_a_memory_stall_and_the_
 # the serving group's memory limit for RUN_REQUESTS of the stand-in's
 # requests (then REFILL more read the weights back, and it waits for the
 # next run); the schedule is read in STEP_S steps (recurring-causes' step_s)
-PERIOD_S, STEP_S, RUNS, BASELINE, RUN_REQUESTS, REFILL = 30, 5, 3, 100, 30, 10
+PERIOD_S, STEP_S, RUNS, BASELINE, RUN_REQUESTS, REFILL = 20, 5, 3, 100, 30, 10
 
 
 def test_an_archiver_on_a_schedule_recurs_under_its_memory_cause(pipeline, tmp_path):
