@@ -257,7 +257,13 @@ def test_a_real_vllm_is_grouped_and_its_injected_causes_are_found(served, vllm_c
     # excess the request is "unexplained": 13-20 of 20 were named gil_contention over 13 runs (2026-12-04,
     # this tree and the one before). Never a cause outside the group.
     assert len(gil) >= 0.6 * len(slow_hogged), summary
-    assert {got[r]["cause"] for r in slow_hogged} <= {"gil_contention", "self_contention", "unexplained"}, summary
+    inside_the_group_or_no_answer = {"gil_contention", "self_contention", "unexplained", "none"}
+    assert {got[r]["cause"] for r in slow_hogged} <= inside_the_group_or_no_answer, summary
+    # "none" only where the server's own span was not slowed 1.5x: the client waited before the span began
+    # (a CI run: client 221 ms, span 104.6 ms against a 72.5 ms baseline, within the usual spread)
+    slow_spans_named_none = [r for r in slow_hogged if got[r]["cause"] == "none"
+                             and got[r]["duration_ns"] > 1.5 * got[r]["baseline_ns"]]
+    assert not slow_spans_named_none, (slow_spans_named_none, summary)
     assert len(by_hog) >= 0.5 * len(gil), summary
     assert len(named) <= 0.1 * len(quiet), summary
     # each GIL-window request over an objective (its SLO, or TTFT_SLO_MS) has its answer per phase (vLLM's
