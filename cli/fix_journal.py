@@ -25,7 +25,7 @@ from pathlib import Path
 
 from jitterscope.common import errors
 from jitterscope.common.private import open_private, private_dir
-from jitterscope.reports.fix_plan import Action, Limit, read_live
+from jitterscope.reports.fix_plan import Action, Limit, Live, read_live
 from jitterscope.schemas.topology import cpu_list
 
 JOURNAL = "fix-journal.jsonl"
@@ -60,10 +60,9 @@ def read_limit(cgroup: str) -> Limit | None:
 
 
 def _read(path: str | Path) -> str:
-    try:
-        return Path(path).read_text().strip()
-    except OSError:
-        return ""
+    from jitterscope.collector.probes.throttle import read_or_empty
+
+    return read_or_empty(Path(path)).strip()
 
 
 def _threads(pid: int, proc: Path = Path("/proc")) -> list[int]:
@@ -105,7 +104,8 @@ class Journal:
         done); with ``diff``, only say what would be. Refuses, before any
         change, a key not in the plan, advice and a process that changed."""
         by_key = {a.key: a for a in actions}
-        chosen = []
+        writes: list[tuple[Action, str]] = []  # (action, file)
+        moves: list[tuple[Action, int, Live]] = []  # (action, pid, the process as it is now)
         for key in keys:
             action = by_key.get(key)
             if action is None:
@@ -116,31 +116,31 @@ class Journal:
                 if _read(path) not in (planned, after):
                     raise errors.BadConfig(f"{key!r}: {path} is no longer {planned!r} as the plan read it; "
                                            "make the plan again")
-                chosen.append((action, 0, path))
+                writes.append((action, path))
             for pid, (start_ticks, _cpus) in sorted(action.moves.items()):
                 now = read_live(pid)
                 if now is None or now.start_ticks != start_ticks:
                     raise errors.BadConfig(f"{key!r}: pid {pid} is not the process the plan named (it exited or "
                                            "its pid was reused); make the plan again")
-                chosen.append((action, pid, now))
+                moves.append((action, pid, now))
         changes, lines = self.changes(), []
-        for action, pid, now in chosen:
-            if not pid:
-                lines += self._write_file(action, now, changes, diff)
-                continue
-            after = sorted(action.to_cpus)
-            if sorted(now.cpus_allowed) == after:
-                lines.append(f"{action.key}: pid {pid} already on CPUs {cpu_list(after)}; nothing to do")
-                continue
-            line = f"{action.key}: pid {pid} CPUs {cpu_list(sorted(now.cpus_allowed))} -> {cpu_list(after)}"
-            if diff:
-                lines.append("would set " + line)
-                continue
-            changes.append(Change(action.key, pid, now.start_ticks, sorted(now.cpus_allowed), after, time.time_ns()))
-            self._write(changes)  # written before the change: a crash in between still leaves its undo
-            _set_cpus(pid, after)
-            lines.append("set " + line)
+        for action, path in writes:
+            lines += self._write_file(action, path, changes, diff)
+        for action, pid, now in moves:
+            lines += self._move(action, pid, now, changes, diff)
         return lines
+
+    def _move(self, action: Action, pid: int, now: Live, changes: list[Change], diff: bool) -> list[str]:
+        after = sorted(action.to_cpus)
+        if sorted(now.cpus_allowed) == after:
+            return [f"{action.key}: pid {pid} already on CPUs {cpu_list(after)}; nothing to do"]
+        line = f"{action.key}: pid {pid} CPUs {cpu_list(sorted(now.cpus_allowed))} -> {cpu_list(after)}"
+        if diff:
+            return ["would set " + line]
+        changes.append(Change(action.key, pid, now.start_ticks, sorted(now.cpus_allowed), after, time.time_ns()))
+        self._write(changes)  # written before the change: a crash in between still leaves its undo
+        _set_cpus(pid, after)
+        return ["set " + line]
 
     def _write_file(self, action: Action, path: str, changes: list[Change], diff: bool) -> list[str]:
         before, after = _read(path), action.writes[path][1]

@@ -69,12 +69,13 @@ def cpu_cgroup(cgroup_file: str, sys: Path = Path("/sys")) -> CpuCgroup | None:
                     return CpuCgroup(path, _join(root / mount, path), False)
     if v2_path is not None:
         for mount in (root, root / "unified"):  # pure v2, or the hybrid layout's v2 part
-            if "cpu" in _read(mount / "cgroup.controllers").split():
+            if "cpu" in read_or_empty(mount / "cgroup.controllers").split():
                 return CpuCgroup(v2_path, _join(mount, v2_path), True)
     return None
 
 
-def _read(path: Path) -> str:
+def read_or_empty(path: Path) -> str:
+    """A cgroup or /proc file's text; "" when it cannot be read (gone, or never there)."""
     try:
         return path.read_text()
     except OSError:
@@ -83,19 +84,19 @@ def _read(path: Path) -> str:
 
 def read_stat(group: CpuCgroup) -> CpuStat | None:
     """The cgroup's limit and cumulative throttling counters (None if it is gone)."""
-    stat = dict(line.split(maxsplit=1) for line in _read(group.dir / "cpu.stat").splitlines() if " " in line)
+    stat = dict(line.split(maxsplit=1) for line in read_or_empty(group.dir / "cpu.stat").splitlines() if " " in line)
     if "nr_periods" not in stat:  # gone, or read while its file was empty: no reading (never a reset to 0)
         return None
     try:
         if group.v2:
-            limit = _read(group.dir / "cpu.max").split()
+            limit = read_or_empty(group.dir / "cpu.max").split()
             if len(limit) != 2:
                 return None
             quota = -1 if limit[0] == "max" else int(limit[0])
             period, throttled = int(limit[1]), int(stat.get("throttled_usec", 0)) * 1000
         else:
-            quota = int(_read(group.dir / "cpu.cfs_quota_us"))
-            period, throttled = int(_read(group.dir / "cpu.cfs_period_us")), int(stat.get("throttled_time", 0))
+            quota = int(read_or_empty(group.dir / "cpu.cfs_quota_us"))
+            period, throttled = int(read_or_empty(group.dir / "cpu.cfs_period_us")), int(stat.get("throttled_time", 0))
         return CpuStat(quota, period, int(stat.get("nr_periods", 0)), int(stat.get("nr_throttled", 0)), throttled)
     except ValueError:  # removed while read (empty files)
         return None
@@ -121,7 +122,7 @@ def quota_cgroups(sys: Path = Path("/sys")) -> list[CpuCgroup]:
         if rel == ".":
             continue  # the root has no quota
         group = CpuCgroup("/" + rel, Path(d), probe.v2)
-        limit = _read(Path(d) / ("cpu.max" if probe.v2 else "cpu.cfs_quota_us")).split()
+        limit = read_or_empty(Path(d) / ("cpu.max" if probe.v2 else "cpu.cfs_quota_us")).split()
         if limit and limit[0] not in ("max", "-1"):
             out.append(group)
     return out
@@ -164,7 +165,7 @@ class ThrottleSignal(SampledSignal):
         Whether any moved (each is in ``moved``). A few small reads."""
         files = {}
         for pid in sorted(self._watched()):
-            text = _read(self.ctx.proc / str(pid) / "cgroup")
+            text = read_or_empty(self.ctx.proc / str(pid) / "cgroup")
             if text:
                 files[pid] = text
         moved = {pid for pid, text in files.items() if self._cgroup_files.get(pid, text) != text}
@@ -187,7 +188,7 @@ class ThrottleSignal(SampledSignal):
         else:
             groups = []
             for pid in sorted(self._targets):
-                group = cpu_cgroup(_read(self.ctx.proc / str(pid) / "cgroup"), self.ctx.sys)
+                group = cpu_cgroup(read_or_empty(self.ctx.proc / str(pid) / "cgroup"), self.ctx.sys)
                 groups.extend(ancestors(group) if group else [])
         self._groups = {g.path: g for g in groups}
         for path in list(self._seen):

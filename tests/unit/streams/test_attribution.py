@@ -873,62 +873,50 @@ def test_a_memory_stall_names_who_filled_memory_before_it_not_the_group_itself()
     assert (r.cause, r.culprit, r.memory_wait_ns) == ("memory_stall", "log-archiver (pid 700)", 30 * MS)
 
 
+def stalled_on_memory(*placements, processes=None, due_ms: int = 40):
+    """The attribution of a request (0-40 ms) whose thread stalled 30 ms on memory, with ``placements`` known."""
+    a = Attributor(grace_ns=GRACE, **({"processes": processes} if processes else {}))
+    baseline(a)
+    for record in placements:
+        a.add_evidence(record)
+    a.add_evidence(blocked(40, 30, kind="memory", waker=(0, 0, "swapper/0")))
+    a.add_request(span("mem", 0, 40))
+    [r] = due_after(a, due_ms)
+    return r
+
+
 def test_an_evictor_that_exited_before_the_stall_holds_none_of_its_allocations():
     # an archiver run by cron: the run of 30 s ago allocated more, and exited (its memory freed); this
     # run, another pid, holds what it allocated now. A reader that exited keeps its page cache counted.
-    a = Attributor(grace_ns=GRACE)
-    baseline(a)
-    a.add_evidence(placement(-30_000, 700, "archiver", alloc=9_000))
-    a.add_evidence(placement(-27_000, 700, "archiver", exited=True))
-    a.add_evidence(placement(-2_000, 710, "archiver", alloc=7_000))
-    a.add_evidence(blocked(40, 30, kind="memory", waker=(0, 0, "swapper/0")))
-    a.add_request(span("cron-1", 0, 40))
-    [r] = due_after(a, 40)
+    r = stalled_on_memory(placement(-30_000, 700, "archiver", alloc=9_000),
+                          placement(-27_000, 700, "archiver", exited=True),
+                          placement(-2_000, 710, "archiver", alloc=7_000))
     assert (r.cause, r.culprit) == ("memory_stall", "archiver (pid 710)")
 
-    reader = Attributor(grace_ns=GRACE)
-    baseline(reader)
-    reader.add_evidence(placement(-30_000, 700, "archiver", alloc=9_000, cache=8_000))
-    reader.add_evidence(placement(-27_000, 700, "archiver", exited=True))
-    reader.add_evidence(placement(-2_000, 710, "archiver", alloc=7_000))
-    reader.add_evidence(blocked(40, 30, kind="memory", waker=(0, 0, "swapper/0")))
-    reader.add_request(span("cron-2", 0, 40))
-    [r] = due_after(reader, 40)
+    r = stalled_on_memory(placement(-30_000, 700, "archiver", alloc=9_000, cache=8_000),
+                          placement(-27_000, 700, "archiver", exited=True),
+                          placement(-2_000, 710, "archiver", alloc=7_000))
     assert r.culprit == "archiver (pid 700)", "its 8,000 pages of page cache stay after it exits"
 
     # its exit came after the request began: it held its memory through the stall
-    late = Attributor(grace_ns=GRACE)
-    baseline(late)
-    late.add_evidence(placement(-30_000, 700, "archiver", alloc=9_000))
-    late.add_evidence(placement(20, 700, "archiver", exited=True))
-    late.add_evidence(placement(-2_000, 710, "archiver", alloc=7_000))
-    late.add_evidence(blocked(40, 30, kind="memory", waker=(0, 0, "swapper/0")))
-    late.add_request(span("cron-3", 0, 40))
-    [r] = due_after(late, 40)
+    r = stalled_on_memory(placement(-30_000, 700, "archiver", alloc=9_000),
+                          placement(20, 700, "archiver", exited=True),
+                          placement(-2_000, 710, "archiver", alloc=7_000))
     assert r.culprit == "archiver (pid 700)"
 
 
 def test_the_evictor_is_named_by_its_newest_name():
     # counted first while still an interpreter (before its prctl): named as it calls itself since
-    a = Attributor(grace_ns=GRACE)
-    baseline(a)
-    a.add_evidence(placement(-500, 710, "python", alloc=7_000))
-    a.add_evidence(blocked(40, 30, kind="memory", waker=(0, 0, "swapper/0")))
-    a.add_evidence(placement(500, 710, "archiver", alloc=300))
-    a.add_request(span("cron-4", 0, 40))
-    [r] = due_after(a, 600)
+    r = stalled_on_memory(placement(-500, 710, "python", alloc=7_000), placement(500, 710, "archiver", alloc=300),
+                          due_ms=600)
     assert (r.cause, r.culprit) == ("memory_stall", "archiver (pid 710)")
 
 
 def test_under_a_limit_no_one_charged_elsewhere_is_named_the_evictor():
     # the stall came before the archiver's page counts did (they come every interval): the broker that
     # wrote the most page cache on the host is charged to another memory cgroup, so it is not named
-    a = Attributor(grace_ns=GRACE, processes=book(process(100, group=100, memory_cgroup="/serving")))
-    baseline(a)
-    a.add_evidence(placement(-3_000, 900, "tansu", cache=500_000, memory_cgroup="/system.slice/broker"))
-    a.add_evidence(blocked(40, 30, kind="memory", waker=(0, 0, "swapper/0")))
-    a.add_request(span("mem-early", 0, 40))
-    [r] = due_after(a, 40)
+    r = stalled_on_memory(placement(-3_000, 900, "tansu", cache=500_000, memory_cgroup="/system.slice/broker"),
+                          processes=book(process(100, group=100, memory_cgroup="/serving")))
     assert r.cause == "memory_stall" and "tansu" not in r.culprit, r.culprit  # the stall's waker stands in
 
 
@@ -936,25 +924,13 @@ def test_with_no_memory_limit_the_evictor_is_who_filled_the_serving_group_s_own_
     # two nodes, no limit: a node's reclaim takes from that node, so the backup that filled node 1
     # (the most pages on the host) did not evict the server's weights on node 0; the archiver did.
     # With none of the group's pages seen, every node counts, as on a one-node host.
-    a = Attributor(grace_ns=GRACE)
-    baseline(a)
-    a.add_evidence(placement(-20_000, 800, "backup", cache=900_000, node=1))
-    a.add_evidence(placement(-20_000, 700, "log-archiver", cache=50_000, node=0))
-    a.add_evidence(placement(-20_000, 700, "log-archiver", cache=10, node=1))
-    a.add_evidence(placement(40, 100, "vllm", cache=20_000, node=0))  # faulting its weights back, on node 0
-    a.add_evidence(blocked(40, 30, kind="memory", waker=(0, 0, "swapper/0")))
-    a.add_request(span("mem-n0", 0, 40))
-    [r] = due_after(a, 40)
+    backup, archiver = (placement(-20_000, 800, "backup", cache=900_000, node=1),
+                        placement(-20_000, 700, "log-archiver", cache=50_000, node=0))
+    r = stalled_on_memory(backup, archiver, placement(-20_000, 700, "log-archiver", cache=10, node=1),
+                          placement(40, 100, "vllm", cache=20_000, node=0))  # faulting its weights back, on node 0
     assert (r.cause, r.culprit) == ("memory_stall", "log-archiver (pid 700)")
 
-    elsewhere = Attributor(grace_ns=GRACE)
-    baseline(elsewhere)
-    elsewhere.add_evidence(placement(-20_000, 800, "backup", cache=900_000, node=1))
-    elsewhere.add_evidence(placement(-20_000, 700, "log-archiver", cache=50_000, node=0))
-    elsewhere.add_evidence(blocked(40, 30, kind="memory", waker=(0, 0, "swapper/0")))
-    elsewhere.add_request(span("mem-any", 0, 40))
-    [r] = due_after(elsewhere, 40)
-    assert r.culprit == "backup (pid 800)"
+    assert stalled_on_memory(backup, archiver).culprit == "backup (pid 800)"
 
 
 @pytest.mark.parametrize("known", ["records", "archiver-record-not-in-yet", "cgroups-on-the-page-counts"])
