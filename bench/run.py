@@ -42,6 +42,7 @@ BENCHES = {
     "alert-delay-stages": ("alert_delay", "bench_alert_delay_stages"),
     "alert-delay-collector": ("alert_delay", "bench_alert_delay_collector"),
     "request-alert-delay": ("request_delay", "bench_request_alert_delay"),
+    "alert-delay-loaded": ("loaded_delay", "bench_alert_delay_loaded"),
     "map-read": ("map_read", "bench_map_read"),
     "vllm-cost": ("vllm_cost", "bench_vllm_cost"),
     "glue": ("blocked", "bench_tracepoint_glue"),

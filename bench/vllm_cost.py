@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 
@@ -167,48 +168,57 @@ def _up_phase(otlp: int, api_port: int, prefix: str, settings: dict) -> tuple[li
     return latencies, share, {"attributed": requests, "own": own, "collector": collector}
 
 
-def bench_vllm_cost() -> str:
-    from jitterscope.broker import EmbeddedBroker, free_port
+@contextmanager
+def serving_vllm(otlp: int):
+    """A real vLLM V1 on the CPU, its spans sent to ``otlp``, warmed up; its API port."""
+    from jitterscope.broker import free_port
+    from tests.vllm.test_real_vllm import ready
 
     if not (VENV / "bin" / "vllm").exists():
         raise SystemExit(f"no vLLM venv at {VENV}: `make test-vllm` installs it and its model")
-    api_port, otlp = free_port(), free_port()
+    api_port = free_port()
     argv, env = serve_command(VENV, MODEL, api_port, f"http://127.0.0.1:{otlp}/v1/traces")
-    with tempfile.TemporaryFile("w+") as log, EmbeddedBroker() as broker:
+    with tempfile.TemporaryFile("w+") as log:
         server = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            from tests.vllm.test_real_vllm import ready
-
             deadline = time.monotonic() + 600
             while not ready(api_port):
                 assert server.poll() is None and time.monotonic() < deadline, "vLLM did not start"
                 time.sleep(1)
             _phase(api_port, 10, "warm")  # its first requests compile and allocate
-            latencies: dict[str, list[float]] = {arm: [] for arm in ("off", *VARIANTS, *UP_VARIANTS)}
-            own = {arm: {"attributed": 0, "own": 0, "collector": 0} for arm in UP_VARIANTS}
-            shares: dict[str, list[float]] = {arm: [] for arm in latencies}
-            arms = ["off", *(a for a in ARMS if a in latencies and a != "off")]
-            for r in range(ROUNDS):
-                for arm in (arms if r % 2 == 0 else arms[::-1]):
-                    prefix = f"{arm}{r}-"
-                    share = 0.0
-                    if arm == "off":
-                        got = _phase(api_port, PHASE_S, prefix)
-                    elif arm in VARIANTS:
-                        got, share = _collector_phase(broker, otlp, api_port, prefix, VARIANTS[arm][1])
-                    else:
-                        got, share, counts = _up_phase(otlp, api_port, prefix, UP_VARIANTS[arm][1])
-                        own[arm] = {k: own[arm][k] + counts[k] for k in own[arm]}
-                    latencies[arm] += got
-                    shares[arm].append(share)
-                    d = sorted(got)
-                    print(f"<!-- round {r} {arm}: {len(d)} requests, p50 {_pct(d, 0.5) * 1e3:.0f} ms, "
-                          f"p99 {_pct(d, 0.99) * 1e3:.0f} ms, "
-                          f"the collector's CPU (its helper's too) {share:.1%} of one -->",
-                          file=sys.stderr, flush=True)
+            yield api_port
         finally:
             os.killpg(server.pid, 9)
             server.wait()
+
+
+def bench_vllm_cost() -> str:
+    from jitterscope.broker import EmbeddedBroker, free_port
+
+    otlp = free_port()
+    with EmbeddedBroker() as broker, serving_vllm(otlp) as api_port:
+        latencies: dict[str, list[float]] = {arm: [] for arm in ("off", *VARIANTS, *UP_VARIANTS)}
+        own = {arm: {"attributed": 0, "own": 0, "collector": 0} for arm in UP_VARIANTS}
+        shares: dict[str, list[float]] = {arm: [] for arm in latencies}
+        arms = ["off", *(a for a in ARMS if a in latencies and a != "off")]
+        for r in range(ROUNDS):
+            for arm in (arms if r % 2 == 0 else arms[::-1]):
+                prefix = f"{arm}{r}-"
+                share = 0.0
+                if arm == "off":
+                    got = _phase(api_port, PHASE_S, prefix)
+                elif arm in VARIANTS:
+                    got, share = _collector_phase(broker, otlp, api_port, prefix, VARIANTS[arm][1])
+                else:
+                    got, share, counts = _up_phase(otlp, api_port, prefix, UP_VARIANTS[arm][1])
+                    own[arm] = {k: own[arm][k] + counts[k] for k in own[arm]}
+                latencies[arm] += got
+                shares[arm].append(share)
+                d = sorted(got)
+                print(f"<!-- round {r} {arm}: {len(d)} requests, p50 {_pct(d, 0.5) * 1e3:.0f} ms, "
+                      f"p99 {_pct(d, 0.99) * 1e3:.0f} ms, "
+                      f"the collector's CPU (its helper's too) {share:.1%} of one -->",
+                      file=sys.stderr, flush=True)
 
     def figures(arm: str) -> tuple[str, float, float]:
         d = sorted(latencies[arm])

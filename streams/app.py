@@ -402,6 +402,7 @@ class StreamsWorker(StorePath, AttributionTick, AttributionStage):
 
     async def receive(self, topic: str, decoder: batches.BatchDecoder, value, message) -> "Decoded":
         host = message.key.decode(errors="replace") if isinstance(message.key, bytes) else ""
+        stages.observe_age(self.stage, topic, message.timestamp)
         good, bad = decoder.decode(value if isinstance(value, bytes) else b"")
         dead = [events.DeadLetter(
             host=host, topic=topic, partition=message.partition, offset=message.offset, line=b.line,
@@ -440,9 +441,8 @@ class StreamsWorker(StorePath, AttributionTick, AttributionStage):
             await self.keep_alerts(alerts)
 
     async def keep_alerts(self, alerts: list[events.Alert]) -> None:
-        """Every alert row, folded ones included (one row per event): into
-        this process's store, or from a judge to the alert-rows topic, which
-        the store stage stores."""
+        """Every alert row, folded ones included (one row per event): into this process's store, or from
+        a judge to the alert-rows topic, which the store stage stores."""
         if self.stage in ("judge", "attribute"):
             await self.publish(self.alert_rows_topic, alerts)
             self.alert_rows_sent += len(alerts)

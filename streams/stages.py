@@ -81,6 +81,19 @@ LOOP_LAG = Histogram(
     "waited behind whatever held the loop", ["stage"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0))
 
+#: producer to stage: what an alert's delay spent before the stage had the record (the rest is the
+#: collector's, before it produced, and the stage's own)
+MESSAGE_AGE = Histogram(
+    "jitterscope_streams_message_age_seconds",
+    "how long a message waited between its producer (its Kafka timestamp) and this stage taking it",
+    ["stage", "topic"], buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0))
+
+
+def observe_age(stage: str, topic: str, produced_s: float | None) -> None:
+    """A message taken now, produced at ``produced_s`` (epoch s; None: the broker gave no timestamp)."""
+    if produced_s:
+        MESSAGE_AGE.labels(stage, topic).observe(max(0.0, time.time() - produced_s))
+
 
 #: input topics with a handler that judges nothing: their records only wait for attribution (the store stage's)
 ATTRIBUTION_ONLY = frozenset({topics.REQUESTS, topics.BLOCKED})

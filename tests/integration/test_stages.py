@@ -89,6 +89,10 @@ def test_alerts_flow_while_the_store_is_stopped_and_are_all_stored_once_after(st
     assert comm == "engine"
     text = metrics(judge_port)
     assert 'jitterscope_streams_loop_lag_seconds_count{stage="judge"}' in text
+    # every run-queue message the judge took, aged from its producer's timestamp
+    [aged] = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(
+        f'jitterscope_streams_message_age_seconds_count{{stage="judge",topic="{topics.RUNQ}"}}')]
+    assert aged >= 1, text
     assert "jitterscope_streams_runq_parked_total 0.0" in text, "judged at once: its process was known"
     judge.stop()
     store.stop()
