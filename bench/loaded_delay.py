@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import sys
 import threading
 import time
@@ -89,6 +90,34 @@ def _send_mix(bootstrap: str, stop: threading.Event, sent: list[int]) -> None:
     producer.flush(60)
 
 
+def _broker_round_trips(bootstrap: str, stop: threading.Event, out: list[float]) -> None:
+    """Produce a small message every 0.1 s to a topic of the bench's own, and time each until a consumer
+    has it (s): the broker's share of an alert's delay, as a client beside the collector sees it."""
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    topic = f"bench.roundtrip.{os.getpid()}"
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": topic, "fetch.wait.max.ms": 10,
+                         "enable.auto.commit": False})
+    producer.produce(topic, b"start", partition=0)
+    producer.flush(30)
+    consumer.assign([TopicPartition(topic, 0, 0)])  # no group to join: the first fetch is the first message
+    next_at, started = 0.0, False
+    while not stop.is_set():
+        if started and time.monotonic() >= next_at:
+            producer.produce(topic, str(time.time()).encode(), partition=0)
+            producer.poll(0)
+            next_at = time.monotonic() + 0.1
+        message = consumer.poll(0.02)
+        if message is None or message.error():
+            continue
+        if message.value() == b"start":
+            started = True
+        else:
+            out.append(time.time() - float(message.value()))
+    consumer.close()
+
+
 def _histogram(text: str, name: str, **wanted: str) -> str:
     """A histogram on /metrics, its series with the ``wanted`` labels summed: observations, mean, and
     the bucket its p50 and p99 fall in."""
@@ -145,10 +174,11 @@ def _run(seconds: float, otlp: int, api_port: int | None = None) -> dict:
                 "JITTERSCOPE_JUDGE_WEB_PORT": str(judge), **UP_SETTINGS}
     with running_up(None, settings) as run:
         bootstrap = next(re.search(r"Kafka (\S+?);", line)[1] for line in run.lines if "Kafka " in line)
-        stop, sent, latencies = threading.Event(), [0], []
+        stop, sent, latencies, trips = threading.Event(), [0], [], []
         helpers = []
         if loaded:
             helpers = [threading.Thread(target=_send_mix, args=(bootstrap, stop, sent)),
+                       threading.Thread(target=_broker_round_trips, args=(bootstrap, stop, trips)),
                        threading.Thread(target=lambda: latencies.extend(_phase(api_port, seconds, "loaded-")))]
             for helper in helpers:
                 helper.start()
@@ -164,6 +194,11 @@ def _run(seconds: float, otlp: int, api_port: int | None = None) -> dict:
         time.sleep(QUIET_S)  # the last alerts and attributions
         text = _metrics(judge)
         run.stop()
+        if os.environ.get("BENCH_KEEP_LOGS"):  # up's processes' logs, for a run to be read afterwards
+            kept = Path(os.environ["BENCH_KEEP_LOGS"]) / ("loaded" if loaded else "alone")
+            kept.mkdir(parents=True, exist_ok=True)
+            for log in Path(run.data).glob("*.log"):
+                shutil.copy(log, kept / log.name)
         pid_list = ", ".join(map(str, sorted(pids)))
         rows = [(r[0], r[1]) for r in run.query(
             "SELECT (toUnixTimestamp64Nano(raised) - toUnixTimestamp64Nano(ts)) / 1e9, toUnixTimestamp64Nano(ts) "
@@ -176,6 +211,8 @@ def _run(seconds: float, otlp: int, api_port: int | None = None) -> dict:
                      for t in TABLES) if loaded else 0
     lag = (f"loop lag {_histogram(text, 'jitterscope_streams_loop_lag_seconds', stage='judge')}; run-queue "
            f"messages' age when taken {_histogram(text, 'jitterscope_streams_message_age_seconds', topic=RUNQ)}")
+    if trips:
+        lag += f"; a client's broker round trips {quantiles_ms(sorted(trips))} ({len(trips)})"
     return {"delays": sorted(r[0] for r in rows), "rows": rows, "requests": requests, "lag": lag,
             "sent": sent[0], "stored": stored, "served": sorted(latencies), "summary": run.summary()}
 
