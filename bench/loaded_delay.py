@@ -169,9 +169,10 @@ def _run(seconds: float, otlp: int, api_port: int | None = None) -> dict:
     and the mix too."""
     from jitterscope.broker import free_port
 
-    loaded, judge = api_port is not None, free_port()
+    loaded, judge, collector = api_port is not None, free_port(), free_port()
     settings = {"JITTERSCOPE_OTLP_PORT": str(otlp), "JITTERSCOPE_TTFT_SLO_MS": json.dumps({"*": 1}),
-                "JITTERSCOPE_JUDGE_WEB_PORT": str(judge), **UP_SETTINGS}
+                "JITTERSCOPE_JUDGE_WEB_PORT": str(judge), "JITTERSCOPE_COLLECTOR_METRICS_PORT": str(collector),
+                **UP_SETTINGS}
     with running_up(None, settings) as run:
         bootstrap = next(re.search(r"Kafka (\S+?);", line)[1] for line in run.lines if "Kafka " in line)
         stop, sent, latencies, trips = threading.Event(), [0], [], []
@@ -193,6 +194,7 @@ def _run(seconds: float, otlp: int, api_port: int | None = None) -> dict:
             helper.join()
         time.sleep(QUIET_S)  # the last alerts and attributions
         text = _metrics(judge)
+        held = _histogram(_metrics(collector), "jitterscope_collector_batch_age_seconds", topic=RUNQ)
         run.stop()
         if os.environ.get("BENCH_KEEP_LOGS"):  # up's processes' logs, for a run to be read afterwards
             kept = Path(os.environ["BENCH_KEEP_LOGS"]) / ("loaded" if loaded else "alone")
@@ -209,7 +211,8 @@ def _run(seconds: float, otlp: int, api_port: int | None = None) -> dict:
             "GROUP BY host, boot_id, seq"))
         stored = sum(int(run.query(f"SELECT count() FROM jitterscope.{t} WHERE host LIKE '{MIX_PREFIX}%'")[0][0])
                      for t in TABLES) if loaded else 0
-    lag = (f"loop lag {_histogram(text, 'jitterscope_streams_loop_lag_seconds', stage='judge')}; run-queue "
+    lag = (f"the collector's run-queue batches' age when produced {held}; "
+           f"loop lag {_histogram(text, 'jitterscope_streams_loop_lag_seconds', stage='judge')}; run-queue "
            f"messages' age when taken {_histogram(text, 'jitterscope_streams_message_age_seconds', topic=RUNQ)}")
     if trips:
         lag += f"; a client's broker round trips {quantiles_ms(sorted(trips))} ({len(trips)})"

@@ -4,7 +4,7 @@ running totals (collector/agent.py ``export_metrics``)."""
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge
+from prometheus_client import Counter, Gauge, Histogram
 
 EVENTS_READ = Counter("jitterscope_collector_events_read_total", "kernel events read from ring buffers", ["probe"])
 # Counters (rate() and resets work), fed from the parts' own running totals by _Exported
@@ -22,6 +22,11 @@ OWN_WAITS_SKIPPED = Counter("jitterscope_collector_own_waits_skipped_total",
 MAP_FULL_DROPS = Counter("jitterscope_collector_map_full_drops_total",
                          "in-kernel map updates that failed (map full): state the probes lost")
 SPOOLED = Gauge("jitterscope_collector_spooled_records", "records waiting in the on-disk spool")
+#: observed where a batch is produced (collector/publish.py): the collector's share of an alert's delay, beside
+#: the streams stages' jitterscope_streams_message_age_seconds (producer to stage)
+BATCH_AGE = Histogram("jitterscope_collector_batch_age_seconds",
+                      "a batch's oldest record when the batch is produced: its event time to the produce call",
+                      ["topic"], buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0))
 
 
 class _Exported:

@@ -20,6 +20,7 @@ from typing import Callable
 from confluent_kafka import KafkaException, Producer
 
 from jitterscope.common import errors
+from jitterscope.collector.metrics import BATCH_AGE
 from jitterscope.collector.spool import Batch, Spool
 from jitterscope.common.logs import fields
 from jitterscope.schemas import events
@@ -288,6 +289,8 @@ class KafkaPublisher:
 
     # -- sending -----------------------------------------------------------
     def send(self, topic: str, records: list[Record]) -> None:
+        if records:
+            BATCH_AGE.labels(topic).observe(max(0, time.time_ns() - min(r.ts_ns for r in records)) / 1e9)
         for payload, count in split_lines(encode_batch(records), self.max_message_bytes, self.max_records):
             self._submit(Batch(topic, payload, count))
 

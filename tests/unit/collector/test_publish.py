@@ -5,7 +5,9 @@ producer's recovery rules, with a fake producer and a fake clock (no broker)."""
 from __future__ import annotations
 
 import logging
+import time
 
+import msgspec
 import pytest
 
 from jitterscope.collector.publish import KafkaPublisher, RateLimitedLog, StallWatch, is_embedded_broker
@@ -177,6 +179,21 @@ def test_acknowledged_records_are_counted_per_topic(tmp_path):
     assert p.sent_by_topic == {RUNQ: 2, PROCESSES: 1} and p.records_sent == 3
     fake.produced[0].on_delivery(None, None)  # a duplicate report counts nothing
     assert p.records_sent == 3
+
+
+def test_each_batch_s_oldest_record_age_is_observed_when_it_is_produced(tmp_path):
+    from prometheus_client import REGISTRY
+
+    def observed(stat: str) -> float:
+        return REGISTRY.get_sample_value(f"jitterscope_collector_batch_age_seconds_{stat}", {"topic": PROCESSES}) or 0
+
+    p, fake = make_publisher(tmp_path)
+    count, total = observed("count"), observed("sum")
+    now = time.time_ns()
+    p.send(PROCESSES, [msgspec.structs.replace(runq(1), ts_ns=now - 2_000_000_000),
+                       msgspec.structs.replace(runq(2), ts_ns=now - 500_000_000)])
+    assert observed("count") == count + 1  # one batch, aged by its oldest record
+    assert 2.0 <= observed("sum") - total < 10.0
 
 
 def test_failed_delivery_goes_to_the_spool_and_is_replayed(tmp_path):
