@@ -25,7 +25,7 @@ from pathlib import Path
 
 from jitterscope.common import errors
 from jitterscope.common.private import open_private, private_dir
-from jitterscope.reports.fix_plan import Action, Limit, Live, read_live
+from jitterscope.reports.fix_plan import Action, Limit, Live, MemoryHome, read_live
 from jitterscope.schemas.topology import cpu_list
 
 JOURNAL = "fix-journal.jsonl"
@@ -45,6 +45,9 @@ class Change:
     path: str = ""  # a file write: the file, its text before and the text written
     before_text: str = ""
     after_text: str = ""
+    made_dir: str = ""  # a cgroup made (its undo removes it)
+    procs_from: str = ""  # a process moved to another cgroup: the cgroup.procs it left and the one it joined
+    procs_to: str = ""
 
 
 def read_limit(cgroup: str) -> Limit | None:
@@ -57,6 +60,18 @@ def read_limit(cgroup: str) -> Limit | None:
         return None
     file = group.dir / ("cpu.max" if group.v2 else "cpu.cfs_quota_us")
     return Limit(str(file), _read(file), "max" if group.v2 else "-1")
+
+
+def memory_home(pid: int) -> MemoryHome | None:
+    """Where process ``pid``'s memory is charged now (the plan's ``memory_of``): None without a memory controller."""
+    from jitterscope.collector.probes.throttle import controller_cgroup
+
+    group = controller_cgroup(_read(f"/proc/{pid}/cgroup"), "memory")
+    if group is None:
+        return None
+    depth = len([part for part in group.path.split("/") if part])  # the controller's root is that many up
+    root = group.dir.parents[depth - 1] if depth else group.dir
+    return MemoryHome(str(group.dir / "cgroup.procs"), str(root), group.v2)
 
 
 def _read(path: str | Path) -> str:
@@ -106,12 +121,20 @@ class Journal:
         by_key = {a.key: a for a in actions}
         writes: list[tuple[Action, str]] = []  # (action, file)
         moves: list[tuple[Action, int, Live]] = []  # (action, pid, the process as it is now)
+        confines: list[Action] = []  # evictors given a memory cgroup of their own
         for key in keys:
             action = by_key.get(key)
             if action is None:
                 raise errors.BadConfig(f"{key!r} is not in this plan (run `jitterscope fix` for its keys)")
-            if not action.moves and not action.writes:
+            if not action.moves and not action.writes and not action.confine:
                 raise errors.BadConfig(f"{key!r} is advice: jitterscope makes no change for it")
+            for pid, (start_ticks, _procs) in sorted(action.confine.moves.items() if action.confine else ()):
+                now = read_live(pid)
+                if now is None or now.start_ticks != start_ticks:
+                    raise errors.BadConfig(f"{key!r}: pid {pid} is not the process the plan named (it exited or "
+                                           "its pid was reused); make the plan again")
+            if action.confine:
+                confines.append(action)
             for path, (planned, after) in sorted(action.writes.items()):
                 if _read(path) not in (planned, after):
                     raise errors.BadConfig(f"{key!r}: {path} is no longer {planned!r} as the plan read it; "
@@ -128,6 +151,46 @@ class Journal:
             lines += self._write_file(action, path, changes, diff)
         for action, pid, now in moves:
             lines += self._move(action, pid, now, changes, diff)
+        for action in confines:
+            lines += self._confine(action, changes, diff)
+        return lines
+
+    def _confine(self, action: Action, changes: list[Change], diff: bool) -> list[str]:
+        """Make the evictor's memory cgroup (if it is not there), set its limit, move its processes in."""
+        c, lines = action.confine, []
+        if not Path(c.dir).is_dir():
+            if diff:
+                lines.append(f"would make {c.dir}")
+            else:
+                changes.append(Change(action.key, 0, 0, [], [], time.time_ns(), made_dir=c.dir))
+                self._write(changes)  # written before the change: a crash in between still leaves its undo
+                os.mkdir(c.dir)
+                lines.append(f"made {c.dir}")
+        before = _read(c.limit_file)
+        if before != c.limit:
+            line = f"{action.key}: {c.limit_file} {before or '(new)'!r} -> {c.limit!r}"
+            if diff:
+                lines.append("would set " + line)
+            else:
+                changes.append(Change(action.key, 0, 0, [], [], time.time_ns(), path=c.limit_file,
+                                      before_text=before, after_text=c.limit))
+                self._write(changes)
+                Path(c.limit_file).write_text(c.limit)
+                lines.append("set " + line)
+        joined = f"{c.dir}/cgroup.procs"
+        for pid, (start_ticks, left) in sorted(c.moves.items()):
+            if Path(joined).exists() and str(pid) in _read(joined).split():
+                lines.append(f"{action.key}: pid {pid} is in {c.dir} already; nothing to do")
+                continue
+            line = f"{action.key}: pid {pid} memory cgroup {left.rsplit('/', 1)[0]} -> {c.dir}"
+            if diff:
+                lines.append("would move " + line)
+                continue
+            changes.append(Change(action.key, pid, start_ticks, [], [], time.time_ns(), procs_from=left,
+                                  procs_to=joined))
+            self._write(changes)
+            Path(joined).write_text(str(pid))
+            lines.append("moved " + line)
         return lines
 
     def _move(self, action: Action, pid: int, now: Live, changes: list[Change], diff: bool) -> list[str]:
@@ -161,6 +224,11 @@ class Journal:
         for change in reversed(changes):
             if change.undone_ns:
                 continue
+            if change.made_dir or change.procs_to:
+                lines.append(self._undo_cgroup(change))
+                change.undone_ns = time.time_ns()
+                self._write(changes)
+                continue
             if change.path:
                 if Path(change.path).exists():
                     Path(change.path).write_text(change.before_text)
@@ -179,3 +247,20 @@ class Journal:
             change.undone_ns = time.time_ns()
             self._write(changes)
         return lines or ["nothing to undo"]
+
+    @staticmethod
+    def _undo_cgroup(change: Change) -> str:
+        """Put a moved process back in the cgroup it left, or remove a cgroup made (once it is empty)."""
+        if change.made_dir:
+            try:
+                os.rmdir(change.made_dir)
+            except FileNotFoundError:
+                return f"{change.key}: {change.made_dir} is gone already"
+            except OSError as exc:  # a process the plan did not name joined it (a child of the evictor's)
+                return f"{change.key}: cannot remove {change.made_dir} ({exc.strerror}): move what is in it out first"
+            return f"{change.key}: removed {change.made_dir}"
+        now = read_live(change.pid)
+        if now is None or now.start_ticks != change.start_ticks:
+            return f"{change.key}: cannot undo: pid {change.pid} has exited (nothing left to restore)"
+        Path(change.procs_from).write_text(str(change.pid))
+        return f"{change.key}: pid {change.pid} back in {change.procs_from.rsplit('/', 1)[0]}"

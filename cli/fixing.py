@@ -27,6 +27,8 @@ def fix(
     host: Annotated[Optional[str], typer.Option(
         "--host", help="the host the plan is for (default: this host's name, as its collector names it)")] = None,
     fmt: Annotated[str, typer.Option("--format", "-f", help="text or json")] = "text",
+    confine_mb: Annotated[int, typer.Option(
+        "--confine-mb", min=16, help="the memory limit of the cgroup a confine: action gives an evictor (MiB)")] = 256,
     sets: SetOpt = None, config: ConfigOpt = None, clickhouse_url: ClickHouseOpt = None, data_dir: DataDirOpt = None,
 ) -> None:
     """A plan to fix this host's tail latency: ranked changes, each with its computed gain and its undo.
@@ -36,7 +38,7 @@ def fix(
     --apply KEY... makes the named changes, each journaled first in the data dir; --undo takes them back. Run it on the host itself. See docs/fix.md."""  # noqa: E501 (--help shows its line breaks)
     import dataclasses
 
-    from jitterscope.fix_journal import Journal, read_limit
+    from jitterscope.fix_journal import Journal, memory_home, read_limit
     from jitterscope.query import run_query
     from jitterscope.reports import fix_plan, queries
     from jitterscope.schemas.topology import parse_cpu_list
@@ -58,7 +60,8 @@ def fix(
     requests = fix_plan.requests_of(run_query(s, fix_plan.REQUESTS_SQL, params)[1])
     processes = fix_plan.processes_of(run_query(s, fix_plan.PROCESSES_SQL, params)[1])
     host_cpus = parse_cpu_list(open("/sys/devices/system/cpu/online").read())
-    actions, not_offered = fix_plan.plan(requests, processes, host_cpus, fix_plan.read_live, _describe, read_limit)
+    actions, not_offered = fix_plan.plan(requests, processes, host_cpus, fix_plan.read_live, _describe, read_limit,
+                                         memory_home, confine_mb << 20)
     if keys:
         for line in Journal(s.data_dir).apply(actions, keys, diff=diff):
             print(line)

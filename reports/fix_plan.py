@@ -23,6 +23,7 @@ Pure but for ``read_live`` (this host's /proc), so tests drive the rest.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
@@ -109,6 +110,36 @@ class Limit:
     lifted: str  # "-1" (v1) or "max" (v2)
 
 
+@dataclass(frozen=True)
+class MemoryHome:
+    """Where a process's memory is charged now: its memory cgroup's
+    cgroup.procs, and the memory controller's root (where a cgroup of its
+    own is made)."""
+
+    procs: str
+    root: str
+    v2: bool
+
+
+@dataclass
+class Confinement:
+    """An evictor's memory cgroup of its own: the directory made, its limit
+    (the file and the text written), and the processes moved into it
+    (pid -> (start time, the cgroup.procs they leave))."""
+
+    dir: str
+    limit_file: str
+    limit: str
+    moves: dict[int, tuple[int, str]] = field(default_factory=dict)
+
+
+#: the cgroups `fix` makes for evictors (below the memory controller's root), and their default limit
+CONFINED_PREFIX = "jitterscope-confined-"
+CONFINE_BYTES = 256 << 20
+#: how attribution names an evictor (streams/culprits.py)
+EVICTOR = re.compile(r"(.+) \(pid (\d+)\)")
+
+
 @dataclass
 class Action:
     key: str  # stable: what --apply names
@@ -125,19 +156,26 @@ class Action:
     to_cpus: tuple[int, ...] = ()
     #: a file written (a cgroup's CPU limit): path -> (its text when planned, the text it gets)
     writes: dict[str, tuple[str, str]] = field(default_factory=dict)
+    confine: Confinement | None = None  # an evictor given a memory cgroup of its own
     removed: dict[int, float] = field(default_factory=dict, repr=False)  # request index -> ns it takes off
 
     @property
     def command(self) -> str:
         """The change as a shell command ("" for advice)."""
+        c = self.confine
         return "; ".join([*(f"taskset -apc {cpu_list(list(self.to_cpus))} {pid}" for pid in sorted(self.moves)),
-                          *(f"echo {after} > {path}" for path, (_, after) in sorted(self.writes.items()))])
+                          *(f"echo {after} > {path}" for path, (_, after) in sorted(self.writes.items())),
+                          *([f"mkdir {c.dir}", f"echo {c.limit} > {c.limit_file}",
+                             *(f"echo {pid} > {c.dir}/cgroup.procs" for pid in sorted(c.moves))] if c else [])])
 
     @property
     def undo(self) -> str:
         moves = sorted(self.moves.items())
+        c = self.confine
         return "; ".join([*(f"taskset -apc {cpu_list(list(cpus))} {pid}" for pid, (_, cpus) in moves),
-                          *(f"echo {before} > {path}" for path, (before, _) in sorted(self.writes.items()))])
+                          *(f"echo {before} > {path}" for path, (before, _) in sorted(self.writes.items())),
+                          *([*(f"echo {pid} > {procs}" for pid, (_, procs) in sorted(c.moves.items())),
+                             f"rmdir {c.dir}"] if c else [])])
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -151,7 +189,9 @@ def percentile(values: list[float], q: float) -> float:
 def plan(requests: list[Request], processes: dict[int, Process], host_cpus: Iterable[int],
          live: Callable[[int], Live | None],
          describe: Callable[[int], Process | None] = lambda pid: None,
-         limit_of: Callable[[str], Limit | None] = lambda cgroup: None) -> tuple[list[Action], list[str]]:
+         limit_of: Callable[[str], Limit | None] = lambda cgroup: None,
+         memory_of: Callable[[int], MemoryHome | None] = lambda pid: None,
+         confine_bytes: int = CONFINE_BYTES) -> tuple[list[Action], list[str]]:
     """(actions that take something off the P99 or P999, ranked by those
     gains, and lines on what was not offered and why). A neighbour is its
     command: every process of that name that held a serving CPU moves at once
@@ -159,7 +199,10 @@ def plan(requests: list[Request], processes: dict[int, Process], host_cpus: Iter
     a process as this host sees it now, for one whose record is not stored
     (yet: a busy collector describes new processes a little later).
     ``limit_of``: a cgroup's CPU limit as this host has it now (None: none,
-    or gone); a throttled serving group's is lifted, but in a pod."""
+    or gone); a throttled serving group's is lifted, but in a pod.
+    ``memory_of``: where a process's memory is charged now (None: no memory
+    controller, or gone); an evictor gets a memory cgroup of its own with
+    ``confine_bytes`` (its page cache then reclaims its own, not the server's)."""
     processes = dict(processes)  # described ones are added: the caller's stays as it was
     serving = {pid for pid, p in processes.items() if p.serving_group} | {r.pid for r in requests}
     serving_cpus = {c for pid in serving for c in _cpus_of(pid, processes, live)}
@@ -190,6 +233,14 @@ def plan(requests: list[Request], processes: dict[int, Process], host_cpus: Iter
                     (lift := _lift(request.culprit, limit_of, actions, not_offered)):
                 lift.removed[i] = lift.removed.get(i, 0.0) + explained
                 continue
+            if cause == "memory_stall" and (evictor := EVICTOR.fullmatch(request.culprit)):
+                pid = int(evictor[2])
+                if pid not in processes and (now := describe(pid)) is not None:
+                    processes[pid] = now
+                if confine := _confine(evictor[1], pid, processes, serving, live, memory_of, confine_bytes,
+                                       actions, not_offered):
+                    confine.removed[i] = confine.removed.get(i, 0.0) + explained
+                    continue
             key = f"advice:{cause}:{request.culprit}" if request.culprit else f"advice:{cause}"
             advice = ADVICE.get("pod_cpus" if in_pod and cause == "runq_starvation" else cause, "")
             action = actions.setdefault(key, Action(key, cause, request.culprit or "-", advice=advice))
@@ -241,8 +292,43 @@ def _lift(cgroup: str, limit_of: Callable[[str], Limit | None], actions: dict[st
     return actions.get(key)
 
 
-def _why_not_move(pid: int, comm: str, processes: dict[int, Process], serving: set[int], others: list[int]) -> str:
-    """Why a neighbour may not be moved ("" when it may)."""
+def _confine(comm: str, pid: int, processes: dict[int, Process], serving: set[int], live,
+             memory_of: Callable[[int], MemoryHome | None], limit_bytes: int, actions: dict[str, Action],
+             not_offered: dict[int | str, str]) -> Action | None:
+    """The action that gives evictor ``comm`` (every process of that name it
+    named) a memory cgroup of its own; None (and why, once per process) where
+    this one may not or cannot be moved."""
+    key = f"confine:{comm}"
+    action = actions.get(key)
+    if action is not None and action.confine and pid in action.confine.moves:
+        return action
+    if pid in not_offered:
+        return None
+    why = _why_not_changed(pid, comm, processes, serving)
+    now = None if why else live(pid)
+    home = memory_of(pid) if now is not None and not now.kernel else None
+    if not why:
+        why = ("it has exited" if now is None else "a kernel thread" if now.kernel else
+               "no memory cgroup to move it from (no memory controller)" if home is None else
+               "it has a memory cgroup of its own already" if CONFINED_PREFIX in home.procs else "")
+    if why:
+        not_offered[pid] = f"{comm} (pid {pid}): not confined: {why}"
+        return None
+    if action is None:
+        name = re.sub(r"[^A-Za-z0-9_.-]", "_", comm)  # a process names itself: never a path of its choosing
+        folder = f"{home.root.rstrip('/')}/{CONFINED_PREFIX}{name}"
+        limit = Confinement(folder, f"{folder}/{'memory.max' if home.v2 else 'memory.limit_in_bytes'}",
+                            str(limit_bytes))
+        action = actions[key] = Action(key, "memory_stall", comm, confine=limit,
+                                       change=f"memory: a cgroup of its own, {folder}, limited to "
+                                              f"{limit_bytes >> 20} MiB (its page cache reclaims its own)")
+    action.confine.moves[pid] = (now.start_ticks, home.procs)
+    action.target = f"{comm} (pid {', '.join(map(str, sorted(action.confine.moves)))})"
+    return action
+
+
+def _why_not_changed(pid: int, comm: str, processes: dict[int, Process], serving: set[int]) -> str:
+    """Why a process the plan names may not be changed ("" when it may)."""
     record = processes.get(pid)
     if pid in serving or (record and record.serving_group):
         return "it is part of the serving group (the plan protects it)"
@@ -254,6 +340,13 @@ def _why_not_move(pid: int, comm: str, processes: dict[int, Process], serving: s
         return "no process record (it came and went)"
     if record.container_id:
         return "it runs in another container (move it through its orchestrator)"
+    return ""
+
+
+def _why_not_move(pid: int, comm: str, processes: dict[int, Process], serving: set[int], others: list[int]) -> str:
+    """Why a neighbour may not be moved off the serving CPUs ("" when it may)."""
+    if why := _why_not_changed(pid, comm, processes, serving):
+        return why
     if not others:
         return "every CPU of this host is a serving CPU: there is nowhere to move it"
     return ""

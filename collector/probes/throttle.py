@@ -31,8 +31,10 @@ from jitterscope.schemas import events
 
 
 @dataclass(frozen=True)
-class CpuCgroup:
-    path: str   # below the cpu controller's root, "/" for the root
+class Cgroup:
+    """A process's cgroup of one controller (cpu, memory)."""
+
+    path: str   # below the controller's root, "/" for the root
     dir: Path   # its directory
     v2: bool
 
@@ -50,12 +52,19 @@ def _join(root: Path, path: str) -> Path:
     return root / path.lstrip("/") if path.strip("/") else root
 
 
-def cpu_cgroup(cgroup_file: str, sys: Path = Path("/sys")) -> CpuCgroup | None:
+def cpu_cgroup(cgroup_file: str, sys: Path = Path("/sys")) -> Cgroup | None:
     """The cpu-controller cgroup named in a /proc/PID/cgroup text: the v1
     line whose controllers include cpu, else the v2 ("0::") line where the
     v2 hierarchy has the cpu controller. None when neither is mounted."""
+    return controller_cgroup(cgroup_file, "cpu", sys)
+
+
+def controller_cgroup(cgroup_file: str, controller: str, sys: Path = Path("/sys")) -> Cgroup | None:
+    """The cgroup of ``controller`` (cpu, memory) named in a /proc/PID/cgroup
+    text, as cpu_cgroup finds the cpu controller's."""
     root = sys / "fs/cgroup"
     v2_path = None
+    joint = ("cpu,cpuacct", "cpuacct,cpu") if controller == "cpu" else ()  # v1 mounts cpu and cpuacct together
     for line in cgroup_file.splitlines():
         parts = line.split(":", 2)
         if len(parts) != 3:
@@ -63,14 +72,14 @@ def cpu_cgroup(cgroup_file: str, sys: Path = Path("/sys")) -> CpuCgroup | None:
         _, controllers, path = parts
         if not controllers:
             v2_path = path
-        elif "cpu" in controllers.split(","):
-            for mount in (controllers, "cpu", "cpu,cpuacct", "cpuacct,cpu"):
+        elif controller in controllers.split(","):
+            for mount in (controllers, controller, *joint):
                 if (root / mount).is_dir():
-                    return CpuCgroup(path, _join(root / mount, path), False)
+                    return Cgroup(path, _join(root / mount, path), False)
     if v2_path is not None:
         for mount in (root, root / "unified"):  # pure v2, or the hybrid layout's v2 part
-            if "cpu" in read_or_empty(mount / "cgroup.controllers").split():
-                return CpuCgroup(v2_path, _join(mount, v2_path), True)
+            if controller in read_or_empty(mount / "cgroup.controllers").split():
+                return Cgroup(v2_path, _join(mount, v2_path), True)
     return None
 
 
@@ -82,7 +91,7 @@ def read_or_empty(path: Path) -> str:
         return ""
 
 
-def read_stat(group: CpuCgroup) -> CpuStat | None:
+def read_stat(group: Cgroup) -> CpuStat | None:
     """The cgroup's limit and cumulative throttling counters (None if it is gone)."""
     stat = dict(line.split(maxsplit=1) for line in read_or_empty(group.dir / "cpu.stat").splitlines() if " " in line)
     if "nr_periods" not in stat:  # gone, or read while its file was empty: no reading (never a reset to 0)
@@ -102,16 +111,16 @@ def read_stat(group: CpuCgroup) -> CpuStat | None:
         return None
 
 
-def ancestors(group: CpuCgroup) -> list[CpuCgroup]:
+def ancestors(group: Cgroup) -> list[Cgroup]:
     """The cgroup and each parent up to (not including) the root."""
     out, path, d = [], group.path.rstrip("/"), group.dir
     while path:
-        out.append(CpuCgroup(path, d, group.v2))
+        out.append(Cgroup(path, d, group.v2))
         path, d = path.rsplit("/", 1)[0], d.parent
     return out
 
 
-def quota_cgroups(sys: Path = Path("/sys")) -> list[CpuCgroup]:
+def quota_cgroups(sys: Path = Path("/sys")) -> list[Cgroup]:
     """Every cgroup with a CPU quota on the host (the cpu hierarchy walked)."""
     probe = cpu_cgroup("1:cpu:/\n0::/", sys)  # where the cpu hierarchy's root is, v1 first
     if probe is None:
@@ -121,7 +130,7 @@ def quota_cgroups(sys: Path = Path("/sys")) -> list[CpuCgroup]:
         rel = os.path.relpath(d, probe.dir)
         if rel == ".":
             continue  # the root has no quota
-        group = CpuCgroup("/" + rel, Path(d), probe.v2)
+        group = Cgroup("/" + rel, Path(d), probe.v2)
         limit = read_or_empty(Path(d) / ("cpu.max" if probe.v2 else "cpu.cfs_quota_us")).split()
         if limit and limit[0] not in ("max", "-1"):
             out.append(group)
@@ -138,7 +147,7 @@ class ThrottleSignal(SampledSignal):
     def open(self, context: ProbeContext) -> None:
         self._targets = context.targets
         self._serving = set(context.thresholds)  # the serving groups' processes
-        self._groups: dict[str, CpuCgroup] = {}
+        self._groups: dict[str, Cgroup] = {}
         self._seen: dict[str, CpuStat] = {}
         self._cgroup_files: dict[int, str] = {}  # pid -> its /proc/PID/cgroup when last looked at
         self.moved: set[int] = set()  # seen moved by the sampler, not yet described again

@@ -111,3 +111,63 @@ def test_a_cgroup_s_cpu_limit_is_lifted_journaled_and_put_back(quota_group, tmp_
     with pytest.raises(errors.BadConfig, match="no longer"):
         journal.apply([action], [action.key])
     assert file.read_text().split()[0] == "30000"
+
+
+@pytest.fixture
+def evictor_in_a_memory_limit():
+    """A process named uniquely (its confinement cgroup's name comes from it) in a memory cgroup of this test's,
+    as a log archiver shares the server's limit; on the real kernel (v1 memory controller, or v2)."""
+    import uuid
+    from pathlib import Path
+
+    from jitterscope.fix_journal import memory_home
+
+    name = f"evict-{uuid.uuid4().hex[:8]}"
+    home = memory_home(os.getpid())
+    assert home is not None, "no memory controller: mount cgroup v1's memory hierarchy, or enable v2's"
+    group = Path(home.root) / f"jitterscope-fixtest-{name}"
+    group.mkdir()
+    child = subprocess.Popen([sys.executable, "-c", f"open('/proc/self/comm', 'w').write({name!r}); "
+                              "import time; time.sleep(60)"],
+                             preexec_fn=lambda: (group / "cgroup.procs").write_text(str(os.getpid())))
+    while Path(f"/proc/{child.pid}/comm").read_text().strip() != name:
+        assert child.poll() is None, "the evictor stand-in did not start"
+    yield child, name, group, Path(home.root)
+    child.kill()
+    child.wait()
+    for made in (group, Path(home.root) / f"jitterscope-confined-{name}"):
+        if made.exists():
+            remove_cgroup(made)
+
+
+def test_an_evictor_is_confined_in_a_memory_cgroup_of_its_own_journaled_and_put_back(evictor_in_a_memory_limit,
+                                                                                     tmp_path):
+    from pathlib import Path
+
+    from jitterscope.fix_journal import memory_home
+    from jitterscope.reports.fix_plan import Process, Request, plan
+
+    child, name, group, root = evictor_in_a_memory_limit
+    stalled = Request(1, 60_000_000, 50_000_000, "memory_stall", f"{name} (pid {child.pid})",
+                      (("memory_stall", 1.0),), ())
+    [action], _ = plan([stalled], {child.pid: Process(child.pid, name, (0,))}, [0, 1], read_live,
+                       memory_of=memory_home, confine_bytes=64 << 20)
+    confined = root / f"jitterscope-confined-{name}"
+    limit_file = confined / ("memory.max" if action.confine.limit_file.endswith("max") else "memory.limit_in_bytes")
+    assert action.key == f"confine:{name}" and action.confine.moves[child.pid][1] == str(group / "cgroup.procs")
+
+    def memory_cgroup() -> str:
+        return memory_home(child.pid).procs.rsplit("/", 1)[0]
+
+    journal = Journal(tmp_path)
+    assert [line.split()[:2] for line in journal.apply([action], [action.key], diff=True)] == [
+        ["would", "make"], ["would", "set"], ["would", "move"]]
+    assert not confined.exists() and memory_cgroup() == str(group), "a diff changes nothing"
+    journal.apply([action], [action.key])
+    assert memory_cgroup() == str(confined) and limit_file.read_text().strip() == str(64 << 20)
+    assert "already" in journal.apply([action], [action.key])[-1] and len(journal.changes()) == 3, "idempotent"
+    assert journal.undo() == [f"{action.key}: pid {child.pid} back in {group}",
+                              f"{action.key}: {limit_file} back to {journal.changes()[1].before_text!r}",
+                              f"{action.key}: removed {confined}"]
+    assert memory_cgroup() == str(group) and not Path(confined).exists()
+    assert journal.undo() == ["nothing to undo"]

@@ -158,3 +158,45 @@ def test_a_throttled_serving_group_s_cpu_limit_is_lifted_once_with_its_undo():
     podded = {**PROCESSES, SERVER: Process(SERVER, "jsinfer", (1,), serving_group=SERVER, container_id="pod")}
     actions, _ = plan(quiet + throttled, podded, [0, 1], live, limit_of={"/serving": limit}.get)
     assert [a.key for a in actions] == ["advice:cfs_throttling:/serving"]
+
+
+def test_an_evictor_gets_a_memory_cgroup_of_its_own_with_its_undo():
+    from jitterscope.reports.fix_plan import CONFINE_BYTES, MemoryHome
+
+    home = MemoryHome("/sys/fs/cgroup/memory/serving/cgroup.procs", "/sys/fs/cgroup/memory", False)
+    stalled = [request(60, cause="memory_stall", suspects=(), culprit=f"backup (pid {OTHER_HOG})") for _ in range(10)]
+    quiet = [request(10, cause="none", suspects=(), causes=(("none", 0),)) for _ in range(90)]
+    actions, not_offered = plan(quiet + stalled, PROCESSES, [0, 1], live, memory_of=lambda pid: home)
+    [confine] = actions
+    folder = "/sys/fs/cgroup/memory/jitterscope-confined-backup"
+    assert (confine.key, confine.cause, confine.requests, confine.gain_p99_ms) == ("confine:backup", "memory_stall",
+                                                                                   10, 50.0)
+    assert confine.confine.moves == {OTHER_HOG: (1000 + OTHER_HOG, home.procs)} and not_offered == []
+    assert confine.command == (f"mkdir {folder}; echo {CONFINE_BYTES} > {folder}/memory.limit_in_bytes; "
+                               f"echo {OTHER_HOG} > {folder}/cgroup.procs")
+    assert confine.undo == f"echo {OTHER_HOG} > {home.procs}; rmdir {folder}"
+    v2 = MemoryHome("/sys/fs/cgroup/serving/cgroup.procs", "/sys/fs/cgroup", True)
+    [confine] = plan(stalled, PROCESSES, [0, 1], live, memory_of=lambda pid: v2, confine_bytes=64 << 20)[0]
+    assert "echo 67108864 > /sys/fs/cgroup/jitterscope-confined-backup/memory.max" in confine.command
+
+
+def test_an_evictor_that_may_not_or_cannot_be_confined_is_advice_and_said_why():
+    from jitterscope.reports.fix_plan import MemoryHome
+
+    home = MemoryHome("/sys/fs/cgroup/memory/serving/cgroup.procs", "/sys/fs/cgroup/memory", False)
+    confined = MemoryHome("/sys/fs/cgroup/memory/jitterscope-confined-backup/cgroup.procs", "/sys/fs/cgroup/memory",
+                          False)
+    for culprit, memory_of, why in ((f"jsinfer (pid {SERVER})", lambda pid: home, "serving group"),
+                                    (f"tenant (pid {CONTAINED})", lambda pid: home, "another container"),
+                                    (f"backup (pid {OTHER_HOG})", lambda pid: None, "no memory controller"),
+                                    (f"backup (pid {OTHER_HOG})", lambda pid: confined, "of its own already"),
+                                    (f"gone (pid {2**22 + 1})", lambda pid: home, "no process record")):
+        stalled = request(60, cause="memory_stall", suspects=(), culprit=culprit)
+        actions, not_offered = plan([stalled], PROCESSES, [0, 1], live, memory_of=memory_of)
+        assert [a.key for a in actions] == [f"advice:memory_stall:{culprit}"], culprit
+        assert len(not_offered) == 1 and why in not_offered[0], (culprit, not_offered)
+    # a name is a process's own choice: it never makes a path
+    sly = {**PROCESSES, 400: Process(400, "../../x", (0, 1))}
+    stalled = request(60, cause="memory_stall", suspects=(), culprit="../../x (pid 400)")
+    [confine] = plan([stalled], sly, [0, 1], lambda pid: Live((0, 1), 1400), memory_of=lambda pid: home)[0]
+    assert confine.confine.dir == "/sys/fs/cgroup/memory/jitterscope-confined-.._.._x"
