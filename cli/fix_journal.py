@@ -71,7 +71,9 @@ def memory_home(pid: int) -> MemoryHome | None:
         return None
     depth = len([part for part in group.path.split("/") if part])  # the controller's root is that many up
     root = group.dir.parents[depth - 1] if depth else group.dir
-    return MemoryHome(str(group.dir / "cgroup.procs"), str(root), group.v2)
+    anon = next((int(line.split()[1]) << 10 for line in _read(f"/proc/{pid}/status").splitlines()
+                 if line.startswith("RssAnon:")), 0)
+    return MemoryHome(str(group.dir / "cgroup.procs"), str(root), group.v2, anon)
 
 
 def _read(path: str | Path) -> str:
@@ -166,17 +168,19 @@ class Journal:
                 self._write(changes)  # written before the change: a crash in between still leaves its undo
                 os.mkdir(c.dir)
                 lines.append(f"made {c.dir}")
-        before = _read(c.limit_file)
-        if before != c.limit:
-            line = f"{action.key}: {c.limit_file} {before or '(new)'!r} -> {c.limit!r}"
+        for path, text in c.writes.items():
+            before = _read(path)
+            if before == text:
+                continue
+            line = f"{action.key}: {path} {before or '(new)'!r} -> {text!r}"
             if diff:
                 lines.append("would set " + line)
-            else:
-                changes.append(Change(action.key, 0, 0, [], [], time.time_ns(), path=c.limit_file,
-                                      before_text=before, after_text=c.limit))
-                self._write(changes)
-                Path(c.limit_file).write_text(c.limit)
-                lines.append("set " + line)
+                continue
+            changes.append(Change(action.key, 0, 0, [], [], time.time_ns(), path=path, before_text=before,
+                                  after_text=text))
+            self._write(changes)
+            Path(path).write_text(text)
+            lines.append("set " + line)
         joined = f"{c.dir}/cgroup.procs"
         for pid, (start_ticks, left) in sorted(c.moves.items()):
             if Path(joined).exists() and str(pid) in _read(joined).split():

@@ -113,23 +113,27 @@ class Limit:
 @dataclass(frozen=True)
 class MemoryHome:
     """Where a process's memory is charged now: its memory cgroup's
-    cgroup.procs, and the memory controller's root (where a cgroup of its
-    own is made)."""
+    cgroup.procs, the memory controller's root (where a cgroup of its own
+    is made), and its anonymous memory (which no limit can reclaim without
+    swap: a limit below it would be an OOM kill)."""
 
     procs: str
     root: str
     v2: bool
+    anon_bytes: int = 0
 
 
 @dataclass
 class Confinement:
-    """An evictor's memory cgroup of its own: the directory made, its limit
-    (the file and the text written), and the processes moved into it
-    (pid -> (start time, the cgroup.procs they leave))."""
+    """An evictor's memory cgroup of its own: the directory made, what is
+    written in it before anyone moves in (its limit), and the processes
+    moved into it (pid -> (start time, the cgroup.procs they leave)). What
+    it holds stays charged where it was: the kernel moves no charges (v2
+    never did; v1's memory.move_charge_at_immigrate refuses any value but 0
+    on this VM's 6.18), so the fix acts on what it allocates and reads next."""
 
     dir: str
-    limit_file: str
-    limit: str
+    writes: dict[str, str]
     moves: dict[int, tuple[int, str]] = field(default_factory=dict)
 
 
@@ -165,7 +169,7 @@ class Action:
         c = self.confine
         return "; ".join([*(f"taskset -apc {cpu_list(list(self.to_cpus))} {pid}" for pid in sorted(self.moves)),
                           *(f"echo {after} > {path}" for path, (_, after) in sorted(self.writes.items())),
-                          *([f"mkdir {c.dir}", f"echo {c.limit} > {c.limit_file}",
+                          *([f"mkdir {c.dir}", *(f"echo {text} > {path}" for path, text in c.writes.items()),
                              *(f"echo {pid} > {c.dir}/cgroup.procs" for pid in sorted(c.moves))] if c else [])])
 
     @property
@@ -317,11 +321,11 @@ def _confine(comm: str, pid: int, processes: dict[int, Process], serving: set[in
     if action is None:
         name = re.sub(r"[^A-Za-z0-9_.-]", "_", comm)  # a process names itself: never a path of its choosing
         folder = f"{home.root.rstrip('/')}/{CONFINED_PREFIX}{name}"
-        limit = Confinement(folder, f"{folder}/{'memory.max' if home.v2 else 'memory.limit_in_bytes'}",
-                            str(limit_bytes))
-        action = actions[key] = Action(key, "memory_stall", comm, confine=limit,
+        limit = max(limit_bytes, 2 * home.anon_bytes)  # room for what it holds that only an OOM kill would free
+        writes = {f"{folder}/{'memory.max' if home.v2 else 'memory.limit_in_bytes'}": str(limit)}
+        action = actions[key] = Action(key, "memory_stall", comm, confine=Confinement(folder, writes),
                                        change=f"memory: a cgroup of its own, {folder}, limited to "
-                                              f"{limit_bytes >> 20} MiB (its page cache reclaims its own)")
+                                              f"{limit >> 20} MiB (its page cache reclaims its own)")
     action.confine.moves[pid] = (now.start_ticks, home.procs)
     action.target = f"{comm} (pid {', '.join(map(str, sorted(action.confine.moves)))})"
     return action

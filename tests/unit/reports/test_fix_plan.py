@@ -175,9 +175,11 @@ def test_an_evictor_gets_a_memory_cgroup_of_its_own_with_its_undo():
     assert confine.command == (f"mkdir {folder}; echo {CONFINE_BYTES} > {folder}/memory.limit_in_bytes; "
                                f"echo {OTHER_HOG} > {folder}/cgroup.procs")
     assert confine.undo == f"echo {OTHER_HOG} > {home.procs}; rmdir {folder}"
-    v2 = MemoryHome("/sys/fs/cgroup/serving/cgroup.procs", "/sys/fs/cgroup", True)
+    # a limit is never below twice what it holds that no reclaim can free (no OOM kill)
+    v2 = MemoryHome("/sys/fs/cgroup/serving/cgroup.procs", "/sys/fs/cgroup", True, anon_bytes=100 << 20)
     [confine] = plan(stalled, PROCESSES, [0, 1], live, memory_of=lambda pid: v2, confine_bytes=64 << 20)[0]
-    assert "echo 67108864 > /sys/fs/cgroup/jitterscope-confined-backup/memory.max" in confine.command
+    assert confine.command.split("; ")[1] == "echo 209715200 > /sys/fs/cgroup/jitterscope-confined-backup/memory.max"
+    assert "200 MiB" in confine.change
 
 
 def test_an_evictor_that_may_not_or_cannot_be_confined_is_advice_and_said_why():
