@@ -22,8 +22,7 @@ def fix(
     undo: Annotated[bool, typer.Option("--undo", help="take back every change --apply made, newest first")] = False,
     verify: Annotated[bool, typer.Option("--verify", help="request latency before (--since) and after the changes "
                                                           "in effect, with a 95% interval")] = False,
-    since: Annotated[str, typer.Option(
-        help="period whose attributed requests the plan answers: 30m, 24h, ...")] = "30m",
+    since: Annotated[str, typer.Option(help="period whose attributed requests the plan answers: 30m, 24h...")] = "30m",
     host: Annotated[Optional[str], typer.Option(
         "--host", help="the host the plan is for (default: this host's name, as its collector names it)")] = None,
     fmt: Annotated[str, typer.Option("--format", "-f", help="text or json")] = "text",

@@ -237,14 +237,11 @@ def plan(requests: list[Request], processes: dict[int, Process], host_cpus: Iter
                     (lift := _lift(request.culprit, limit_of, actions, not_offered)):
                 lift.removed[i] = lift.removed.get(i, 0.0) + explained
                 continue
-            if cause == "memory_stall" and (evictor := EVICTOR.fullmatch(request.culprit)):
-                pid = int(evictor[2])
-                if pid not in processes and (now := describe(pid)) is not None:
-                    processes[pid] = now
-                if confine := _confine(evictor[1], pid, processes, serving, live, memory_of, confine_bytes,
-                                       actions, not_offered):
-                    confine.removed[i] = confine.removed.get(i, 0.0) + explained
-                    continue
+            if cause == "memory_stall" and (evictor := EVICTOR.fullmatch(request.culprit)) and (confine := _confine(
+                    evictor[1], int(evictor[2]), processes, serving, live, describe, memory_of, confine_bytes,
+                    actions, not_offered)):
+                confine.removed[i] = confine.removed.get(i, 0.0) + explained
+                continue
             key = f"advice:{cause}:{request.culprit}" if request.culprit else f"advice:{cause}"
             advice = ADVICE.get("pod_cpus" if in_pod and cause == "runq_starvation" else cause, "")
             action = actions.setdefault(key, Action(key, cause, request.culprit or "-", advice=advice))
@@ -296,12 +293,14 @@ def _lift(cgroup: str, limit_of: Callable[[str], Limit | None], actions: dict[st
     return actions.get(key)
 
 
-def _confine(comm: str, pid: int, processes: dict[int, Process], serving: set[int], live,
+def _confine(comm: str, pid: int, processes: dict[int, Process], serving: set[int], live, describe,
              memory_of: Callable[[int], MemoryHome | None], limit_bytes: int, actions: dict[str, Action],
              not_offered: dict[int | str, str]) -> Action | None:
     """The action that gives evictor ``comm`` (every process of that name it
     named) a memory cgroup of its own; None (and why, once per process) where
     this one may not or cannot be moved."""
+    if pid not in processes and (described := describe(pid)) is not None:
+        processes[pid] = described  # its record not stored yet
     key = f"confine:{comm}"
     action = actions.get(key)
     if action is not None and action.confine and pid in action.confine.moves:
