@@ -31,7 +31,7 @@ import threading
 import time
 from pathlib import Path
 
-from alert_delay import QUIET_S, VICTIM, _children_named, _metrics, _pct, quantiles_ms, running_up  # noqa: E402
+from alert_delay import QUIET_S, _metrics, _pct, quantiles_ms, running_up, storm  # noqa: E402
 from jitterscope.schemas.topics import RUNQ
 from mix import TABLES, TICK_S  # noqa: E402  (bench/ is on sys.path)
 from vllm_cost import _phase, serving_vllm  # noqa: E402
@@ -42,20 +42,6 @@ MIX_HOSTS = int(os.environ.get("BENCH_MIX_HOSTS", "2"))
 MIX_PREFIX = "loadmix"
 #: settings of both runs' `up` beyond its defaults, as environment variables (a JSON object)
 UP_SETTINGS = json.loads(os.environ.get("BENCH_UP_SETTINGS", "{}"))
-
-
-def _storm_pids(seconds: float) -> set[int]:
-    """The storm, run to its end (alert_delay.storm, with its pids read while it runs)."""
-    from jitterscope.workload import HOG_COMM, starvation
-
-    pids: set[int] = set()
-    with starvation(seconds=seconds, hogs=3, delay=1.0, name=VICTIM) as victim:
-        pids.add(victim.pid)
-        while victim.poll() is None:
-            if len(pids) < 4:
-                pids.update(_children_named(HOG_COMM))
-            time.sleep(0.05)
-    return pids
 
 
 def _send_mix(bootstrap: str, stop: threading.Event, sent: list[int]) -> None:
@@ -184,7 +170,7 @@ def _run(seconds: float, otlp: int, api_port: int | None = None) -> dict:
             for helper in helpers:
                 helper.start()
         cpu_before, began = _cpu_by_process(run.up.pid), time.monotonic()
-        pids = _storm_pids(seconds)
+        pids = storm(seconds)
         cpu = {name: (s - cpu_before.get(name, 0.0)) / (time.monotonic() - began)
                for name, s in _cpu_by_process(run.up.pid).items()}
         print(f"<!-- CPU of one over the storm: {', '.join(f'{n} {v:.0%}' for n, v in sorted(cpu.items()))} -->",

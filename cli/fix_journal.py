@@ -82,6 +82,15 @@ def _read(path: str | Path) -> str:
     return read_or_empty(Path(path)).strip()
 
 
+def _live_as_planned(key: str, pid: int, start_ticks: int) -> Live:
+    """Process ``pid`` as it is now, refused unless it is the one the plan named (same start time)."""
+    now = read_live(pid)
+    if now is None or now.start_ticks != start_ticks:
+        raise errors.BadConfig(f"{key!r}: pid {pid} is not the process the plan named (it exited or its pid "
+                               "was reused); make the plan again")
+    return now
+
+
 def _threads(pid: int, proc: Path = Path("/proc")) -> list[int]:
     try:
         return [int(t) for t in os.listdir(proc / str(pid) / "task")]
@@ -131,10 +140,7 @@ class Journal:
             if not action.moves and not action.writes and not action.confine:
                 raise errors.BadConfig(f"{key!r} is advice: jitterscope makes no change for it")
             for pid, (start_ticks, _procs) in sorted(action.confine.moves.items() if action.confine else ()):
-                now = read_live(pid)
-                if now is None or now.start_ticks != start_ticks:
-                    raise errors.BadConfig(f"{key!r}: pid {pid} is not the process the plan named (it exited or "
-                                           "its pid was reused); make the plan again")
+                _live_as_planned(key, pid, start_ticks)
             if action.confine:
                 confines.append(action)
             for path, (planned, after) in sorted(action.writes.items()):
@@ -143,14 +149,10 @@ class Journal:
                                            "make the plan again")
                 writes.append((action, path))
             for pid, (start_ticks, _cpus) in sorted(action.moves.items()):
-                now = read_live(pid)
-                if now is None or now.start_ticks != start_ticks:
-                    raise errors.BadConfig(f"{key!r}: pid {pid} is not the process the plan named (it exited or "
-                                           "its pid was reused); make the plan again")
-                moves.append((action, pid, now))
+                moves.append((action, pid, _live_as_planned(key, pid, start_ticks)))
         changes, lines = self.changes(), []
         for action, path in writes:
-            lines += self._write_file(action, path, changes, diff)
+            lines += self._write_file(action.key, path, action.writes[path][1], changes, diff)
         for action, pid, now in moves:
             lines += self._move(action, pid, now, changes, diff)
         for action in confines:
@@ -169,18 +171,7 @@ class Journal:
                 os.mkdir(c.dir)
                 lines.append(f"made {c.dir}")
         for path, text in c.writes.items():
-            before = _read(path)
-            if before == text:
-                continue
-            line = f"{action.key}: {path} {before or '(new)'!r} -> {text!r}"
-            if diff:
-                lines.append("would set " + line)
-                continue
-            changes.append(Change(action.key, 0, 0, [], [], time.time_ns(), path=path, before_text=before,
-                                  after_text=text))
-            self._write(changes)
-            Path(path).write_text(text)
-            lines.append("set " + line)
+            lines += self._write_file(action.key, path, text, changes, diff)
         joined = f"{c.dir}/cgroup.procs"
         for pid, (start_ticks, left) in sorted(c.moves.items()):
             if Path(joined).exists() and str(pid) in _read(joined).split():
@@ -209,15 +200,14 @@ class Journal:
         _set_cpus(pid, after)
         return ["set " + line]
 
-    def _write_file(self, action: Action, path: str, changes: list[Change], diff: bool) -> list[str]:
-        before, after = _read(path), action.writes[path][1]
+    def _write_file(self, key: str, path: str, after: str, changes: list[Change], diff: bool) -> list[str]:
+        before = _read(path)
         if before == after:
-            return [f"{action.key}: {path} is {after!r} already; nothing to do"]
-        line = f"{action.key}: {path} {before!r} -> {after!r}"
+            return [f"{key}: {path} is {after!r} already; nothing to do"]
+        line = f"{key}: {path} {before!r} -> {after!r}"
         if diff:
             return ["would set " + line]
-        changes.append(Change(action.key, 0, 0, [], [], time.time_ns(), path=path, before_text=before,
-                              after_text=after))
+        changes.append(Change(key, 0, 0, [], [], time.time_ns(), path=path, before_text=before, after_text=after))
         self._write(changes)  # written before the change: a crash in between still leaves its undo
         Path(path).write_text(after)
         return ["set " + line]
